@@ -1,0 +1,50 @@
+"""Small file helpers: atomic JSON writes and strict JSON reads with clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old or the new file, never a torn one.
+
+    The bytes go to a temporary file in the same directory, are fsynced, then renamed over
+    ``path``; the directory is fsynced so the rename itself survives a crash.
+    """
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as JSON atomically (see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, json.dumps(obj, separators=(",", ":")).encode())
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """Read a JSON file; a missing, unreadable or corrupt file is a ``ValueError`` naming it."""
+    try:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read())
+    except FileNotFoundError:
+        raise ValueError(f"{what} not found: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{what} at {path} is corrupt or unreadable: {exc}") from None

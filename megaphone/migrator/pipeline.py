@@ -1,0 +1,589 @@
+"""``Pipeline``: a keyed stateful operator on Spark whose state moves between workers live.
+
+Each epoch (one micro-batch) is one Spark job. Records get their bin in the JVM
+(``xxhash64``) and their worker from the routing version in force at the epoch (a broadcast
+join), and are shuffled with ``repartitionById`` so partition ``w`` is worker ``w``. Bins that
+move at the epoch are exported by their old owners in the same job's map stage and shuffled
+along with the records; each worker installs arriving state before it applies any record of
+the epoch. The driver holds only metadata: routing, plans and metrics.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_type
+
+from megaphone.migrator.controller import MigrationHandle, PlanQueue
+from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.migrator.updates import AGGREGATIONS, Update, UpdateFn, make_update
+from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker, shuffle_schema
+from megaphone.plans.plan import MigrationPlan
+from megaphone.routing.bins import bin_column, validate_num_bins
+from megaphone.routing.fingerprint import Fingerprint
+from megaphone.state_backends import BACKENDS, DEFAULT_CHUNK_BYTES, open_backend
+from megaphone.state_backends.encoding import pack_value
+
+#: Pipelines alive in this process, by pipeline id, so ``megaphone.migrate(plan)`` finds them.
+_PIPELINES: weakref.WeakValueDictionary[str, Pipeline] = weakref.WeakValueDictionary()
+
+
+def running_pipeline(pipeline_id: str) -> Pipeline | None:
+    """The pipeline with ``pipeline_id`` open in this process, if any."""
+    return _PIPELINES.get(pipeline_id)
+
+
+def _key_type_of(dtype: T.DataType, column: str) -> str:
+    if isinstance(dtype, T.IntegralType):
+        return "int64"
+    if isinstance(dtype, T.StringType):
+        return "str"
+    raise TypeError(f"key column {column!r} must be an integer or string column, not {dtype}")
+
+
+def _value_kind_of(dtype: T.DataType, column: str) -> str:
+    if isinstance(dtype, (T.IntegralType, T.BooleanType)):
+        return "int"
+    if isinstance(dtype, (T.FloatType, T.DoubleType, T.DecimalType)):
+        return "float"
+    raise TypeError(f"value column {column!r} must be numeric for a built-in aggregation, "
+                    f"not {dtype}")
+
+
+class Pipeline:
+    """A keyed stateful operator over micro-batches whose state can migrate while it runs.
+
+    ``update`` is ``"count"``, ``"sum"``, ``"min"``, ``"max"`` (of ``value`` per key,
+    vectorized) or ``f(key, values, state) -> (new_state, outputs)`` with msgpack-serializable
+    state. Each call of :meth:`process` (or each micro-batch of :meth:`start`) is one epoch; its
+    outputs are, per key touched, the new aggregate (or what ``f`` emitted).
+
+    Opening an existing ``state_dir`` resumes it: its routing, committed epoch and plans in
+    flight; ``workers`` then only applies to a new directory.
+
+    >>> pipe = Pipeline(spark, "/tmp/wc", key="word", update="count")  # doctest: +SKIP
+    >>> pipe.process(spark.createDataFrame([("a",), ("b",), ("a",)], "word string")).show()
+    ... # doctest: +SKIP
+    +----+-----+
+    |word|count|
+    +----+-----+
+    |   a|    2|
+    |   b|    1|
+    +----+-----+
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        state_dir: str,
+        key: str,
+        value: str | None = None,
+        update: str | UpdateFn = "count",
+        workers: int = 2,
+        num_bins: int = 4096,
+        backend: str = "rocksdb",
+        *,
+        key_type: str | None = None,
+        pipeline_id: str | None = None,
+        event_time: str | None = None,
+        output_type: str = "string",
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        keep_outputs: int = 8,
+    ) -> None:
+        validate_num_bins(num_bins)
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+        if isinstance(update, str) and update not in AGGREGATIONS:
+            raise ValueError(f"update must be one of {AGGREGATIONS} or a callable, got {update!r}")
+        if update in ("sum", "min", "max") and value is None:
+            raise ValueError(f"update {update!r} needs a value column")
+        if not workers >= 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.spark = spark
+        self.key = key
+        self.value = value
+        self.event_time = event_time
+        self.chunk_bytes = chunk_bytes
+        self.keep_outputs = max(1, keep_outputs)
+        self._update_arg = update
+        self._output_type = T._parse_datatype_string(output_type)  # once: it asks the JVM
+        self._settings = {
+            "backend": backend,
+            "key": key,
+            "value": value,
+            "update": update if isinstance(update, str) else "custom",
+        }
+        self._workers = workers
+        self._num_bins = num_bins
+        self._pipeline_id = pipeline_id
+        self._key_type = key_type
+        self._lock = threading.RLock()  # one epoch at a time; guards commit and routing
+        self._metrics: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
+        self._routing_df: tuple[int, DataFrame] | None = None
+        self._state: StateDir | None = None
+        self._queue: PlanQueue | None = None
+        self._commit = Commit()
+        self._path = Path(state_dir)
+        self._streaming = False
+        # Adaptive execution must not merge partitions: partition w is worker w.
+        spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
+        if StateDir.exists(self._path):
+            self._open(StateDir.open(self._path))
+        elif key_type is not None:
+            self._create(key_type)
+
+    # -- state directory -----------------------------------------------------------------
+
+    def _open(self, state: StateDir) -> None:
+        m = state.manifest
+        fp = state.fingerprint
+        mismatches = [
+            f"{name} {mine!r} != {theirs!r}"
+            for name, mine, theirs in [
+                ("num_bins", self._num_bins, fp.num_bins),
+                ("backend", self._settings["backend"], m.get("backend")),
+                ("key", self.key, m.get("key")),
+                ("value", self.value, m.get("value")),
+                ("update", self._settings["update"], m.get("update")),
+            ]
+            if mine != theirs
+        ]
+        if self._pipeline_id not in (None, fp.pipeline_id):
+            mismatches.append(f"pipeline_id {self._pipeline_id!r} != {fp.pipeline_id!r}")
+        if self._key_type not in (None, fp.key_type):
+            mismatches.append(f"key_type {self._key_type!r} != {fp.key_type!r}")
+        if mismatches:
+            raise ValueError(
+                f"{state.path} holds state of another pipeline configuration: "
+                + "; ".join(mismatches)
+            )
+        self._state = state
+        self._key_type = fp.key_type
+        self._pipeline_id = fp.pipeline_id
+        self._commit = state.read_commit()
+        self._queue = PlanQueue(state.load_routing())
+        self._queue.restore(self._commit.plans)
+        self._metrics.extend(state.read_metrics(last=self._metrics.maxlen))
+        self._register()
+
+    def _create(self, key_type: str) -> None:
+        fp = Fingerprint(self._pipeline_id or uuid.uuid4().hex[:16], self._num_bins, key_type)
+        self._open(StateDir.create(self._path, fp, self._workers, self._settings))
+
+    def _register(self) -> None:
+        other = _PIPELINES.get(self.fingerprint.pipeline_id)
+        if other is not None and other is not self:
+            raise ValueError(
+                f"pipeline {self.fingerprint.pipeline_id} is already open in this process "
+                f"on {other._path}"
+            )
+        _PIPELINES[self.fingerprint.pipeline_id] = self
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        """Pipeline id, bin count and key type (known once the first batch was seen)."""
+        if self._state is None:
+            raise RuntimeError("the pipeline has no state yet: process a batch or give key_type")
+        return self._state.fingerprint
+
+    @property
+    def state_dir(self) -> StateDir:
+        """The pipeline's state directory."""
+        if self._state is None:
+            raise RuntimeError("the pipeline has no state yet: process a batch or give key_type")
+        return self._state
+
+    @property
+    def routing(self):
+        """The pipeline's routing table (read it; change it only through :meth:`migrate`)."""
+        assert self._queue is not None
+        return self._queue.table
+
+    @property
+    def epoch(self) -> int:
+        """The last committed epoch (-1 before the first)."""
+        return self._commit.epoch
+
+    # -- public API ----------------------------------------------------------------------
+
+    def process(self, batch: DataFrame) -> DataFrame:
+        """Run one epoch over ``batch`` and return its outputs (read back from disk)."""
+        if self._streaming:
+            raise RuntimeError("the pipeline is running a stream; process() is not allowed")
+        return self._run_epoch(batch, None)
+
+    def start(
+        self,
+        stream: DataFrame,
+        sink: Callable[[DataFrame, int], None],
+        trigger: dict[str, Any] | None = None,
+        checkpoint_location: str | None = None,
+    ):
+        """Run on Structured Streaming: each micro-batch is an epoch; ``sink(outputs, epoch)``.
+
+        ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g.
+        ``{"processingTime": "1 second"}``). Returns the ``StreamingQuery``. Restarting with the
+        same checkpoint replays uncommitted batches; a batch id already committed is not
+        applied again, only its stored outputs are handed to ``sink`` once more.
+        """
+        location = checkpoint_location or str(self._path / "_stream_checkpoint")
+
+        def on_batch(batch_df: DataFrame, batch_id: int) -> None:
+            outputs, epoch = self._run_batch(batch_df, batch_id, location)
+            sink(outputs, epoch)
+
+        writer = stream.writeStream.foreachBatch(on_batch).option(
+            "checkpointLocation", location
+        )
+        if trigger:
+            writer = writer.trigger(**trigger)
+        self._streaming = True
+        query = writer.start()
+        threading.Thread(target=self._watch, args=(query,), daemon=True).start()
+        return query
+
+    def _watch(self, query) -> None:
+        try:
+            query.awaitTermination()
+        except Exception:  # the query's error is the user's to see; we only clear the flag
+            pass
+        finally:
+            self._streaming = False
+
+    def migrate(self, plan: MigrationPlan) -> MigrationHandle:
+        """Submit ``plan``; it is validated now and applied at its epochs while the pipeline runs.
+
+        Raises ``PlanError`` (nothing changes) for an invalid or stale plan. A plan submitted
+        while another is in flight is queued if it starts where the other ends.
+        """
+        if self._queue is None:
+            raise RuntimeError("the pipeline has no state yet: process a batch or give key_type")
+        with self._queue.lock:
+            handle = self._queue.submit(plan, self._commit.epoch + 1)
+        return handle
+
+    def metrics(self, last: int | None = None) -> list[dict[str, Any]]:
+        """Per-epoch metrics (records in/out, useful time, bins and bytes moved, per worker)."""
+        items = list(self._metrics)
+        return items[-last:] if last else items
+
+    def state(self) -> DataFrame:
+        """The full current state as a DataFrame ``(key, state)``, read worker by worker.
+
+        Built-in aggregations give the aggregate; a general ``f`` gives its state as msgpack
+        bytes (``megaphone.state_backends.unpack_value`` decodes them). Reflects the last
+        committed epoch; do not read it while an epoch is running.
+        """
+        state = self.state_dir
+        update = self._update_for(None)
+        key_spark = T.LongType() if self._key_type == "int64" else T.StringType()
+        if update.is_builtin:
+            value_spark = T.LongType() if update.output_arrow_type() == pa.int64() else \
+                T.DoubleType()
+        else:
+            value_spark = T.BinaryType()
+        schema = T.StructType([T.StructField(self.key, key_spark), T.StructField("state",
+                                                                                value_spark)])
+        arrow_schema = pa.schema([(self.key, to_arrow_type(key_spark)),
+                                  ("state", to_arrow_type(value_spark))])
+        owners = self.routing.owners(self.epoch if self.epoch >= 0 else 0)
+        workers = sorted({int(w) for w in owners})
+        bins_of = {w: [int(b) for b, o in enumerate(owners) if o == w] for w in workers}
+        spec = (self._settings["backend"], str(state.path), self._key_type, self._num_bins,
+                update.is_builtin, arrow_schema)
+
+        def read(batches):
+            kind, root, key_type, num_bins, builtin, out_schema = spec
+            for batch in batches:
+                for w in batch.column("id").to_pylist():
+                    path = Path(root) / "workers" / f"w{w:05d}"
+                    if not path.exists():
+                        continue
+                    backend = open_backend(kind, path, key_type, num_bins, read_only=True)
+                    try:
+                        keys, values = [], []
+                        for _, k, v in backend.items(bins_of[w]):
+                            keys.append(k)
+                            values.append(v if builtin else pack_value(v))
+                            if len(keys) >= 65536:
+                                yield _state_batch(out_schema, keys, values)
+                                keys, values = [], []
+                        if keys:
+                            yield _state_batch(out_schema, keys, values)
+                    finally:
+                        backend.close()
+
+        ids = self.spark.createDataFrame([(w,) for w in workers], "id long").repartition(
+            max(1, len(workers))
+        )
+        return ids.mapInArrow(read, schema)
+
+    # -- epochs --------------------------------------------------------------------------
+
+    def _update_for(self, value_type: T.DataType | None) -> Update:
+        """The update, its value kind from ``value_type`` (a batch's) or from the manifest."""
+        kind = self._state.manifest.get("value_kind") if self._state is not None else None
+        if value_type is not None and self._update_arg in ("sum", "min", "max"):
+            batch_kind = _value_kind_of(value_type, self.value or "")
+            if kind == "int" and batch_kind == "float":
+                raise TypeError(f"value column {self.value!r} holds floats but the pipeline's "
+                                "aggregates are integers")
+            kind = kind or batch_kind
+        return make_update(self._update_arg, kind or "int", to_arrow_type(self._output_type))
+
+    def _run_batch(self, batch: DataFrame, batch_id: int, location: str) -> tuple[DataFrame, int]:
+        with self._lock:
+            stream = self._commit.stream
+            if stream.get("checkpoint") == location and batch_id <= stream.get("batch_id", -1):
+                epoch = self._commit.epoch - (stream["batch_id"] - batch_id)
+                return self._read_outputs(epoch), epoch
+            outputs = self._run_epoch(batch, {"checkpoint": location, "batch_id": batch_id})
+            return outputs, self._commit.epoch
+
+    def _read_outputs(self, epoch: int) -> DataFrame:
+        path = self.state_dir.outputs_path(epoch)
+        if not path.exists():
+            raise RuntimeError(f"outputs of epoch {epoch} are no longer kept ({path})")
+        return self.spark.read.schema(self._output_spark_schema()).parquet(str(path))
+
+    def _output_spark_schema(self) -> T.StructType:
+        update = self._update_for(None)
+        key_spark = T.LongType() if self._key_type == "int64" else T.StringType()
+        if update.is_builtin:
+            value = T.LongType() if update.output_arrow_type() == pa.int64() else T.DoubleType()
+            name = update.kind
+        else:
+            value = self._output_type
+            name = "output"
+        return T.StructType([T.StructField(self.key, key_spark), T.StructField(name, value)])
+
+    def _prepare(self, batch: DataFrame) -> tuple[DataFrame, Update]:
+        schema = batch.schema
+        for column in (self.key, self.value, self.event_time):
+            if column is not None and column not in schema.names:
+                raise ValueError(f"column {column!r} not in the batch (columns: {schema.names})")
+        key_type = _key_type_of(schema[self.key].dataType, self.key)
+        value_type = schema[self.value].dataType if self.value else None
+        update = self._update_for(value_type)
+        if self._state is None:
+            if self._key_type not in (None, key_type):
+                raise TypeError(f"key column {self.key!r} is {key_type}, expected {self._key_type}")
+            self._create(key_type)
+        elif key_type != self._key_type:
+            raise TypeError(f"key column {self.key!r} holds {key_type} keys but the pipeline's "
+                            f"keys are {self._key_type}")
+        if value_type is not None and update.is_builtin and \
+                self.state_dir.manifest.get("value_kind") is None:
+            self.state_dir.set_manifest("value_kind", update.value_kind)  # fixed from now on
+        key_cast = "long" if key_type == "int64" else "string"
+        cols: list[Column] = [F.col(self.key).cast(key_cast).alias("key")]
+        if self.value:
+            if update.is_builtin:
+                vcast = "long" if update.value_kind == "int" else "double"
+                cols.append(F.col(self.value).cast(vcast).alias("value"))
+            else:
+                cols.append(F.col(self.value).alias("value"))
+        if self.event_time:
+            cols.append(F.unix_micros(F.col(self.event_time).cast("timestamp")).alias("_t"))
+        records = batch.select(*cols).where(F.col("key").isNotNull())
+        return records, update
+
+    def _routing_frame(self, version: int, epoch: int) -> DataFrame:
+        if self._routing_df is None or self._routing_df[0] != version:
+            owners = self.routing.owners(epoch)
+            table = pa.table({"_bin": pa.array(range(len(owners)), pa.int32()),
+                              "_w": pa.array(owners, pa.int32())})
+            self._routing_df = (version, self.spark.createDataFrame(table))
+        return self._routing_df[1]
+
+    def _run_epoch(self, batch: DataFrame, stream: dict[str, Any] | None) -> DataFrame:
+        with self._lock:
+            records, update = self._prepare(batch)
+            state = self.state_dir
+            queue = self._queue
+            assert queue is not None
+            commit = self._commit
+            epoch = commit.epoch + 1
+            started = time.time()
+            with queue.lock:
+                if queue.steps_due(epoch):  # saved before the job, so a re-run routes alike
+                    self.routing.save(state.routing_path)
+                version = self.routing.version_at(epoch)
+                moves = self.routing.moves_between(commit.state_version, version)
+            owners = self.routing.owners(epoch)
+            live = frozenset(int(w) for w in set(owners.tolist()))
+            incoming: dict[int, list[int]] = {}
+            outgoing: dict[int, list[tuple[int, int]]] = {}
+            for m in moves:
+                incoming.setdefault(m.dst, []).append(m.bin)
+                outgoing.setdefault(m.src, []).append((m.bin, m.dst))
+            drops: dict[int, list[int]] = {}
+            for b, w in commit.pending_drops:
+                drops.setdefault(w, []).append(b)
+            involved = set(live) | set(incoming) | set(outgoing) | set(drops)
+            involved |= {w for w in state.worker_ids()}
+            partitions = max(involved) + 1
+
+            key_arrow = pa.int64() if self._key_type == "int64" else pa.string()
+            value_arrow = None
+            if self.value:
+                value_arrow = (pa.int64() if update.value_kind == "int" else pa.float64()) \
+                    if update.is_builtin else to_arrow_type(batch.schema[self.value].dataType)
+            shuffle = shuffle_schema(key_arrow, value_arrow, self.event_time is not None)
+            out_spark = self._output_spark_schema()
+            spec = EpochSpec(
+                epoch=epoch,
+                state_dir=str(state.path),
+                backend=self._settings["backend"],
+                key_type=self._key_type,
+                num_bins=self._num_bins,
+                update=update,
+                output_schema=pa.schema([(f.name, to_arrow_type(f.dataType)) for f in out_spark]),
+                chunk_bytes=self.chunk_bytes,
+                incoming={w: tuple(b) for w, b in incoming.items()},
+                outgoing={w: tuple(p) for w, p in outgoing.items()},
+                drops={w: tuple(b) for w, b in drops.items()},
+                live=live,
+                has_event_time=self.event_time is not None,
+                shuffle_schema=shuffle,
+            )
+            for path in (state.scratch_path(epoch), state.outputs_path(epoch)):
+                shutil.rmtree(path, ignore_errors=True)
+            state.outputs_path(epoch).mkdir(parents=True)
+            rows = self._job(records, spec, partitions, version, epoch).collect()
+            finished = time.time()
+            worker_metrics = [json.loads(row.metrics) for row in rows]
+            record = self._collect_metrics(spec, started, finished, moves, version, stream,
+                                           worker_metrics)
+            drops_next = [[m.bin, m.src] for m in moves]
+            with queue.lock:
+                queue.committed(epoch, record["bytes_by_bin"])
+                self._commit = Commit(
+                    epoch=epoch,
+                    state_version=version,
+                    pending_drops=drops_next,
+                    stream=stream if stream is not None else self._commit.stream,
+                    plans=queue.to_list(),
+                )
+                state.write_commit(self._commit)  # the commit point of the epoch
+            del record["bytes_by_bin"]
+            state.append_metrics(record)
+            self._metrics.append(record)
+            shutil.rmtree(state.scratch_path(epoch), ignore_errors=True)
+            state.prune_outputs(epoch - self.keep_outputs + 1)
+            return self._read_outputs(epoch)
+
+    def _job(self, records: DataFrame, spec: EpochSpec, partitions: int, version: int,
+             epoch: int) -> DataFrame:
+        shuffle = spec.shuffle_schema
+        assert shuffle is not None
+        spark_shuffle = T.StructType([
+            T.StructField(f.name, _spark_type(f.type)) for f in shuffle
+        ])
+        routed = records.withColumn(
+            "_bin", bin_column(F.col("key"), self._num_bins, self._key_type)
+        ).join(F.broadcast(self._routing_frame(version, epoch)), "_bin")
+        routed = routed.select(*[
+            F.col(f.name) if f.name in routed.columns else F.lit(None).cast(f.dataType)
+            .alias(f.name) for f in spark_shuffle
+        ])
+        senders = sorted(spec.outgoing)
+        if senders:
+
+            def export(batches):
+                for batch in batches:
+                    for i in batch.column("id").to_pylist():
+                        yield from export_worker(spec, senders[i], shuffle)
+
+            exports = self.spark.range(0, len(senders), 1, len(senders)).mapInArrow(
+                export, spark_shuffle
+            )
+            routed = routed.unionByName(exports)
+
+        def apply(batches):
+            worker = TaskContext.get().partitionId()
+            yield from apply_worker(spec, worker, _checked(batches, worker))
+
+        return routed.repartitionById(partitions, F.col("_w")).mapInArrow(apply, "metrics string")
+
+    def _collect_metrics(self, spec: EpochSpec, started: float, finished: float, moves: list,
+                         version: int, stream: dict[str, Any] | None,
+                         worker_metrics: list[dict[str, Any]]) -> dict[str, Any]:
+        scratch = self.state_dir.scratch_path(spec.epoch)
+        exports = [json.loads(p.read_text()) for p in scratch.glob("export-*.json")] \
+            if scratch.exists() else []
+        per_worker: dict[int, dict[str, Any]] = {}
+        bytes_by_bin: dict[int, int] = {}
+        for data in exports + worker_metrics:
+            for b, n in data.pop("bytes_by_bin", {}).items():
+                bytes_by_bin[int(b)] = n
+            per_worker.setdefault(int(data.pop("worker")), {}).update(data)
+        event_times = [m.get("max_event_time") for m in per_worker.values()
+                       if m.get("max_event_time") is not None]
+        latency = finished - max(event_times) / 1e6 if event_times else None
+        return {
+            "epoch": spec.epoch,
+            "batch_id": stream.get("batch_id") if stream else None,
+            "started": started,
+            "finished": finished,
+            "duration_s": finished - started,
+            "latency_s": latency,
+            "records_in": sum(m.get("records_in", 0) for m in per_worker.values()),
+            "records_out": sum(m.get("records_out", 0) for m in per_worker.values()),
+            "routing_version": version,
+            "workers": len(spec.live),
+            "bins_moved": len(moves),
+            "keys_moved": sum(m.get("keys_in", 0) for m in per_worker.values()),
+            "bytes_moved": sum(bytes_by_bin.values()),
+            "per_worker": {str(w): m for w, m in sorted(per_worker.items())},
+            "bytes_by_bin": bytes_by_bin,
+        }
+
+
+def _checked(batches, worker: int):
+    """Pass batches through, failing loudly if a row of another worker reached this partition."""
+    import pyarrow.compute as pc
+
+    for batch in batches:
+        if batch.num_rows:
+            lo, hi = pc.min_max(batch.column("_w")).values()
+            if lo.as_py() != worker or hi.as_py() != worker:
+                raise RuntimeError(
+                    f"partition {worker} received rows of worker {lo}..{hi}: Spark merged "
+                    "partitions; set spark.sql.adaptive.coalescePartitions.enabled=false"
+                )
+        yield batch
+
+
+def _spark_type(arrow_type: pa.DataType) -> T.DataType:
+    mapping = {pa.int32(): T.IntegerType(), pa.int64(): T.LongType(), pa.string(): T.StringType(),
+               pa.binary(): T.BinaryType(), pa.float64(): T.DoubleType()}
+    if arrow_type in mapping:
+        return mapping[arrow_type]
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    return from_arrow_type(arrow_type)
+
+
+def _state_batch(schema: pa.Schema, keys: list, values: list) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array(keys, schema.field(0).type), pa.array(values, schema.field(1).type)],
+        schema=schema,
+    )
+
+
+__all__ = ["Pipeline", "running_pipeline"]

@@ -1,0 +1,194 @@
+"""The state directory: where a pipeline keeps its manifest, routing, commits, metrics and state.
+
+Layout::
+
+    STATE_DIR/
+      megaphone.json     manifest: fingerprint, backend, update and columns (written once)
+      routing.json       the routing table (atomic rewrite on every change)
+      commit.json        last committed epoch, state version, pending drops, plans in flight
+      metrics.jsonl      one JSON line per committed epoch
+      workers/w00007/    one state backend per worker
+      outputs/e<N>/      each epoch's outputs (parquet), the last few kept
+      scratch/e<N>/      per-task metrics of the epoch being run
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megaphone._io import atomic_write_json, read_json
+from megaphone.routing.fingerprint import Fingerprint
+from megaphone.routing.table import RoutingTable
+
+MANIFEST_FORMAT = "megaphone.statedir/1"
+
+
+class NotAStateDir(ValueError):
+    """Raised when a path is not (or not a readable) megaphone state directory."""
+
+
+@dataclass
+class Commit:
+    """What the last committed epoch left behind; rewritten atomically after every epoch.
+
+    ``state_version`` is the routing version the workers' state reflects; ``pending_drops``
+    are ``[bin, worker]`` pairs that moved away in that epoch, which the old owners delete in
+    the next epoch (so a re-run of the epoch can still export them); ``stream`` remembers the
+    last Structured Streaming batch id; ``plans`` are submitted plans not finished yet.
+    """
+
+    epoch: int = -1
+    state_version: int = 0
+    pending_drops: list[list[int]] = field(default_factory=list)
+    stream: dict[str, Any] = field(default_factory=dict)
+    plans: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Commit:
+        """Parse commit.json; unknown or mistyped fields are a clear ``ValueError``."""
+        if not isinstance(data, dict) or not set(data) <= set(cls.__dataclass_fields__):
+            raise ValueError(f"commit.json is malformed: {data!r:.200}")
+        commit = cls(**data)
+        if not isinstance(commit.epoch, int) or not isinstance(commit.state_version, int):
+            raise ValueError("commit.json is malformed: epoch and state_version must be integers")
+        return commit
+
+
+class StateDir:
+    """A pipeline's state directory: paths, manifest checks and metadata reads and writes."""
+
+    def __init__(self, path: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.manifest = manifest
+        self.fingerprint = Fingerprint.from_dict(manifest["fingerprint"])
+
+    # -- opening -------------------------------------------------------------------------
+
+    @staticmethod
+    def exists(path: str | os.PathLike[str]) -> bool:
+        """True if ``path`` holds a megaphone manifest."""
+        return (Path(path) / "megaphone.json").is_file()
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        fingerprint: Fingerprint,
+        workers: int,
+        settings: dict[str, Any],
+    ) -> StateDir:
+        """Create a new state directory with version 0 routing over ``workers`` workers."""
+        root = Path(path)
+        if cls.exists(root):
+            raise ValueError(f"{root} already holds a megaphone state directory")
+        (root / "workers").mkdir(parents=True, exist_ok=True)
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "fingerprint": fingerprint.to_dict(),
+            "initial_workers": workers,
+            **settings,
+        }
+        state = cls(root, manifest)
+        RoutingTable.initial(fingerprint, workers).save(state.routing_path)
+        state.write_commit(Commit())
+        atomic_write_json(root / "megaphone.json", manifest)  # written last: the dir is ready
+        return state
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> StateDir:
+        """Open an existing state directory; anything else is a :class:`NotAStateDir`."""
+        root = Path(path)
+        if not root.is_dir():
+            raise NotAStateDir(f"not a megaphone state directory: {root} does not exist")
+        if not cls.exists(root):
+            raise NotAStateDir(f"not a megaphone state directory: {root} has no megaphone.json")
+        try:
+            manifest = read_json(root / "megaphone.json", "state directory manifest")
+            if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+                raise ValueError(f"manifest format is not {MANIFEST_FORMAT}")
+            return cls(root, manifest)
+        except ValueError as exc:
+            raise NotAStateDir(f"{root}: {exc}") from None
+
+    def set_manifest(self, name: str, value: Any) -> None:
+        """Record a setting learned after creation (e.g. the value type), atomically."""
+        self.manifest[name] = value
+        atomic_write_json(self.path / "megaphone.json", self.manifest)
+
+    # -- paths ---------------------------------------------------------------------------
+
+    @property
+    def routing_path(self) -> Path:
+        """Where the routing table lives."""
+        return self.path / "routing.json"
+
+    @property
+    def metrics_path(self) -> Path:
+        """The JSON-lines file of per-epoch metrics."""
+        return self.path / "metrics.jsonl"
+
+    def worker_path(self, worker: int) -> Path:
+        """The state backend directory of ``worker``."""
+        return self.path / "workers" / f"w{worker:05d}"
+
+    def worker_ids(self) -> list[int]:
+        """Workers that currently have a state directory."""
+        out = []
+        for child in (self.path / "workers").glob("w*"):
+            if child.name[1:].isdigit():
+                out.append(int(child.name[1:]))
+        return sorted(out)
+
+    def outputs_path(self, epoch: int) -> Path:
+        """Where the outputs of ``epoch`` are written."""
+        return self.path / "outputs" / f"e{epoch:09d}"
+
+    def scratch_path(self, epoch: int) -> Path:
+        """Per-task scratch (metrics) of ``epoch`` while it runs."""
+        return self.path / "scratch" / f"e{epoch:09d}"
+
+    # -- metadata ------------------------------------------------------------------------
+
+    def load_routing(self) -> RoutingTable:
+        """The routing table, checked against this directory's fingerprint."""
+        return RoutingTable.load(self.routing_path, self.fingerprint)
+
+    def read_commit(self) -> Commit:
+        """The last commit record."""
+        return Commit.from_dict(read_json(self.path / "commit.json", "commit record"))
+
+    def write_commit(self, commit: Commit) -> None:
+        """Atomically replace the commit record."""
+        atomic_write_json(self.path / "commit.json", asdict(commit))
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        """Append one epoch's metrics as a JSON line."""
+        with open(self.metrics_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def read_metrics(self, last: int | None = None) -> list[dict[str, Any]]:
+        """The recorded per-epoch metrics (the ``last`` N when given); torn lines are skipped."""
+        if not self.metrics_path.exists():
+            return []
+        records = []
+        with open(self.metrics_path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return records[-last:] if last else records
+
+    def prune_outputs(self, keep_from_epoch: int) -> None:
+        """Delete outputs of epochs before ``keep_from_epoch``."""
+        root = self.path / "outputs"
+        if not root.is_dir():
+            return
+        for child in root.glob("e*"):
+            if child.name[1:].isdigit() and int(child.name[1:]) < keep_from_epoch:
+                shutil.rmtree(child, ignore_errors=True)

@@ -1,0 +1,172 @@
+"""The one small interface every keyed state backend implements, plus its result records.
+
+The Spark operator (per epoch, in a Python worker: open, read/merge/write a batch, close), the
+migrator (export a set of bins, import them elsewhere, drop them at the source) and the CLI all
+talk to state through :class:`StateBackend` only, so the storage engine stays swappable.
+
+Conventions shared by all backends (see :mod:`megaphone.state_backends.encoding`):
+
+* a *raw key* is ``4-byte big-endian bin id + encoded key``; a bin is one contiguous key range;
+* a *raw value* is msgpack bytes;
+* every write (``write_raw``, ``import_*``, ``drop_bins``) updates per-bin counters in the same
+  atomic write, so :meth:`StateBackend.bin_stats` costs ``O(num_bins)`` and is always exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+EXPORT_SCHEMA = pa.schema([("k", pa.binary()), ("v", pa.binary())])
+"""Schema of exported state chunks: raw key (with bin prefix) and msgpack value."""
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+"""Default bound on the key+value bytes of one exported RecordBatch."""
+
+
+@dataclass(frozen=True)
+class BinStats:
+    """Size of one bin: number of keys and bytes (``len(raw key) + len(value)`` summed)."""
+
+    keys: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ImportStats:
+    """What one :meth:`StateBackend.import_bins` call did: path taken and volume imported."""
+
+    method: str
+    keys: int
+    bytes: int
+
+
+@runtime_checkable
+class StateBackend(Protocol):
+    """Keyed state of one worker, partitioned into ``num_bins`` bins.
+
+    Implementations: :class:`~megaphone.state_backends.memory.MemoryBackend` and
+    :class:`~megaphone.state_backends.rocksdb.RocksDBBackend`; open them with
+    :func:`megaphone.state_backends.open_backend`.  A backend is used by one thread at a time.
+    """
+
+    key_type: str
+    """``"int64"`` or ``"str"``: how user keys are encoded."""
+    num_bins: int
+    """Number of bins keys hash into (a power of two)."""
+    path: str | None
+    """Directory holding the state, or ``None`` for a purely in-memory backend."""
+    read_only: bool
+    """True when opened for reading only; writes raise ``PermissionError``."""
+
+    # -- raw access -------------------------------------------------------------------------
+
+    def get_raw(self, raw_keys: Sequence[bytes]) -> list[bytes | None]:
+        """Multi-get: the value bytes of every raw key, ``None`` where absent."""
+        ...
+
+    def write_raw(
+        self,
+        keys: Sequence[bytes],
+        values: Sequence[bytes | None],
+        old_values: Sequence[bytes | None] | None = None,
+        meta: dict[str, bytes] | None = None,
+    ) -> None:
+        """One atomic write of puts (``None`` value = delete), metadata and bin counters.
+
+        ``old_values``, when given, are the current values of ``keys`` (``None`` = absent), so
+        the counters can be updated without re-reading; when omitted the backend reads them.
+        If a key repeats, its last value wins.
+        """
+        ...
+
+    # -- decoded convenience API ------------------------------------------------------------
+
+    def get_many(self, bins: Any, keys: Any) -> list[Any | None]:
+        """Decoded values of ``keys`` (living in the given ``bins``), ``None`` where absent."""
+        ...
+
+    def put_many(self, bins: Any, keys: Any, values: Sequence[Any]) -> None:
+        """msgpack-encode and write ``values`` under ``keys`` in ``bins``, atomically."""
+        ...
+
+    # -- metadata ---------------------------------------------------------------------------
+
+    def get_meta(self, name: str) -> bytes | None:
+        """The metadata entry ``name`` (e.g. the last committed epoch), or ``None``."""
+        ...
+
+    def put_meta(self, name: str, value: bytes) -> None:
+        """Write one metadata entry atomically."""
+        ...
+
+    # -- bin statistics -------------------------------------------------------------------
+
+    def bin_stats(self) -> dict[int, BinStats]:
+        """Keys and bytes of every non-empty bin, from the persisted counters (``O(num_bins)``)."""
+        ...
+
+    def scan_bin_stats(self) -> dict[int, BinStats]:
+        """Same as :meth:`bin_stats` but recomputed by a full scan (``O(keys)``, for checks)."""
+        ...
+
+    # -- migration ----------------------------------------------------------------------------
+
+    def export_bins(
+        self, bins: Iterable[int], chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    ) -> Iterator[pa.RecordBatch]:
+        """Lazily stream the state of ``bins`` as ``(k, v)`` RecordBatches in key order.
+
+        Each batch holds at most about ``chunk_bytes`` of key+value bytes (it is closed as soon
+        as it reaches the bound, so it exceeds it by less than one entry).  Read-only.
+        """
+        ...
+
+    def import_chunk(self, batch: pa.RecordBatch) -> None:
+        """Put one exported ``(k, v)`` batch with an atomic write (counters included)."""
+        ...
+
+    def import_sst(self, batches: Iterable[pa.RecordBatch]) -> None:
+        """Bulk-load exported batches (RocksDB: SST files + ingest; memory: plain puts)."""
+        ...
+
+    def import_bins(self, batches: Iterable[pa.RecordBatch], method: str = "auto") -> ImportStats:
+        """Import exported batches via ``"chunk"``, ``"sst"`` or the faster one (``"auto"``)."""
+        ...
+
+    def drop_bins(self, bins: Iterable[int]) -> None:
+        """Delete every key of ``bins`` (one range per run of consecutive bins), atomically."""
+        ...
+
+    # -- inspection and lifecycle ------------------------------------------------------------
+
+    def items(self, bins: Iterable[int] | None = None) -> Iterator[tuple[int, Any, Any]]:
+        """Decoded ``(bin, key, value)`` of ``bins`` (all bins if ``None``) in key order."""
+        ...
+
+    def raw_items(self, bins: Iterable[int] | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Raw ``(key, value)`` bytes of ``bins`` (all bins if ``None``) in key order."""
+        ...
+
+    def checkpoint(self, dest_dir: str) -> None:
+        """Write a consistent copy of the state to the new directory ``dest_dir``."""
+        ...
+
+    def flush(self) -> None:
+        """Make everything written so far durable."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release the store; the object must not be used afterwards."""
+        ...
+
+    def __enter__(self) -> StateBackend:
+        """Context-manager entry: returns the backend itself."""
+        ...
+
+    def __exit__(self, *exc: object) -> None:
+        """Context-manager exit: :meth:`close`."""
+        ...

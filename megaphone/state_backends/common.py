@@ -1,0 +1,493 @@
+"""Engine-independent half of every backend: batching, counters, export chunking, import logic.
+
+A concrete backend only supplies a handful of primitives (multi-get, one atomic commit, an
+ordered range scan, range drop, metadata get, SST bulk load); everything the
+:class:`~megaphone.state_backends.base.StateBackend` protocol promises on top of them lives here
+once, so both backends behave identically byte for byte.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from megaphone.state_backends.base import (
+    DEFAULT_CHUNK_BYTES,
+    EXPORT_SCHEMA,
+    BinStats,
+    ImportStats,
+)
+from megaphone.state_backends.encoding import (
+    arrow_lengths,
+    as_bins,
+    bin_runs,
+    bins_of_arrow,
+    bins_of_raw,
+    byte_lengths,
+    check_key_type,
+    check_num_bins,
+    decode_keys,
+    encode_keys,
+    pack_values,
+    unpack_values,
+)
+from megaphone.state_backends.stats import STATS_META, BinCounters, stats_from_scan
+
+FORMAT_VERSION = 1
+"""Version of the on-disk layout, stored in the ``megaphone.backend`` metadata entry."""
+
+INFO_META = "megaphone.backend"
+"""Metadata name of the store descriptor (format version, key_type, num_bins)."""
+
+RESERVED_META = frozenset({INFO_META, STATS_META})
+"""Metadata names managed by the backend itself; user writes to them are refused."""
+
+IMPORT_METHODS = ("auto", "chunk", "sst")
+"""Accepted values of ``import_bins(method=...)``."""
+
+SST_MIN_BYTES = 32 << 20
+
+_SCAN_BLOCK = 1024  # entries pulled from a range scan at a time while exporting
+"""``import_bins(method="auto")`` switches to SST ingestion once an import exceeds this size."""
+
+
+def info_bytes(key_type: str, num_bins: int) -> bytes:
+    """The ``megaphone.backend`` descriptor written when a store is created."""
+    return msgpack.packb(
+        {"format": FORMAT_VERSION, "key_type": key_type, "num_bins": int(num_bins)},
+        use_bin_type=True,
+    )
+
+
+def check_info(raw: bytes, key_type: str, num_bins: int, where: str) -> None:
+    """Refuse (``ValueError``) a store created for another format, key_type or num_bins."""
+    try:
+        info = msgpack.unpackb(raw, raw=False)
+        found = (int(info["format"]), info["key_type"], int(info["num_bins"]))
+    except Exception as exc:  # corrupt or foreign descriptor
+        raise ValueError(f"{where}: unreadable megaphone.backend descriptor") from exc
+    if found[0] != FORMAT_VERSION:
+        raise ValueError(f"{where}: state format {found[0]} unsupported (need {FORMAT_VERSION})")
+    if found[1:] != (key_type, int(num_bins)):
+        raise ValueError(
+            f"{where} holds state for key_type={found[1]!r}, num_bins={found[2]}; "
+            f"refusing to open it as key_type={key_type!r}, num_bins={num_bins}"
+        )
+
+
+def strictly_increasing(keys: pa.Array) -> bool:
+    """True if the binary Arrow array is sorted with no duplicates (byte order)."""
+    n = len(keys)
+    if n < 2:
+        return True
+    return bool(pc.all(pc.less(keys.slice(0, n - 1), keys.slice(1))).as_py())
+
+
+def sorted_unique(keys: pa.Array, values: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """Sort an import batch by key, keeping the last value of a repeated key (SST needs it)."""
+    if strictly_increasing(keys):
+        return keys, values
+    order = pc.sort_indices(keys)  # stable: among equal keys, later rows stay later
+    keys, values = keys.take(order), values.take(order)
+    n = len(keys)
+    keep = pc.not_equal(keys.slice(0, n - 1), keys.slice(1))
+    keep = pa.concat_arrays([keep, pa.array([True])])
+    return keys.filter(keep), values.filter(keep)
+
+
+def kv_columns(batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
+    """The ``k`` and ``v`` binary columns of an exported batch (``ValueError`` if missing)."""
+    names = batch.schema.names
+    if "k" not in names or "v" not in names:
+        raise ValueError(f"state batches need columns 'k' and 'v', got {names}")
+    return batch.column("k"), batch.column("v")
+
+
+class FreshTracker:
+    """Knows which keys of an import stream are certainly absent at the receiver.
+
+    A bin that was empty when an increasing run of the stream started can only hold keys this
+    run wrote, all smaller than the current batch; its keys need no lookup of old values.  This
+    is the common migration case (the receiver does not own the bins yet) and saves a multi-get
+    per imported key.  Assumes nobody else writes the imported bins during the import.
+    """
+
+    def __init__(self, backend: BackendBase) -> None:
+        """Start tracking from the committed counters of ``backend``."""
+        self._backend = backend
+        self._fresh: np.ndarray | None = backend._counters.empty_mask()
+        self._last: bytes | None = None
+
+    def old_lens(
+        self, keys_arr: pa.Array, keys: list[bytes], bins: np.ndarray
+    ) -> tuple[np.ndarray, bool]:
+        """Old value length of every key (``-1`` = absent) and whether the keys are unique.
+
+        Looks up old values only where the key is not certainly absent.
+        """
+        be = self._backend
+        if not strictly_increasing(keys_arr):
+            self._fresh, self._last = None, None
+            return byte_lengths(be.get_raw(keys)), False
+        if self._fresh is None or (self._last is not None and keys[0] <= self._last):
+            self._fresh = be._counters.empty_mask()  # restart from what is committed now
+        self._last = keys[-1]
+        need = np.flatnonzero(~self._fresh[bins])
+        old = np.full(len(keys), -1, dtype=np.int64)
+        if need.size == len(keys):
+            return byte_lengths(be.get_raw(keys)), True
+        if need.size:
+            old[need] = byte_lengths(be.get_raw([keys[i] for i in need]))
+        return old, True
+
+
+class BackendBase:
+    """Shared implementation of :class:`~megaphone.state_backends.base.StateBackend`.
+
+    Subclasses set ``path``/``read_only``, load ``_counters`` and implement :meth:`get_raw`,
+    :meth:`_commit`, :meth:`_scan`, :meth:`_drop`, :meth:`get_meta`, :meth:`_import_sst_stream`,
+    :meth:`checkpoint`, :meth:`flush` and :meth:`close`.
+    """
+
+    path: str | None
+    read_only: bool
+    _counters: BinCounters
+
+    def __init__(self, key_type: str, num_bins: int) -> None:
+        """Validate and record the key type and bin count."""
+        self.key_type = check_key_type(key_type)
+        self.num_bins = check_num_bins(num_bins)
+
+    # ------------------------------------------------------------------ primitives (override)
+
+    def get_raw(self, raw_keys: Sequence[bytes]) -> list[bytes | None]:
+        """Multi-get raw values (see :class:`StateBackend`)."""
+        raise NotImplementedError
+
+    def get_meta(self, name: str) -> bytes | None:
+        """Read one metadata entry (see :class:`StateBackend`)."""
+        raise NotImplementedError
+
+    def _commit(
+        self,
+        keys: list[bytes],
+        values: list[bytes | None],
+        bins: np.ndarray,
+        counters: BinCounters | None,
+        meta: dict[str, bytes],
+    ) -> None:
+        """Atomically apply puts/deletes, metadata and (if given) the new counters."""
+        raise NotImplementedError
+
+    def _scan(self, start: int, stop: int) -> Iterator[tuple[bytes, bytes]]:
+        """Lazily yield raw ``(key, value)`` of bins ``start .. stop-1`` in key order."""
+        raise NotImplementedError
+
+    def _drop(self, bins: np.ndarray, runs: list[tuple[int, int]], counters: BinCounters) -> None:
+        """Atomically delete the given bin runs and store ``counters``."""
+        raise NotImplementedError
+
+    def _import_sst_stream(self, batches: Iterable[pa.RecordBatch]) -> ImportStats:
+        """Bulk-load batches (RocksDB: SST files); default: chunk puts."""
+        return self._import_chunks(batches)
+
+    def checkpoint(self, dest_dir: str) -> None:
+        """Copy the state to ``dest_dir`` (see :class:`StateBackend`)."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Make writes durable (see :class:`StateBackend`)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the store (see :class:`StateBackend`)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_writable(self) -> None:
+        if getattr(self, "_closed", False):
+            raise ValueError("state backend is closed")
+        if self.read_only:
+            raise PermissionError(f"state backend at {self.path!r} is opened read-only")
+
+    def _check_bin_ids(self, bins: Iterable[int]) -> np.ndarray:
+        arr = np.fromiter((int(b) for b in bins), dtype=np.int64)
+        return np.unique(as_bins(arr, self.num_bins))
+
+    def _check_raw_bins(self, bins: np.ndarray) -> None:
+        if bins.size and int(bins.max()) >= self.num_bins:
+            raise ValueError(
+                f"raw key with bin id >= num_bins={self.num_bins} (metadata keys are written "
+                "through meta=..., not as raw keys)"
+            )
+
+    @staticmethod
+    def _check_meta_names(meta: dict[str, bytes]) -> None:
+        bad = RESERVED_META.intersection(meta)
+        if bad:
+            raise ValueError(f"metadata names {sorted(bad)} are reserved for the backend")
+        for name, value in meta.items():
+            if not isinstance(name, str) or not isinstance(value, bytes | bytearray):
+                raise TypeError("metadata must map str names to bytes values")
+
+    # ------------------------------------------------------------------ writes
+
+    def write_raw(
+        self,
+        keys: Sequence[bytes],
+        values: Sequence[bytes | None],
+        old_values: Sequence[bytes | None] | None = None,
+        meta: dict[str, bytes] | None = None,
+    ) -> None:
+        """One atomic write of puts (``None`` = delete), ``meta`` and the bin counters.
+
+        ``old_values`` (current values, ``None`` = absent) spare the backend a multi-get for
+        the counter update; when omitted they are read.  A repeated key: last value wins.
+        """
+        self._check_writable()
+        keys, values = list(keys), list(values)
+        if len(values) != len(keys):
+            raise ValueError(f"got {len(values)} values for {len(keys)} keys")
+        meta = dict(meta or {})
+        self._check_meta_names(meta)
+        bins = bins_of_raw(keys)
+        self._check_raw_bins(bins)
+        old_lens = None
+        if old_values is not None:
+            if len(old_values) != len(keys):
+                raise ValueError(f"got {len(old_values)} old values for {len(keys)} keys")
+            old_lens = byte_lengths(old_values)
+        self._write(keys, values, bins, old_lens, meta)
+
+    def _write(
+        self,
+        keys: list[bytes],
+        values: list[bytes | None],
+        bins: np.ndarray,
+        old_lens: np.ndarray | None,
+        meta: dict[str, bytes],
+        key_lens: np.ndarray | None = None,
+        new_lens: np.ndarray | None = None,
+        unique: bool = False,
+    ) -> None:
+        if not unique and len(keys) > 1:
+            last = dict(zip(keys, range(len(keys)), strict=True))
+            if len(last) < len(keys):  # repeated keys: keep each key's last write
+                idx = np.fromiter(last.values(), dtype=np.int64, count=len(last))
+                idx.sort()
+                keys = [keys[i] for i in idx]
+                values = [values[i] for i in idx]
+                bins = bins[idx]
+                old_lens = None if old_lens is None else old_lens[idx]
+                key_lens = None if key_lens is None else key_lens[idx]
+                new_lens = None if new_lens is None else new_lens[idx]
+        if old_lens is None:
+            old_lens = byte_lengths(self.get_raw(keys))
+        key_lens = byte_lengths(keys) if key_lens is None else key_lens
+        new_lens = byte_lengths(values) if new_lens is None else new_lens
+        counters = self._counters.copy()
+        counters.add(counters.delta(bins, key_lens, new_lens, old_lens))
+        self._commit(keys, values, bins, counters, meta)
+
+    def put_many(self, bins: Any, keys: Any, values: Sequence[Any]) -> None:
+        """msgpack-encode ``values`` and write them under ``keys`` of ``bins`` atomically."""
+        self._check_writable()
+        packed = pack_values(values)
+        b = as_bins(bins, self.num_bins, len(packed))
+        raw = encode_keys(b, keys, self.key_type)
+        self._write(raw, list(packed), b, None, {})
+
+    def get_many(self, bins: Any, keys: Any) -> list[Any | None]:
+        """Decoded values of ``keys`` in ``bins`` (``None`` where absent)."""
+        raw = encode_keys(as_bins(bins, self.num_bins), keys, self.key_type)
+        return unpack_values(self.get_raw(raw))
+
+    def put_meta(self, name: str, value: bytes) -> None:
+        """Write one metadata entry atomically."""
+        self._check_writable()
+        meta = {name: value}
+        self._check_meta_names(meta)
+        self._commit([], [], np.zeros(0, dtype=np.int64), None, meta)
+
+    # ------------------------------------------------------------------ stats
+
+    def bin_stats(self) -> dict[int, BinStats]:
+        """Keys and bytes of every non-empty bin, from the persisted counters."""
+        return self._counters.as_dict()
+
+    def scan_bin_stats(self) -> dict[int, BinStats]:
+        """Per-bin keys and bytes recomputed by scanning every key (for verification)."""
+        out = BinCounters(self.num_bins)
+        for batch in self.export_bins(range(self.num_bins), chunk_bytes=16 << 20):
+            k, v = kv_columns(batch)
+            stats_from_scan(self.num_bins, bins_of_arrow(k), arrow_lengths(k), arrow_lengths(v),
+                            into=out)
+        return out.as_dict()
+
+    # ------------------------------------------------------------------ export / import / drop
+
+    def export_bins(
+        self, bins: Iterable[int], chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream the state of ``bins`` as bounded ``(k, v)`` RecordBatches in key order."""
+        if chunk_bytes <= 0:
+            raise ValueError("chunk_bytes must be positive")
+        runs = bin_runs(self._check_bin_ids(bins))
+        return self._export_runs(runs, int(chunk_bytes))
+
+    def _export_runs(self, runs: list[tuple[int, int]], chunk_bytes: int
+                     ) -> Iterator[pa.RecordBatch]:
+        # Pull entries in small blocks and cut batches with a vectorized cumulative size, so
+        # memory stays bounded by one batch + one block and no per-entry Python arithmetic runs.
+        ks: list[bytes] = []
+        vs: list[bytes] = []
+        size = 0
+        for start, stop in runs:
+            it = self._scan(start, stop)
+            while block := list(itertools.islice(it, _SCAN_BLOCK)):
+                bk = [k for k, _ in block]
+                bv = [v for _, v in block]
+                csum = np.cumsum(byte_lengths(bk) + byte_lengths(bv)) + size
+                i = 0
+                while True:
+                    # first entry (from i) at which the open batch reaches chunk_bytes
+                    j = int(np.searchsorted(csum[i:], chunk_bytes))
+                    if i + j >= len(block):
+                        ks += bk[i:]
+                        vs += bv[i:]
+                        size = int(csum[-1])
+                        break
+                    ks += bk[i:i + j + 1]
+                    vs += bv[i:i + j + 1]
+                    yield _record_batch(ks, vs)
+                    ks, vs = [], []
+                    csum = csum - csum[i + j]
+                    i += j + 1
+                    size = 0
+                    if i == len(block):
+                        break
+        if ks:
+            yield _record_batch(ks, vs)
+
+    def import_chunk(self, batch: pa.RecordBatch) -> None:
+        """Put one exported ``(k, v)`` batch in one atomic write (counters included)."""
+        self._import_chunks([batch])
+
+    def import_sst(self, batches: Iterable[pa.RecordBatch]) -> None:
+        """Bulk-load exported batches (see :class:`StateBackend`)."""
+        self._check_writable()
+        self._import_sst_stream(batches)
+
+    def import_bins(self, batches: Iterable[pa.RecordBatch], method: str = "auto") -> ImportStats:
+        """Import exported batches by ``"chunk"`` puts, ``"sst"`` ingestion, or ``"auto"``.
+
+        ``"auto"`` buffers the head of the stream until it holds :data:`SST_MIN_BYTES` of
+        keys+values; it then ingests SST files if that head is in key order (as one export
+        stream is) and every bin in it is empty at this receiver (the usual migration case).
+        Otherwise, or for smaller imports, it uses chunk puts: an interleaved stream would cut
+        the SST path into many small ingestions.  The threshold is the measured crossover in
+        ``bench/RESULTS.md``.
+        """
+        if method not in IMPORT_METHODS:
+            raise ValueError(f"unknown import method {method!r}; expected one of {IMPORT_METHODS}")
+        self._check_writable()
+        if method == "chunk":
+            return self._import_chunks(batches)
+        if method == "sst":
+            return self._import_sst_stream(batches)
+        it = iter(batches)
+        head: list[pa.RecordBatch] = []
+        size = 0
+        ordered, last = True, b""
+        for batch in it:
+            head.append(batch)
+            k, v = kv_columns(batch)
+            if len(k) == 0:
+                continue
+            size += int(arrow_lengths(k).sum() + arrow_lengths(v).sum())
+            ordered = ordered and k[0].as_py() > last and strictly_increasing(k)
+            last = k[len(k) - 1].as_py()
+            if size >= SST_MIN_BYTES:
+                rest = itertools.chain(head, it)
+                if ordered and self._bins_empty(head):
+                    return self._import_sst_stream(rest)
+                return self._import_chunks(rest)
+        return self._import_chunks(head)
+
+    def _bins_empty(self, batches: list[pa.RecordBatch]) -> bool:
+        empty = self._counters.empty_mask()
+        for batch in batches:
+            bins = bins_of_arrow(kv_columns(batch)[0])
+            self._check_raw_bins(bins)
+            if bins.size and not bool(empty[bins].all()):
+                return False
+        return True
+
+    def _import_chunks(self, batches: Iterable[pa.RecordBatch]) -> ImportStats:
+        self._check_writable()
+        tracker = FreshTracker(self)
+        nkeys = nbytes = 0
+        for batch in batches:
+            k_arr, v_arr = kv_columns(batch)
+            if len(k_arr) == 0:
+                continue
+            bins = bins_of_arrow(k_arr)
+            self._check_raw_bins(bins)
+            key_lens, val_lens = arrow_lengths(k_arr), arrow_lengths(v_arr)
+            keys = k_arr.to_pylist()
+            old_lens, unique = tracker.old_lens(k_arr, keys, bins)
+            self._write(keys, v_arr.to_pylist(), bins, old_lens, {}, key_lens, val_lens, unique)
+            nkeys += len(keys)
+            nbytes += int(key_lens.sum() + val_lens.sum())
+        return ImportStats("chunk", nkeys, nbytes)
+
+    def drop_bins(self, bins: Iterable[int]) -> None:
+        """Delete all keys of ``bins`` atomically, one range per run of consecutive bins."""
+        self._check_writable()
+        arr = self._check_bin_ids(bins)
+        if arr.size == 0:
+            return
+        counters = self._counters.copy()
+        counters.zero(arr)
+        self._drop(arr, bin_runs(arr), counters)
+
+    # ------------------------------------------------------------------ reading back
+
+    def items(self, bins: Iterable[int] | None = None) -> Iterator[tuple[int, Any, Any]]:
+        """Decoded ``(bin, key, value)`` of ``bins`` (all if ``None``) in key order."""
+        sel = range(self.num_bins) if bins is None else bins
+        for batch in self.export_bins(sel, chunk_bytes=1 << 20):
+            k, v = kv_columns(batch)
+            b, keys = decode_keys(k.to_pylist(), self.key_type)
+            ks = keys.tolist() if isinstance(keys, np.ndarray) else keys
+            yield from zip(b.tolist(), ks, unpack_values(v.to_pylist()), strict=True)
+
+    def raw_items(self, bins: Iterable[int] | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Raw ``(key, value)`` bytes of ``bins`` (all if ``None``) in key order."""
+        sel = range(self.num_bins) if bins is None else bins
+        for start, stop in bin_runs(self._check_bin_ids(sel)):
+            yield from self._scan(start, stop)
+
+    # ------------------------------------------------------------------ context manager
+
+    def __enter__(self) -> BackendBase:
+        """Return the backend itself."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the backend."""
+        self.close()
+
+
+def _record_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array(keys, type=pa.binary()), pa.array(values, type=pa.binary())],
+        schema=EXPORT_SCHEMA,
+    )

@@ -1,0 +1,273 @@
+"""Byte layout of keys and values, shared by every state backend.
+
+A *raw key* is ``4-byte big-endian bin id + encoded key``.  Because the bin id leads, all keys
+of one bin form one contiguous, byte-ordered key range, so a bin (or a run of consecutive bins)
+can be scanned, exported or deleted as a single range.  Encoded keys:
+
+* ``"int64"``: 8 bytes big-endian of ``k XOR 0x8000000000000000`` (order-preserving: the
+  bytes sort like the signed integers).
+* ``"str"``: UTF-8.
+
+Values are msgpack (``use_bin_type=True``; tuples come back as lists, numpy scalars and arrays
+are stored as plain numbers and lists).  Metadata entries live under :data:`META_PREFIX`, which
+sorts after every bin because bin ids are below ``2**20``.
+
+Everything here is vectorized where it matters: int64 keys are encoded and decoded through numpy
+structured arrays without a per-key Python loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import partial
+from typing import Any
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+
+KEY_TYPES: tuple[str, ...] = ("int64", "str")
+"""The key types every backend supports."""
+
+MAX_BINS = 1 << 20
+"""Upper bound on ``num_bins`` so a 4-byte bin prefix can never collide with :data:`META_PREFIX`."""
+
+META_PREFIX = b"\xff\xff\xff\xff"
+"""Prefix of metadata keys; sorts after every bin key range."""
+
+BIN_PREFIX_LEN = 4
+"""Length in bytes of the bin-id prefix of a raw key."""
+
+_SIGN = np.uint64(0x8000000000000000)
+_INT_KEY = np.dtype([("b", ">u4"), ("k", ">u8")])
+_UNPACK = partial(msgpack.unpackb, raw=False, strict_map_key=False)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def check_key_type(key_type: str) -> str:
+    """Return ``key_type`` if it is supported, else raise ``ValueError`` (fail early on typos)."""
+    if key_type not in KEY_TYPES:
+        raise ValueError(f"unknown key_type {key_type!r}; expected one of {KEY_TYPES}")
+    return key_type
+
+
+def check_num_bins(num_bins: int) -> int:
+    """Return ``num_bins`` if it is a power of two in ``[1, 2**20]``, else raise ``ValueError``."""
+    n = int(num_bins)
+    if n < 1 or n > MAX_BINS or n & (n - 1):
+        raise ValueError(f"num_bins must be a power of two in [1, {MAX_BINS}], got {num_bins!r}")
+    return n
+
+
+def as_bins(bins: Any, num_bins: int, n: int | None = None) -> np.ndarray:
+    """Bins as an ``int64`` array, checked to lie in ``[0, num_bins)`` (and to number ``n``)."""
+    arr = np.asarray(bins, dtype=np.int64).reshape(-1)
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"got {arr.shape[0]} bins for {n} keys")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= num_bins):
+        raise ValueError(f"bin ids must lie in [0, {num_bins})")
+    return arr
+
+
+def _as_int64_keys(keys: Any) -> np.ndarray:
+    arr = np.asarray(keys)
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"int64 keys must be integers, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64 and bool((arr > np.iinfo(np.int64).max).any()):
+        raise OverflowError("int64 key out of range")
+    return arr.astype(np.int64, copy=False).reshape(-1)
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def meta_key(name: str) -> bytes:
+    """Raw key of the metadata entry ``name`` (outside every bin's key range)."""
+    return META_PREFIX + name.encode("utf-8")
+
+
+def bin_prefix(bin_id: int) -> bytes:
+    """The 4-byte big-endian prefix shared by every raw key of ``bin_id``."""
+    return int(bin_id).to_bytes(BIN_PREFIX_LEN, "big")
+
+
+def bin_range(bin_id: int) -> tuple[bytes, bytes]:
+    """Half-open raw key range ``[begin, end)`` holding exactly the keys of ``bin_id``."""
+    return bins_range(bin_id, bin_id + 1)
+
+
+def bins_range(start: int, stop: int) -> tuple[bytes, bytes]:
+    """Half-open raw key range holding the keys of the consecutive bins ``start .. stop-1``."""
+    return bin_prefix(start), bin_prefix(stop)
+
+
+def bin_runs(bins: Iterable[int]) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive bins as half-open ``(start, stop)`` pairs, in bin order.
+
+    One run maps to one key range, so range operations (delete, scan) touch as few ranges as
+    possible.
+    """
+    arr = np.unique(np.fromiter((int(b) for b in bins), dtype=np.int64))
+    if arr.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(arr) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    stops = np.concatenate((breaks, [arr.size]))
+    return [(int(arr[a]), int(arr[b - 1]) + 1) for a, b in zip(starts, stops, strict=True)]
+
+
+def encode_keys(bins: Any, keys: Any, key_type: str) -> list[bytes]:
+    """Raw keys (bin prefix + encoded key) for parallel arrays of bins and keys.
+
+    int64 keys go through a ``[('b','>u4'),('k','>u8')]`` structured array viewed as ``V12``,
+    so the bytes objects are built in C with no per-key Python loop.
+    """
+    b = np.asarray(bins, dtype=np.int64).reshape(-1)
+    if key_type == "int64":
+        k = _as_int64_keys(keys)
+        if k.shape[0] != b.shape[0]:
+            raise ValueError(f"got {b.shape[0]} bins for {k.shape[0]} keys")
+        rec = np.empty(k.shape[0], dtype=_INT_KEY)
+        rec["b"] = b
+        rec["k"] = k.view(np.uint64) ^ _SIGN
+        return rec.view("V12").tolist()
+    if key_type == "str":
+        ks = keys.tolist() if isinstance(keys, np.ndarray) else list(keys)
+        if len(ks) != b.shape[0]:
+            raise ValueError(f"got {b.shape[0]} bins for {len(ks)} keys")
+        prefixes = b.astype(">u4").view("V4").tolist()
+        return [p + k.encode("utf-8") for p, k in zip(prefixes, ks, strict=True)]
+    raise ValueError(f"unknown key_type {key_type!r}; expected one of {KEY_TYPES}")
+
+
+def byte_lengths(items: Sequence[bytes | None]) -> np.ndarray:
+    """``len`` of every item as int64, with ``-1`` for ``None`` (a missing value)."""
+    n = len(items)
+    try:
+        return np.fromiter(map(len, items), dtype=np.int64, count=n)
+    except TypeError:
+        return np.fromiter((-1 if x is None else len(x) for x in items), dtype=np.int64, count=n)
+
+
+def bins_of_raw(raw: Sequence[bytes]) -> np.ndarray:
+    """Bin id (int64) of every raw key, vectorized over one ``b"".join`` of the keys.
+
+    Metadata keys yield ``0xFFFFFFFF``; keys shorter than the prefix raise ``ValueError``.
+    """
+    n = len(raw)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    lens = np.fromiter(map(len, raw), dtype=np.int64, count=n)
+    if int(lens.min()) < BIN_PREFIX_LEN:
+        raise ValueError("raw keys must start with a 4-byte bin prefix")
+    data = np.frombuffer(b"".join(raw), dtype=np.uint8)
+    starts = np.cumsum(lens) - lens
+    return _gather_bins(data, starts)
+
+
+def _gather_bins(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    out = np.zeros(starts.shape[0], dtype=np.int64)
+    for i in range(BIN_PREFIX_LEN):
+        out = (out << 8) | data[starts + i]
+    return out
+
+
+def binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-copy ``(data uint8, offsets int64[n+1])`` view of a binary Arrow array.
+
+    Lets backends compute lengths and bin ids of exported/imported keys without touching the
+    bytes from Python.
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if arr.null_count:
+        raise ValueError("binary column must not contain nulls")
+    if pa.types.is_large_binary(arr.type):
+        off_dtype: Any = np.int64
+    elif pa.types.is_binary(arr.type):
+        off_dtype = np.int32
+    else:
+        raise TypeError(f"expected a binary column, got {arr.type}")
+    bufs = arr.buffers()
+    n = len(arr)
+    offsets = np.frombuffer(bufs[1], dtype=off_dtype, count=arr.offset + n + 1)[arr.offset :]
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    return data, offsets.astype(np.int64)
+
+
+def bins_of_arrow(keys: pa.Array) -> np.ndarray:
+    """Bin id (int64) of every raw key in a binary Arrow array, without a Python loop."""
+    data, offsets = binary_parts(keys)
+    if len(keys) and int(np.diff(offsets).min()) < BIN_PREFIX_LEN:
+        raise ValueError("raw keys must start with a 4-byte bin prefix")
+    return _gather_bins(data, offsets[:-1])
+
+
+def arrow_lengths(arr: pa.Array) -> np.ndarray:
+    """Byte length (int64) of every element of a binary Arrow array."""
+    _, offsets = binary_parts(arr)
+    return np.diff(offsets)
+
+
+def decode_keys(raw: Sequence[bytes], key_type: str) -> tuple[np.ndarray, list[Any] | np.ndarray]:
+    """Split raw keys into ``(bins int64 array, keys)``; int64 keys come back as an int64 array.
+
+    The int64 path is one ``b"".join`` plus ``np.frombuffer``; str keys are decoded per key.
+    """
+    if key_type == "int64":
+        if not raw:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        joined = b"".join(raw)
+        if len(joined) != 12 * len(raw):
+            raise ValueError("int64 raw keys must be exactly 12 bytes")
+        rec = np.frombuffer(joined, dtype=_INT_KEY)
+        keys = (rec["k"].astype(np.uint64) ^ _SIGN).view(np.int64)
+        return rec["b"].astype(np.int64), keys
+    if key_type == "str":
+        bins = bins_of_raw(raw)
+        return bins, [r[BIN_PREFIX_LEN:].decode("utf-8") for r in raw]
+    raise ValueError(f"unknown key_type {key_type!r}; expected one of {KEY_TYPES}")
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _msgpack_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, int):
+        raise OverflowError(f"integer {obj} does not fit msgpack's 64 bits")
+    raise TypeError(f"cannot msgpack-encode value of type {type(obj).__name__}")
+
+
+def _packer() -> msgpack.Packer:
+    # A fresh Packer per call keeps packing thread-safe (a Packer holds a mutable buffer).
+    return msgpack.Packer(use_bin_type=True, default=_msgpack_default)
+
+
+def pack_value(value: Any) -> bytes:
+    """msgpack bytes of one state value (numpy scalars/arrays become plain numbers/lists)."""
+    return _packer().pack(value)
+
+
+def unpack_value(data: bytes) -> Any:
+    """Decode one msgpack state value (str keys stay str, binary stays bytes)."""
+    return _UNPACK(data)
+
+
+def pack_values(values: Iterable[Any]) -> list[bytes]:
+    """msgpack bytes of every value, in order."""
+    pack = _packer().pack
+    return [pack(v) for v in values]
+
+
+def unpack_values(data: Iterable[bytes | None]) -> list[Any]:
+    """Decode every msgpack value, passing ``None`` (missing key) through unchanged."""
+    unpack = _UNPACK
+    return [None if d is None else unpack(d) for d in data]

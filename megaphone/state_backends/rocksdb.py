@@ -1,0 +1,316 @@
+"""RocksDB state backend (rocksdict, raw mode): one DB per worker directory.
+
+Keys are raw bytes (bin prefix first), so a bin is one contiguous key range: export is a bounded
+range scan, drop is one ``delete_range`` per run of bins, and bulk import can write sorted SST
+files and ingest them, bypassing the memtable and the WAL.  Every mutation is one ``WriteBatch``
+(or one multi-file ingestion) that also carries the per-bin counters, so the counters never
+disagree with the data, even after a crash.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Cache,
+    Checkpoint,
+    DBCompressionType,
+    IngestExternalFileOptions,
+    Options,
+    Rdict,
+    ReadOptions,
+    SstFileWriter,
+    WriteBatch,
+)
+
+from megaphone.state_backends.base import ImportStats
+from megaphone.state_backends.common import (
+    INFO_META,
+    BackendBase,
+    FreshTracker,
+    check_info,
+    info_bytes,
+    kv_columns,
+    sorted_unique,
+)
+from megaphone.state_backends.encoding import (
+    arrow_lengths,
+    bin_prefix,
+    bins_of_arrow,
+    meta_key,
+)
+from megaphone.state_backends.memory import STATE_FILE
+from megaphone.state_backends.stats import STATS_META, BinCounters
+
+BLOCK_CACHE_BYTES = 64 << 20
+"""Capacity of the block cache shared by every RocksDB backend of a process."""
+
+SST_FILE_BYTES = 64 << 20
+"""Target size of one SST file written by :meth:`RocksDBBackend.import_sst`."""
+
+INGEST_DIR_PREFIX = ".megaphone-ingest-"
+"""Prefix of the temporary directory (inside the DB dir) that holds SST files being ingested."""
+
+_CACHE: Cache | None = None
+
+
+def _block_cache() -> Cache:
+    global _CACHE
+    if _CACHE is None:
+        _CACHE = Cache(BLOCK_CACHE_BYTES)
+    return _CACHE
+
+
+def db_options() -> Options:
+    """RocksDB options for a streaming state store (raw keys, LZ4, bloom filters, shared cache).
+
+    Point lookups dominate the per-epoch merge, so tables use 4 KiB blocks and 10-bit bloom
+    filters (kept by the table readers, outside the shared data-block cache, so scans cannot
+    evict them); levels use LZ4 and the bottom level ZSTD.
+    """
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    cpus = os.cpu_count() or 2
+    opts.increase_parallelism(max(2, cpus))
+    opts.set_max_background_jobs(max(2, cpus))
+    opts.set_write_buffer_size(64 << 20)
+    opts.set_max_write_buffer_number(3)
+    opts.set_target_file_size_base(64 << 20)
+    opts.set_level_compaction_dynamic_level_bytes(True)
+    opts.set_compression_type(DBCompressionType.lz4())
+    opts.set_bottommost_compression_type(DBCompressionType.zstd())
+    opts.set_keep_log_file_num(2)
+    table = BlockBasedOptions()
+    table.set_block_cache(_block_cache())
+    table.set_block_size(4 << 10)
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+class RocksDBBackend(BackendBase):
+    """Keyed state in a rocksdict ``Rdict`` opened in raw mode at ``path``."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        key_type: str,
+        num_bins: int,
+        read_only: bool = False,
+    ) -> None:
+        """Open or create the DB at ``path``; refuse one made for another key_type/num_bins.
+
+        ``read_only`` opens with ``AccessType.read_only()`` (exporters while no writer is open).
+        """
+        super().__init__(key_type, num_bins)
+        self.path = os.fspath(path)
+        self.read_only = read_only
+        if os.path.exists(os.path.join(self.path, STATE_FILE)):
+            raise ValueError(f"{self.path} holds a memory backend, not a RocksDB store")
+        exists = os.path.exists(os.path.join(self.path, "CURRENT"))
+        if read_only and not exists:
+            raise FileNotFoundError(f"no RocksDB state store at {self.path}")
+        self._options = db_options()
+        access = AccessType.read_only(False) if read_only else AccessType.read_write()
+        self._db = Rdict(self.path, self._options, access_type=access)
+        try:
+            self._counters = self._load_header()
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _load_header(self) -> BinCounters:
+        info = self._db.get(meta_key(INFO_META))
+        if info is None:
+            if not self.read_only and self._is_empty():
+                counters = BinCounters(self.num_bins)
+                wb = WriteBatch(raw_mode=True)
+                wb.put(meta_key(INFO_META), info_bytes(self.key_type, self.num_bins))
+                wb.put(meta_key(STATS_META), counters.to_bytes())
+                self._db.write(wb)
+                return counters
+            raise ValueError(f"{self.path} is not a megaphone state store (no descriptor)")
+        check_info(info, self.key_type, self.num_bins, self.path)
+        blob = self._db.get(meta_key(STATS_META))
+        if blob is None:
+            return BinCounters(self.num_bins)
+        return BinCounters.from_bytes(blob, self.num_bins)
+
+    def _is_empty(self) -> bool:
+        return next(iter(self._db.keys()), None) is None
+
+    # ------------------------------------------------------------------ primitives
+
+    def get_raw(self, raw_keys: Sequence[bytes]) -> list[bytes | None]:
+        """Multi-get raw values, ``None`` where absent."""
+        keys = raw_keys if isinstance(raw_keys, list) else list(raw_keys)
+        return self._db.get(keys) if keys else []
+
+    def get_meta(self, name: str) -> bytes | None:
+        """Read one metadata entry."""
+        return self._db.get(meta_key(name))
+
+    def _commit(
+        self,
+        keys: list[bytes],
+        values: list[bytes | None],
+        bins: np.ndarray,
+        counters: BinCounters | None,
+        meta: dict[str, bytes],
+    ) -> None:
+        wb = WriteBatch(raw_mode=True)
+        put = wb.put
+        # Keys are unique here, so sorting the pairs never compares values.  Inserting in key
+        # order roughly halves the memtable insert cost of random keys (bench/RESULTS.md).
+        pairs = sorted(zip(keys, values, strict=True))
+        if None in values:
+            for k, v in pairs:
+                if v is None:
+                    wb.delete(k)
+                else:
+                    put(k, v)
+        else:
+            collections.deque(itertools.starmap(put, pairs), maxlen=0)
+        for name, value in meta.items():
+            put(meta_key(name), bytes(value))
+        if counters is not None:
+            put(meta_key(STATS_META), counters.to_bytes())
+        self._db.write(wb)
+        if counters is not None:
+            self._counters = counters
+
+    def _scan(self, start: int, stop: int) -> Iterator[tuple[bytes, bytes]]:
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(bin_prefix(stop))
+        ro.fill_cache(False)  # bulk scans must not evict the operator's working set
+        # rocksdict keeps a pointer to the bound owned by ``ro``: this generator frame keeps
+        # ``ro`` alive for as long as the iterator runs (a temporary would leave it dangling).
+        yield from self._db.items(from_key=bin_prefix(start), read_opt=ro)
+        del ro
+
+    def _drop(self, bins: np.ndarray, runs: list[tuple[int, int]], counters: BinCounters) -> None:
+        wb = WriteBatch(raw_mode=True)
+        for start, stop in runs:
+            wb.delete_range(bin_prefix(start), bin_prefix(stop))
+        wb.put(meta_key(STATS_META), counters.to_bytes())
+        self._db.write(wb)
+        self._counters = counters
+
+    # ------------------------------------------------------------------ SST bulk import
+
+    def _import_sst_stream(self, batches: Iterable[pa.RecordBatch]) -> ImportStats:
+        """Write batches into sorted SST files in a temp dir and ingest them atomically.
+
+        Keys of a batch are sorted (last value of a repeated key wins); whenever a batch does
+        not start after the previous one, the files written so far are ingested first, so no
+        ingestion holds overlapping files.  The new counters ride in an extra SST file of the
+        same ingestion, keeping data and counters atomic.
+        """
+        self._check_writable()
+        tmp = tempfile.mkdtemp(prefix=INGEST_DIR_PREFIX, dir=self.path)
+        nkeys = nbytes = 0
+        try:
+            group = _SstGroup(tmp, self._options, self.num_bins)
+            tracker = FreshTracker(self)
+            for batch in batches:
+                k_arr, v_arr = sorted_unique(*kv_columns(batch))
+                if len(k_arr) == 0:
+                    continue
+                bins = bins_of_arrow(k_arr)
+                self._check_raw_bins(bins)
+                keys = k_arr.to_pylist()
+                if group.last is not None and keys[0] <= group.last:
+                    self._ingest(group)
+                    group = _SstGroup(tmp, self._options, self.num_bins)
+                key_lens, val_lens = arrow_lengths(k_arr), arrow_lengths(v_arr)
+                old_lens, _ = tracker.old_lens(k_arr, keys, bins)
+                delta = self._counters.delta(bins, key_lens, val_lens, old_lens)
+                group.add(keys, v_arr.to_pylist(), delta)
+                nkeys += len(keys)
+                nbytes += int(key_lens.sum() + val_lens.sum())
+            self._ingest(group)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return ImportStats("sst", nkeys, nbytes)
+
+    def _ingest(self, group: _SstGroup) -> None:
+        files = group.finish()
+        if not files:
+            return
+        counters = self._counters.copy()
+        counters.add(group.delta)
+        meta_file = os.path.join(group.directory, f"meta-{group.id}.sst")
+        writer = SstFileWriter(self._options)
+        writer.open(meta_file)
+        writer[meta_key(STATS_META)] = counters.to_bytes()
+        writer.finish()
+        opts = IngestExternalFileOptions()
+        opts.set_move_files(True)
+        self._db.ingest_external_file([*files, meta_file], opts)
+        self._counters = counters
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def checkpoint(self, dest_dir: str) -> None:
+        """Create a RocksDB checkpoint (hard-linked SSTs) in the new directory ``dest_dir``."""
+        Checkpoint(self._db).create_checkpoint(os.fspath(dest_dir))
+
+    def flush(self) -> None:
+        """Flush the memtable to an SST file (no-op when read-only)."""
+        if not self.read_only:
+            self._db.flush()
+
+    def close(self) -> None:
+        """Flush and close the DB; safe to call twice."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        """Short description for logs."""
+        return (f"RocksDBBackend(path={self.path!r}, key_type={self.key_type!r}, "
+                f"num_bins={self.num_bins}, read_only={self.read_only})")
+
+
+class _SstGroup:
+    """SST files of one ingestion: strictly increasing keys, each file about SST_FILE_BYTES."""
+
+    _ids = 0
+
+    def __init__(self, directory: str, options: Options, num_bins: int) -> None:
+        _SstGroup._ids += 1
+        self.id = _SstGroup._ids
+        self.directory = directory
+        self.options = options
+        self.files: list[str] = []
+        self.writer: SstFileWriter | None = None
+        self.last: bytes | None = None
+        self.delta = BinCounters(num_bins)
+
+    def add(self, keys: list[bytes], values: list[bytes], delta: BinCounters) -> None:
+        if self.writer is None:
+            path = os.path.join(self.directory, f"data-{self.id}-{len(self.files)}.sst")
+            self.writer = SstFileWriter(self.options)
+            self.writer.open(path)
+            self.files.append(path)
+        collections.deque(map(self.writer.__setitem__, keys, values), maxlen=0)
+        self.last = keys[-1]
+        self.delta.add(delta)
+        if self.writer.file_size() >= SST_FILE_BYTES:
+            self.writer.finish()
+            self.writer = None
+
+    def finish(self) -> list[str]:
+        if self.writer is not None:
+            self.writer.finish()
+            self.writer = None
+        return self.files

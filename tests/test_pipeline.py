@@ -1,0 +1,130 @@
+"""Pipeline on Spark: streaming with a live plan, retried batches, scale in, bad plans, metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from pyspark.sql import functions as F
+
+import megaphone
+from megaphone import MigrationPlan, Move, Pipeline, PlanError
+
+
+def counts(pipe: Pipeline) -> dict:
+    return {row[0]: row[1] for row in pipe.state().collect()}
+
+
+def make(spark, tmp_path, **kw) -> Pipeline:
+    kw.setdefault("key_type", "int64")
+    return Pipeline(spark, str(tmp_path / "state"), key="k", update="count", num_bins=16,
+                    pipeline_id=uuid.uuid4().hex, **kw)
+
+
+def test_streaming_query_keeps_completing_epochs_while_a_plan_runs(spark, tmp_path):
+    pipe = make(spark, tmp_path, workers=2)
+    stream = (spark.readStream.format("rate").option("rowsPerSecond", 400).load()
+              .select((F.col("value") % 97).alias("k")))
+    seen: list[dict] = []
+    query = pipe.start(stream, lambda df, epoch: seen.append(pipe.metrics(last=1)[0]),
+                       trigger={"processingTime": "300 milliseconds"})
+    try:
+        deadline = time.time() + 120
+        while len(seen) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        moves = [Move(b, b % 2, 2 + b % 2) for b in range(0, 16, 4)] + \
+            [Move(b, b % 2, 2 + b % 2) for b in range(1, 16, 4)]
+        plan = MigrationPlan.from_moves(pipe.routing, [[m] for m in moves], strategy="fluid")
+        handles = []
+        submitter = threading.Thread(target=lambda: handles.append(megaphone.migrate(plan)))
+        submitter.start()
+        submitter.join()
+        assert handles[0].wait(timeout=240)
+        stop_after = len(seen) + 1
+        while len(seen) < stop_after and time.time() < deadline + 120:
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    assert query.exception() is None
+    epochs = [m["epoch"] for m in seen]
+    assert epochs == list(range(epochs[0], epochs[0] + len(epochs)))  # committed in order
+    moving = [m for m in seen if m["bins_moved"]]
+    assert sum(m["bins_moved"] for m in moving) == len(moves)
+    assert all(m["records_in"] > 0 for m in moving)  # every migration epoch did real work
+    assert pipe.routing.workers() == [0, 1, 2, 3]
+    assert sum(counts(pipe).values()) == sum(m["records_in"] for m in pipe.metrics())
+
+
+def test_a_retried_batch_id_applies_nothing_and_returns_the_same_outputs(spark, tmp_path):
+    pipe = make(spark, tmp_path)
+    batch = spark.createDataFrame([(1,), (2,), (1,)], "k long")
+    plan = MigrationPlan.from_moves(pipe.routing, [[Move(3, 1, 0)]])
+    handle = pipe.migrate(plan)
+    first, epoch = pipe._run_batch(batch, 7, "ckpt")
+    again, epoch_again = pipe._run_batch(batch, 7, "ckpt")
+    assert epoch == epoch_again == 0
+    assert sorted(again.collect()) == sorted(first.collect())
+    assert counts(pipe) == {1: 2, 2: 1}
+    assert len(pipe.metrics()) == 1 and handle.done and handle.progress.steps_done == 1
+    assert pipe.routing.version == 1  # the move was not applied twice
+
+
+def test_scale_in_releases_the_storage_of_workers_left_without_bins(spark, tmp_path):
+    pipe = make(spark, tmp_path, workers=3)
+    batch = spark.createDataFrame([(k,) for k in range(100)], "k long")
+    pipe.process(batch)
+    assert pipe.state_dir.worker_path(2).exists()
+    plan = MigrationPlan.from_moves(
+        pipe.routing, [[Move(int(b), 2, int(b) % 2) for b in pipe.routing.bins_of(2)]]
+    )
+    handle = pipe.migrate(plan)
+    for _ in range(3):
+        pipe.process(batch)
+    assert handle.done
+    assert pipe.routing.workers() == [0, 1]
+    assert not pipe.state_dir.worker_path(2).exists()
+    assert counts(pipe) == {k: 4 for k in range(100)}
+
+
+def test_bad_and_stale_plans_are_rejected_and_change_nothing(spark, tmp_path):
+    pipe = make(spark, tmp_path)
+    pipe.process(spark.createDataFrame([(1,)], "k long"))
+    first = MigrationPlan.from_moves(pipe.routing, [[Move(0, 0, 1)], [Move(2, 0, 1)]])
+    bad = MigrationPlan.from_moves(pipe.routing, [[Move(0, 1, 0)]])
+    with pytest.raises(PlanError, match="source worker 1 is not the owner"):
+        pipe.migrate(bad)
+    pipe.migrate(first)
+    with pytest.raises(PlanError, match="plans in flight end at version 2"):
+        pipe.migrate(MigrationPlan.from_moves(pipe.routing, [[Move(4, 0, 1)]]))
+    queued = MigrationPlan(pipe.fingerprint, first.end_version,
+                           MigrationPlan.from_moves(pipe.routing, [[Move(0, 1, 0)]]).steps)
+    handle = pipe.migrate(queued)  # starts where the running plan ends: queued
+    for _ in range(4):
+        pipe.process(spark.createDataFrame([(1,)], "k long"))
+    assert handle.done and pipe.routing.owner(0) == 0 and pipe.routing.owner(2) == 1
+    assert counts(pipe) == {1: 5}
+
+
+def test_metrics_are_recorded_per_worker_and_on_disk(spark, tmp_path):
+    pipe = make(spark, tmp_path, workers=2)
+    pipe.process(spark.createDataFrame([(k,) for k in range(50)], "k long"))
+    (m,) = pipe.metrics()
+    assert m["records_in"] == 50 and m["records_out"] == 50
+    assert set(m["per_worker"]) == {"0", "1"}
+    assert all(w["useful_s"] > 0 for w in m["per_worker"].values())
+    assert pipe.state_dir.read_metrics() == [m]
+
+
+def test_reopening_a_state_dir_resumes_and_checks_settings(spark, tmp_path):
+    pipe = make(spark, tmp_path)
+    pipe.process(spark.createDataFrame([(1,), (2,)], "k long"))
+    pid = pipe.fingerprint.pipeline_id
+    del pipe
+    again = Pipeline(spark, str(tmp_path / "state"), key="k", update="count", num_bins=16)
+    assert again.fingerprint.pipeline_id == pid and again.epoch == 0
+    again.process(spark.createDataFrame([(1,)], "k long"))
+    assert counts(again) == {1: 2, 2: 1}
+    with pytest.raises(ValueError, match="num_bins 32 != 16"):
+        Pipeline(spark, str(tmp_path / "state"), key="k", update="count", num_bins=32)
