@@ -16,6 +16,9 @@ from megaphone._version import __version__
 #: subcommand -> module that defines ``add_arguments(parser)`` and ``run(args) -> int``.
 COMMANDS: dict[str, str] = {
     "demo": "megaphone.demo",
+    "inspect": "megaphone.inspect_cmd",
+    "plan": "megaphone.plan_cmd",
+    "migrate": "megaphone.migrate_cmd",
 }
 
 

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         while time.time() - started < args.duration and query.isActive:
             time.sleep(0.5)
     finally:
-        query.stop()
+        pipe.stop()
         if query.exception() is not None:
             raise RuntimeError(f"the streaming query failed: {query.exception()}")
     summarize(rows, handle)

@@ -70,7 +70,7 @@ def scenarios(draw):
     keyspace = draw(st.lists(raw_keys, min_size=1, max_size=12, unique=True))
     workers = draw(st.integers(1, 3))
     owners = [b % workers for b in range(NUM_BINS)]
-    epochs = draw(st.integers(2, 4))
+    epochs = draw(st.integers(2, 3))
     batches, plans = [], []
     for _ in range(epochs):
         batch = draw(st.lists(st.tuples(st.sampled_from(keyspace), st.integers(-50, 50)),
@@ -79,7 +79,7 @@ def scenarios(draw):
         submitted = []
         for _ in range(draw(st.integers(0, 2))):
             steps, offset = [], 0
-            for _ in range(draw(st.integers(1, 3))):
+            for _ in range(draw(st.integers(1, 2))):
                 bins = draw(st.lists(st.integers(0, NUM_BINS - 1), min_size=1, max_size=4,
                                      unique=True))
                 moves = []
@@ -141,8 +141,9 @@ def test_outputs_and_state_equal_a_run_without_migration(spark, scenario):
                 break
             assert pipe.process(spark.createDataFrame([], schema)).count() == 0
         assert all(h.done for h in handles)
-        state = {row[0]: row[1] for row in pipe.state().collect()}
+        rows = pipe.state().collect()
+        state = {row[0]: row[1] for row in rows}
         if update == "custom":
             state = {k: msgpack.unpackb(v) for k, v in state.items()}
         assert state == expected_state
-        assert pipe.state().count() == len(expected_state)  # no key at two workers
+        assert len(rows) == len(state)  # no key held by two workers

@@ -139,6 +139,7 @@ class Pipeline:
         self._commit = Commit()
         self._path = Path(state_dir)
         self._streaming = False
+        self._query = None
         # Adaptive execution must not merge partitions: partition w is worker w.
         spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
         if StateDir.exists(self._path):
@@ -253,8 +254,24 @@ class Pipeline:
             writer = writer.trigger(**trigger)
         self._streaming = True
         query = writer.start()
+        self._query = query
         threading.Thread(target=self._watch, args=(query,), daemon=True).start()
         return query
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the stream started by :meth:`start` between two epochs, not in the middle of one.
+
+        Waits up to ``timeout`` seconds for the running epoch to commit so Spark does not
+        interrupt the batch function; the query's checkpoint then resumes at the next batch.
+        """
+        query = self._query
+        if query is None:
+            return
+        deadline = time.time() + timeout
+        while query.isActive and query.status.get("isTriggerActive") and time.time() < deadline:
+            time.sleep(0.05)
+        query.stop()
+        self._query = None
 
     def _watch(self, query) -> None:
         try:

@@ -297,7 +297,7 @@ def rescale(
     plan.meta["estimate"] = {
         "rate_bytes_per_s": round(rate, 1),
         "rate_source": f"measured over {measured} epoch(s) that moved state" if measured
-        else "default (no epoch has moved state yet)",
+        else "default rate: no epoch has moved state yet",
         "transfer_s": round(plan.meta["bytes_moved"] / rate, 3),
     }
     return plan

@@ -50,13 +50,14 @@ def balanced_target(owners: np.ndarray, weights: np.ndarray, workers: int) -> np
     2. then, while it strictly lowers the pair's maximum, one bin moves from the most loaded to
        the least loaded worker, choosing the bin whose weight best fits what the pair needs
        (``min(excess of the sender, deficit of the receiver)`` against the mean), so no move
-       overshoots and every byte moved reduces imbalance;
+       overshoots and every byte moved reduces imbalance; bins already on the move (from a
+       removed worker or an earlier move) go first, since moving them again costs nothing;
     3. finally bins of weight zero (no keys yet) even out the bin counts, moving only while
        two workers differ by two or more bins; bins already on the move are preferred.
 
-    The result is within one bin of the ideal: the most loaded worker exceeds the least loaded
-    by at most the weight of its smallest bin, and with equal weights bin counts differ by at
-    most one. Ties break on worker and bin id, so the same input always gives the same target.
+    The result is within one bin of the ideal: every worker exceeds the least loaded one by
+    at most the weight of its own smallest bin, and with equal weights bin counts differ by
+    at most one. Ties break on worker and bin id, so the same input always gives the same target.
     """
     workers = check_workers(workers)
     owners = np.asarray(owners, dtype=np.int64)
@@ -85,35 +86,49 @@ def balanced_target(owners: np.ndarray, weights: np.ndarray, workers: int) -> np
     total = float(weights.sum())
     tol = 1e-9 * max(total, 1.0)
     mean = total / workers
-    # Per worker: positive-weight bins sorted by (weight, bin); zero-weight bins by bin id.
-    heavy: list[list[tuple[float, int]]] = [[] for _ in range(workers)]
+    # Per worker: positive-weight bins sorted by (weight, bin), those already on the move
+    # (away from their current owner, so moving them again costs nothing extra) apart from
+    # those at home; zero-weight bins by bin id.
+    home: list[list[tuple[float, int]]] = [[] for _ in range(workers)]
+    away: list[list[tuple[float, int]]] = [[] for _ in range(workers)]
     light: list[list[int]] = [[] for _ in range(workers)]
     for b in range(owners.size):
         if weights[b] > 0:
-            heavy[target[b]].append((float(weights[b]), b))
+            (home if target[b] == owners[b] else away)[target[b]].append((float(weights[b]), b))
         else:
             light[target[b]].append(b)
-    for lst in heavy:
+    for lst in home + away:
         lst.sort()
 
-    # 2. most loaded -> least loaded while the pair's maximum strictly drops.
-    for _ in range(4 * owners.size + workers):
-        a = _argmax(load, count)
+    # 2. most loaded -> least loaded while the pair's maximum strictly drops. A worker with no
+    # bin that fits (say, one huge bin) is set aside so the others still even out among
+    # themselves; it rejoins once it receives a bin.
+    stuck = np.zeros(workers, dtype=bool)
+    moves_left = 16 * owners.size + 4 * workers  # a safety net; far more than ever needed
+    while moves_left > 0 and not stuck.all():
+        a = _argmax(np.where(stuck, -np.inf, load), count)
         r = _argmin(load, count)
         gap = load[a] - load[r]
         if a == r or gap <= tol:
             break
         want = min(load[a] - mean, mean - load[r])
-        pick = _best_fit(heavy[a], want, gap - tol)
+        source = away[a]
+        pick = _best_fit(source, want, gap - tol)
         if pick is None:
-            break
-        w, b = heavy[a].pop(pick)
-        bisect.insort(heavy[r], (w, b))
+            source = home[a]
+            pick = _best_fit(source, want, gap - tol)
+        if pick is None:
+            stuck[a] = True
+            continue
+        w, b = source.pop(pick)
+        bisect.insort((home if owners[b] == r else away)[r], (w, b))
         target[b] = r
         load[a] -= w
         load[r] += w
         count[a] -= 1
         count[r] += 1
+        stuck[r] = False
+        moves_left -= 1
 
     # 3. weight-free bins even out the bin counts.
     for _ in range(owners.size + workers):

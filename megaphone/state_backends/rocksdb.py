@@ -297,6 +297,7 @@ class _SstGroup:
         self.delta = BinCounters(num_bins)
 
     def add(self, keys: list[bytes], values: list[bytes], delta: BinCounters) -> None:
+        """Append one sorted batch (above ``last``); roll to a new file past SST_FILE_BYTES."""
         if self.writer is None:
             path = os.path.join(self.directory, f"data-{self.id}-{len(self.files)}.sst")
             self.writer = SstFileWriter(self.options)
@@ -310,6 +311,7 @@ class _SstGroup:
             self.writer = None
 
     def finish(self) -> list[str]:
+        """Close the open file and return every file of the group, in key order."""
         if self.writer is not None:
             self.writer.finish()
             self.writer = None

@@ -1,0 +1,125 @@
+"""Show a pipeline's state directory: workers, bins, keys and bytes per worker, skew, plans.
+
+Read-only: the state backends are opened read-only and no file under the directory changes,
+so it is safe to run next to a running pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from megaphone.plans.report import human_bytes, skew, table
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register ``inspect``'s options."""
+    parser.add_argument("--state-dir", required=True, metavar="DIR",
+                        help="the pipeline's state directory")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def describe(state_dir: str) -> dict[str, Any]:
+    """Everything ``inspect`` shows, as a JSON-ready dict (the ``--json`` output)."""
+    from megaphone.migrator.statedir import StateDir
+    from megaphone.plans.rescale import bin_sizes
+
+    state = StateDir.open(state_dir)
+    fp = state.fingerprint
+    routing = state.load_routing()
+    commit = state.read_commit()
+    owners = routing.owners()
+    sizes = bin_sizes(state, owners)
+    workers = routing.workers()
+    per_worker = {}
+    for w in workers:
+        mine = owners == w
+        per_worker[str(w)] = {
+            "bins": int(mine.sum()),
+            "keys": int(sizes.keys[mine].sum()),
+            "bytes": int(sizes.bytes[mine].sum()),
+        }
+    in_flight = []
+    for item in commit.plans:
+        plan = item.get("plan", {})
+        steps = plan.get("steps", [])
+        in_flight.append({
+            "strategy": plan.get("strategy"),
+            "base_version": plan.get("base_version"),
+            "steps": len(steps),
+            "bins": sum(len(s.get("moves", [])) for s in steps),
+            "applied": item.get("applied", 0),
+            "committed": item.get("committed", 0),
+        })
+    return {
+        "state_dir": str(state.path),
+        "pipeline_id": fp.pipeline_id,
+        "num_bins": fp.num_bins,
+        "key_type": fp.key_type,
+        "key": state.manifest.get("key"),
+        "value": state.manifest.get("value"),
+        "update": state.manifest.get("update"),
+        "backend": state.manifest.get("backend"),
+        "workers": workers,
+        "per_worker": per_worker,
+        "keys": int(sizes.keys.sum()),
+        "bytes": int(sizes.bytes.sum()),
+        "skew": {
+            field: round(skew([float(r[field]) for r in per_worker.values()]), 4)
+            for field in ("bins", "keys", "bytes")
+        },
+        "routing": {
+            "version": routing.version,
+            "versions": len(routing.versions),
+            "latest_epoch": routing.latest_epoch,
+            "initial_workers": routing.initial_workers,
+        },
+        "last_committed_epoch": commit.epoch,
+        "state_version": commit.state_version,
+        "pending_drops": len(commit.pending_drops),
+        "plans_in_flight": in_flight,
+    }
+
+
+def render(info: dict[str, Any]) -> str:
+    """The human-readable report of :func:`describe`'s output."""
+    r = info["routing"]
+    epoch = info["last_committed_epoch"]
+    lines = [
+        f"pipeline    {info['pipeline_id']}  ({info['state_dir']})",
+        f"bins        {info['num_bins']}  key {info['key']!r} ({info['key_type']}), "
+        f"update {info['update']}, backend {info['backend']}",
+        f"workers     {len(info['workers'])}: {', '.join(map(str, info['workers']))}",
+        f"routing     version {r['version']} ({r['versions']} version"
+        f"{'s' if r['versions'] != 1 else ''}; newest in force from "
+        f"epoch {r['latest_epoch']}; started on {r['initial_workers']} workers)",
+        f"committed   {'no epoch yet' if epoch < 0 else f'epoch {epoch}'} "
+        f"(state at routing version {info['state_version']}"
+        + (f", {info['pending_drops']} bins to drop" if info["pending_drops"] else "") + ")",
+    ]
+    if info["plans_in_flight"]:
+        for i, p in enumerate(info["plans_in_flight"]):
+            lines.append(
+                f"{'in flight' if i == 0 else '':<11} {p['strategy']} plan from version "
+                f"{p['base_version']}: {p['bins']} bins in {p['steps']} steps, "
+                f"{p['applied']} applied, {p['committed']} committed"
+            )
+    else:
+        lines.append("in flight   no plan")
+    rows = [[w, d["bins"], d["keys"], human_bytes(d["bytes"])]
+            for w, d in info["per_worker"].items()]
+    rows.append(["total", info["num_bins"], info["keys"], human_bytes(info["bytes"])])
+    lines.append("")
+    lines += table(["worker", "bins", "keys", "bytes"], rows)
+    s = info["skew"]
+    lines.append(f"skew (max/mean): bins {s['bins']:.2f}, keys {s['keys']:.2f}, "
+                 f"bytes {s['bytes']:.2f}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report (or JSON with ``--json``); exit 0."""
+    info = describe(args.state_dir)
+    print(json.dumps(info, indent=1) if args.json else render(info))
+    return 0

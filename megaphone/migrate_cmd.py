@@ -1,0 +1,115 @@
+"""Apply a migration plan: offline to a stopped pipeline's state, or to one running here.
+
+Offline, the plan is checked first (pipeline, routing version, every move) and then applied
+step by step, each step committed before the next starts, with a progress bar. If a pipeline
+with the plan's id and this state directory is open in this process, the plan is submitted to
+it instead and its progress followed while the pipeline runs the steps at their epochs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from typing import Any
+
+from megaphone.plans.report import human_bytes, table
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register ``migrate``'s arguments."""
+    parser.add_argument("plan", help="plan file written by 'megaphone plan' (JSON)")
+    parser.add_argument("--state-dir", required=True, metavar="DIR",
+                        help="the pipeline's state directory")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="for a running pipeline: submit the plan and return at once")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Apply the plan and print what moved; user errors raise ``ValueError`` (exit 2)."""
+    from megaphone.migrator.pipeline import running_pipeline
+    from megaphone.migrator.statedir import StateDir
+    from megaphone.plans.plan import MigrationPlan
+
+    plan = MigrationPlan.load(args.plan)
+    state = StateDir.open(args.state_dir)
+    state.fingerprint.check(plan.fingerprint, f"plan {args.plan}")
+    running = running_pipeline(plan.fingerprint.pipeline_id)
+    if running is not None and running.state_dir.path.resolve() == state.path.resolve():
+        return _live(running, plan, args)
+    return _offline(state, plan, args)
+
+
+def _offline(state: Any, plan: Any, args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from megaphone.migrator.offline import migrate_offline
+    from megaphone.plans.plan import PlanError
+    from megaphone.plans.rescale import bin_sizes
+
+    table_before = state.load_routing()
+    commit = state.read_commit()
+    # The same checks migrate_offline makes, first, so an error prints before any progress bar.
+    if commit.plans:
+        raise PlanError(f"{state.path} has a plan in flight from a running pipeline; open the "
+                        "pipeline to finish it first")
+    if commit.state_version != table_before.version:
+        raise PlanError(f"{state.path} has routing versions not applied to its state yet; open "
+                        "the pipeline to finish them")
+    plan.validate(table_before, commit.epoch + 1)
+    owners_before = table_before.owners()
+    sizes = bin_sizes(state, owners_before)
+    moves = plan.moves
+    keys = sum(int(sizes.keys[m.bin]) for m in moves)
+    started = time.perf_counter()
+    moved_bytes = 0
+    with tqdm(total=len(plan.steps), unit="step", desc="migrating", disable=args.no_progress,
+              dynamic_ncols=True) as bar:
+
+        def on_step(index: int, nbytes: int) -> None:
+            nonlocal moved_bytes
+            moved_bytes += nbytes
+            bar.set_postfix_str(f"{human_bytes(moved_bytes)} moved", refresh=False)
+            bar.update(1)
+
+        migrate_offline(str(state.path), plan, on_step=on_step)
+    elapsed = time.perf_counter() - started
+    table_after = state.load_routing()
+    state_bytes = sum(int(sizes.bytes[m.bin]) for m in moves)
+    print(f"migrated {len(moves)} bins ({keys} keys, {human_bytes(state_bytes)} of state, "
+          f"{human_bytes(moved_bytes)} transferred) in {len(plan.steps)} steps, "
+          f"{elapsed:.1f} s; routing version {table_before.version} -> {table_after.version}")
+    _print_layout(moves, owners_before, table_after.owners())
+    return 0
+
+
+def _live(pipeline: Any, plan: Any, args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    handle = pipeline.migrate(plan)  # validates now; a bad plan raises and changes nothing
+    print(f"submitted {len(plan.moves)} bins in {len(plan.steps)} steps to pipeline "
+          f"{plan.fingerprint.pipeline_id}, running in this process")
+    if args.no_wait or not getattr(pipeline, "_streaming", True):
+        print("the pipeline applies the steps at its next epochs")
+        return 0
+    with tqdm(total=len(plan.steps), unit="step", desc="migrating", disable=args.no_progress,
+              dynamic_ncols=True) as bar:
+        while not handle.wait(0.2):
+            p = handle.progress
+            bar.set_postfix_str(f"{human_bytes(p.bytes_moved)} moved", refresh=False)
+            bar.update(p.steps_done - bar.n)
+        p = handle.progress
+        bar.update(p.steps_done - bar.n)
+    print(f"migrated {p.bins_done} bins ({human_bytes(p.bytes_moved)}) in {p.steps_done} steps "
+          f"at epochs {p.epochs[0]}..{p.epochs[-1]}")
+    return 0
+
+
+def _print_layout(moves: list, before: Any, after: Any) -> None:
+    pairs = Counter((m.src, m.dst) for m in moves)
+    for (src, dst), n in sorted(pairs.items()):
+        print(f"  worker {src} -> {dst}: {n} bin{'s' if n != 1 else ''}")
+    workers = sorted({int(w) for w in before} | {int(w) for w in after})
+    rows = [[w, int((before == w).sum()), int((after == w).sum())] for w in workers]
+    print("\n".join(table(["worker", "bins before", "bins after"], rows)))

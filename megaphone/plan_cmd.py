@@ -1,0 +1,128 @@
+"""Plan a rescale: a balanced migration to N workers (or to a target map), written as JSON.
+
+Reads the state directory (read-only), picks a target that moves as little state as possible
+and orders the moves by a strategy (all-at-once, fluid or batched), then prints a summary --
+bins, keys and bytes moved, steps, the largest step, load per worker before and after, and an
+estimated duration -- and writes the plan for ``megaphone migrate`` or ``megaphone.migrate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from megaphone.plans.report import arrow, human_bytes, human_rate, human_seconds, table
+from megaphone.plans.strategies import BATCHED, STRATEGIES
+from megaphone.plans.targets import BALANCE_MODES
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register ``plan``'s options."""
+    parser.add_argument("--state-dir", required=True, metavar="DIR",
+                        help="the pipeline's state directory")
+    goal = parser.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--workers", type=_positive, metavar="N",
+                      help="scale to workers 0..N-1, balanced (see --balance)")
+    goal.add_argument("--target", metavar="FILE",
+                      help='JSON target: {"bin": worker, ...} or a list of every bin\'s owner')
+    parser.add_argument("--strategy", choices=STRATEGIES, required=True,
+                        help="all-at-once: one step; fluid: one bin per step; batched: each "
+                             "step a matching, one bin per worker (see --per-worker)")
+    parser.add_argument("--gap", type=_non_negative, default=0, metavar="E",
+                        help="idle epochs between steps (default 0)")
+    parser.add_argument("--per-worker", type=_positive, default=1, metavar="K",
+                        help="batched only: bins a worker may send or receive per step "
+                             "(default 1)")
+    parser.add_argument("--balance", choices=BALANCE_MODES, default="keys",
+                        help="what --workers balances: keys or bytes per bin, or load "
+                             "(records per epoch estimated from the metrics); default keys")
+    parser.add_argument("-o", "--output", default="plan.json", metavar="FILE",
+                        help="where to write the plan (default plan.json)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the plan (with its summary in 'meta') as JSON")
+
+
+def summary(meta: dict[str, Any], pipeline_id: str) -> str:
+    """The human-readable summary of a plan's ``meta`` (as :func:`rescale` fills it)."""
+    before, after = meta["workers_before"], meta["workers_after"]
+    goal = "explicit target" if meta["balance"] == "explicit" else f"balanced by {meta['balance']}"
+    how = meta["strategy"]
+    if meta["strategy"] == BATCHED:
+        k = meta["per_worker"]
+        how += f" ({k} bin{'s' if k > 1 else ''} per worker per step)"
+    lines = [
+        f"plan for pipeline {pipeline_id}: {len(before)} -> {len(after)} workers, {goal}, "
+        f"{how}, gap {meta['gap']}",
+    ]
+    if not meta["bins_moved"]:
+        lines.append("moves       nothing: the layout already matches")
+        return "\n".join(lines)
+    total_bins = sum(d["bins"] for d in meta["before"].values())
+    lines += [
+        f"moves       {meta['bins_moved']} of {total_bins} bins, {meta['keys_moved']} keys, "
+        f"{human_bytes(meta['bytes_moved'])}",
+        f"steps       {meta['steps']} over {meta['epochs']} epochs; largest step "
+        f"{meta['largest_step_bins']} bins, {human_bytes(meta['largest_step_bytes'])}",
+    ]
+    est = meta.get("estimate")
+    if est:
+        lines.append(
+            f"estimate    {human_seconds(est['transfer_s'])} of state transfer at "
+            f"{human_rate(est['rate_bytes_per_s'])} ({est['rate_source']}), spread over "
+            f"{meta['epochs']} epochs"
+        )
+    with_records = any("records" in d for d in meta["before"].values())
+    headers = ["worker", "bins", "keys", "bytes"] + (["records/epoch"] if with_records else [])
+    rows = []
+    for w in meta["before"]:
+        b, a = meta["before"][w], meta["after"][w]
+        row = [w, arrow(b["bins"], a["bins"]), arrow(b["keys"], a["keys"]),
+               arrow(human_bytes(b["bytes"]), human_bytes(a["bytes"]))]
+        if with_records:
+            row.append(arrow(f"{b.get('records', 0):.0f}", f"{a.get('records', 0):.0f}"))
+        rows.append(row)
+    lines.append("")
+    lines += table(headers, rows)
+    lines.append(f"skew (max/mean {meta['skew_field']}): {meta['skew_before']:.2f} -> "
+                 f"{meta['skew_after']:.2f}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, print the summary (or the plan as JSON) and write the plan; exit 0."""
+    from megaphone.plans.plan import PlanError
+    from megaphone.plans.rescale import rescale
+
+    if args.per_worker != 1 and args.strategy != BATCHED:
+        raise PlanError("--per-worker applies only to --strategy batched")
+    plan = rescale(args.state_dir, workers=args.workers, strategy=args.strategy, gap=args.gap,
+                   balance=args.balance, per_worker=args.per_worker, target=args.target)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=1))
+    else:
+        print(summary(plan.meta, plan.fingerprint.pipeline_id))
+    if not plan.steps:
+        if not args.json:
+            print("no plan written: nothing to move")
+        return 0
+    plan.save(args.output)
+    if not args.json:
+        print(f"wrote {args.output} (routing version {plan.base_version} -> "
+              f"{plan.end_version}); apply it with: megaphone migrate {args.output} "
+              f"--state-dir {args.state_dir}")
+    return 0
