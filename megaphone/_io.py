@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write_bytes(
+    path: str | os.PathLike[str], data: bytes, before_rename: Callable[[], None] | None = None
+) -> None:
     """Write ``data`` to ``path`` so readers see the old or the new file, never a torn one.
 
     The bytes go to a temporary file in the same directory, are fsynced, then renamed over
@@ -22,6 +25,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
@@ -34,9 +39,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         os.close(dir_fd)
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+def atomic_write_json(
+    path: str | os.PathLike[str], obj: Any, before_rename: Callable[[], None] | None = None
+) -> None:
     """Write ``obj`` as JSON atomically (see :func:`atomic_write_bytes`)."""
-    atomic_write_bytes(path, json.dumps(obj, separators=(",", ":")).encode())
+    atomic_write_bytes(path, json.dumps(obj, separators=(",", ":")).encode(), before_rename)
 
 
 def read_json(path: str | os.PathLike[str], what: str) -> Any:

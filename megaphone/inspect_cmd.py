@@ -98,6 +98,10 @@ def render(info: dict[str, Any]) -> str:
         f"(state at routing version {info['state_version']}"
         + (f", {info['pending_drops']} bins to drop" if info["pending_drops"] else "") + ")",
     ]
+    ahead = r["version"] - info["state_version"]
+    if ahead > 0 and not info["plans_in_flight"]:
+        lines.append(f"{'':<11} {ahead} routing version{'s' if ahead > 1 else ''} past the last "
+                     "commit (left by a crash): discarded when the pipeline next opens")
     if info["plans_in_flight"]:
         for i, p in enumerate(info["plans_in_flight"]):
             lines.append(

@@ -11,9 +11,17 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING
 
 from megaphone.plans.report import human_bytes, table
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from megaphone.migrator.pipeline import Pipeline
+    from megaphone.migrator.statedir import StateDir
+    from megaphone.plans.plan import MigrationPlan
+    from megaphone.routing.table import Move
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,22 +49,20 @@ def run(args: argparse.Namespace) -> int:
     return _offline(state, plan, args)
 
 
-def _offline(state: Any, plan: Any, args: argparse.Namespace) -> int:
+def _offline(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from megaphone.migrator.offline import migrate_offline
     from megaphone.plans.plan import PlanError
-    from megaphone.plans.rescale import bin_sizes
+    from megaphone.plans.rescale import bin_sizes, committed_table
 
-    table_before = state.load_routing()
     commit = state.read_commit()
-    # The same checks migrate_offline makes, first, so an error prints before any progress bar.
+    # The checks migrate_offline makes (after discarding what a crash left past the commit),
+    # made first and read-only, so an error prints alone and nothing changes.
     if commit.plans:
         raise PlanError(f"{state.path} has a plan in flight from a running pipeline; open the "
                         "pipeline to finish it first")
-    if commit.state_version != table_before.version:
-        raise PlanError(f"{state.path} has routing versions not applied to its state yet; open "
-                        "the pipeline to finish them")
+    table_before = committed_table(state, commit.state_version)
     plan.validate(table_before, commit.epoch + 1)
     owners_before = table_before.owners()
     sizes = bin_sizes(state, owners_before)
@@ -64,8 +70,9 @@ def _offline(state: Any, plan: Any, args: argparse.Namespace) -> int:
     keys = sum(int(sizes.keys[m.bin]) for m in moves)
     started = time.perf_counter()
     moved_bytes = 0
+    # delay: a bar appears only once work is under way, never in front of an error line
     with tqdm(total=len(plan.steps), unit="step", desc="migrating", disable=args.no_progress,
-              dynamic_ncols=True) as bar:
+              dynamic_ncols=True, delay=0.3) as bar:
 
         def on_step(index: int, nbytes: int) -> None:
             nonlocal moved_bytes
@@ -84,7 +91,7 @@ def _offline(state: Any, plan: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _live(pipeline: Any, plan: Any, args: argparse.Namespace) -> int:
+def _live(pipeline: Pipeline, plan: MigrationPlan, args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     handle = pipeline.migrate(plan)  # validates now; a bad plan raises and changes nothing
@@ -106,7 +113,7 @@ def _live(pipeline: Any, plan: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_layout(moves: list, before: Any, after: Any) -> None:
+def _print_layout(moves: list[Move], before: np.ndarray, after: np.ndarray) -> None:
     pairs = Counter((m.src, m.dst) for m in moves)
     for (src, dst), n in sorted(pairs.items()):
         print(f"  worker {src} -> {dst}: {n} bin{'s' if n != 1 else ''}")

@@ -7,10 +7,13 @@ moving its bins worker to worker in bounded chunks and committing before the nex
 from __future__ import annotations
 
 import shutil
+import struct
 from collections.abc import Callable
 
 from megaphone.migrator.controller import MigrationHandle
+from megaphone.migrator.recovery import check_and_recover
 from megaphone.migrator.statedir import StateDir
+from megaphone.migrator.worker import EPOCH_META, worker_epoch
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES, StateBackend, open_backend
 
@@ -26,9 +29,22 @@ def migrate_offline(
     The plan is validated first: a bad plan raises ``PlanError`` and nothing changes.
     ``on_step(step_index, bytes_moved)`` is called after each committed step (progress bars).
     """
-    state = StateDir.open(state_dir)
-    table = state.load_routing()
+    state = StateDir.open(state_dir).lock()
+    try:
+        return _migrate_locked(state, plan, chunk_bytes, on_step)
+    finally:
+        state.unlock()
+
+
+def _migrate_locked(
+    state: StateDir,
+    plan: MigrationPlan,
+    chunk_bytes: int,
+    on_step: Callable[[int, int], None] | None,
+) -> MigrationHandle:
     commit = state.read_commit()
+    check_and_recover(state, commit)  # a crashed run's leftovers are discarded first
+    table = state.load_routing()
     if commit.plans:
         raise PlanError(
             f"{state.path} has a plan in flight from a running pipeline; open the pipeline to "
@@ -62,6 +78,8 @@ def migrate_offline(
                 for chunk in src.export_bins([m.bin], chunk_bytes):
                     moved += chunk.column(0).nbytes + chunk.column(1).nbytes
                     dst.import_chunk(chunk)
+                if worker_epoch(dst) < commit.epoch:  # a new worker joins at the commit
+                    dst.put_meta(EPOCH_META, struct.pack(">q", commit.epoch))
             for backend in opened.values():
                 backend.flush()
         finally:

@@ -29,6 +29,8 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
 from megaphone.migrator.controller import MigrationHandle, PlanQueue
+from megaphone.migrator.faults import crash_point
+from megaphone.migrator.recovery import RecoveryReport, check_and_recover
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import AGGREGATIONS, Update, UpdateFn, make_update
 from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker, shuffle_schema
@@ -140,6 +142,7 @@ class Pipeline:
         self._path = Path(state_dir)
         self._streaming = False
         self._query = None
+        self.recovery = RecoveryReport()  # what opening the state directory discarded
         # Adaptive execution must not merge partitions: partition w is worker w.
         spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
         if StateDir.exists(self._path):
@@ -172,10 +175,13 @@ class Pipeline:
                 f"{state.path} holds state of another pipeline configuration: "
                 + "; ".join(mismatches)
             )
+        state.lock()
+        commit = state.read_commit()
+        self.recovery = check_and_recover(state, commit)
         self._state = state
         self._key_type = fp.key_type
         self._pipeline_id = fp.pipeline_id
-        self._commit = state.read_commit()
+        self._commit = commit
         self._queue = PlanQueue(state.load_routing())
         self._queue.restore(self._commit.plans)
         self._metrics.extend(state.read_metrics(last=self._metrics.maxlen))
@@ -213,6 +219,11 @@ class Pipeline:
         """The pipeline's routing table (read it; change it only through :meth:`migrate`)."""
         assert self._queue is not None
         return self._queue.table
+
+    @property
+    def in_flight(self) -> list[MigrationHandle]:
+        """Handles of the plans submitted and not finished yet, the active one first."""
+        return self._queue.in_flight if self._queue is not None else []
 
     @property
     def epoch(self) -> int:
@@ -289,9 +300,19 @@ class Pipeline:
         """
         if self._queue is None:
             raise RuntimeError("the pipeline has no state yet: process a batch or give key_type")
-        with self._queue.lock:
+        with self._lock:  # between epochs: the plan is durable once this returns
             handle = self._queue.submit(plan, self._commit.epoch + 1)
+            self._commit.plans = self._queue.to_list()
+            self.state_dir.write_commit(self._commit)
         return handle
+
+    def close(self) -> None:
+        """Stop a running stream, release the state directory's lock and forget the pipeline."""
+        self.stop()
+        if self._state is not None:
+            self._state.unlock()
+            if _PIPELINES.get(self._state.fingerprint.pipeline_id) is self:
+                del _PIPELINES[self._state.fingerprint.pipeline_id]
 
     def metrics(self, last: int | None = None) -> list[dict[str, Any]]:
         """Per-epoch metrics (records in/out, useful time, bins and bytes moved, per worker)."""
@@ -483,6 +504,7 @@ class Pipeline:
             state.outputs_path(epoch).mkdir(parents=True)
             rows = self._job(records, spec, partitions, version, epoch).collect()
             finished = time.time()
+            crash_point("applied", epoch)
             worker_metrics = [json.loads(row.metrics) for row in rows]
             record = self._collect_metrics(spec, started, finished, moves, version, stream,
                                            worker_metrics)

@@ -14,6 +14,7 @@ Layout::
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -30,6 +31,10 @@ MANIFEST_FORMAT = "megaphone.statedir/1"
 
 class NotAStateDir(ValueError):
     """Raised when a path is not (or not a readable) megaphone state directory."""
+
+
+class StateDirLocked(ValueError):
+    """Raised when another process (or pipeline) already has the state directory open."""
 
 
 @dataclass
@@ -66,6 +71,39 @@ class StateDir:
         self.path = Path(path)
         self.manifest = manifest
         self.fingerprint = Fingerprint.from_dict(manifest["fingerprint"])
+        self._lock_file: Any = None
+
+    def lock(self) -> StateDir:
+        """Take the directory's exclusive lock for this object's lifetime (or :meth:`unlock`).
+
+        A second process, or a second pipeline in this one, is refused with
+        :class:`StateDirLocked`; the operating system releases the lock if the process dies.
+        """
+        if self._lock_file is not None:
+            return self
+        fh = open(self.path / ".lock", "a+")  # noqa: SIM115 - held open while locked
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            raise StateDirLocked(
+                f"state directory {self.path} is in use by another pipeline (process {holder}); "
+                "stop it first"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        self._lock_file = fh
+        return self
+
+    def unlock(self) -> None:
+        """Release the lock taken by :meth:`lock`."""
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
 
     # -- opening -------------------------------------------------------------------------
 
@@ -163,8 +201,11 @@ class StateDir:
         return Commit.from_dict(read_json(self.path / "commit.json", "commit record"))
 
     def write_commit(self, commit: Commit) -> None:
-        """Atomically replace the commit record."""
-        atomic_write_json(self.path / "commit.json", asdict(commit))
+        """Atomically replace the commit record: the commit point of an epoch (fsynced)."""
+        from megaphone.migrator.faults import crash_point
+
+        atomic_write_json(self.path / "commit.json", asdict(commit),
+                          before_rename=lambda: crash_point("commit", commit.epoch))
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Append one epoch's metrics as a JSON line."""

@@ -20,10 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgpack
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from megaphone.migrator.faults import crash_point
 from megaphone.migrator.updates import (
     Update,
     apply_builtin,
@@ -36,6 +38,8 @@ from megaphone.state_backends.encoding import encode_keys
 
 EPOCH_META = "epoch"
 OUTPUTS_META = "outputs"
+#: The epoch's undo record: old values of the keys it wrote and the bins it installed.
+UNDO_META = "undo"
 #: What each worker's task returns to the driver: one row of JSON metrics.
 METRICS_SCHEMA = pa.schema([("metrics", pa.string())])
 
@@ -138,6 +142,7 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
                         nbytes = chunk.column(0).nbytes + chunk.column(1).nbytes
                         bytes_by_bin[b] = bytes_by_bin.get(b, 0) + nbytes
                         yield _state_rows(schema, dst, b, chunk)
+                        crash_point("export", spec.epoch)
         finally:
             backend.close()
     _write_metrics(spec.scratch(f"export-w{sender:05d}.json"), {
@@ -184,12 +189,12 @@ def apply_worker(
             # Scale in: its last bins left in an earlier, committed epoch; release its storage.
             shutil.rmtree(path)
         return
+    crash_point("exported", spec.epoch)
     backend = open_backend(spec.backend, path, spec.key_type, spec.num_bins)
     metrics = {"worker": worker, "records_in": 0, "records_out": 0, "bins_in": len(incoming),
                "keys_in": 0, "bytes_in": 0, "replayed": False, "max_event_time": None}
     try:
-        marker = backend.get_meta(EPOCH_META)
-        done_epoch = struct.unpack(">q", marker)[0] if marker else -1
+        done_epoch = worker_epoch(backend)
         if done_epoch > spec.epoch:
             raise RuntimeError(
                 f"worker {worker} state is at epoch {done_epoch}, ahead of epoch {spec.epoch}"
@@ -222,12 +227,13 @@ def apply_worker(
                         )
 
             backend.import_bins(state_chunks(), method="auto")
+            crash_point("installed", spec.epoch)
             table = pa.Table.from_batches(records) if records else \
                 spec.shuffle_schema.empty_table()
             metrics["records_in"] = table.num_rows
             if spec.has_event_time and table.num_rows:
                 metrics["max_event_time"] = pc.max(table.column("_t")).as_py()
-            outputs = _apply_records(spec, backend, table)
+            outputs = _apply_records(spec, backend, table, incoming)
         metrics["records_out"] = outputs.num_rows
     finally:
         backend.close()
@@ -250,15 +256,24 @@ def write_outputs(spec: EpochSpec, worker: int, outputs: pa.Table) -> None:
     tmp.replace(path)
 
 
-def _apply_records(spec: EpochSpec, backend, table: pa.Table) -> pa.Table:
-    """Apply one epoch's records to ``backend``; write state, outputs and marker atomically."""
+def _apply_records(spec: EpochSpec, backend, table: pa.Table, incoming: tuple[int, ...]
+                   ) -> pa.Table:
+    """Apply one epoch's records to ``backend``.
+
+    State, outputs, the epoch marker and the undo record go in one atomic write.
+    """
     update = spec.update
     schema = spec.output_schema
-    epoch_marker = struct.pack(">q", spec.epoch)
+
+    def meta(outputs: pa.Table, keys: list[bytes], old: list[bytes | None]) -> dict[str, bytes]:
+        undo = msgpack.packb({"epoch": spec.epoch, "bins": list(incoming), "keys": keys,
+                              "old": old})
+        return {EPOCH_META: struct.pack(">q", spec.epoch), OUTPUTS_META: _ipc(outputs),
+                UNDO_META: undo}
+
     if table.num_rows == 0:
         outputs = schema.empty_table()
-        backend.write_raw([], [], [], meta={EPOCH_META: epoch_marker,
-                                            OUTPUTS_META: _ipc(outputs)})
+        backend.write_raw([], [], [], meta=meta(outputs, [], []))
         return outputs
     if "value" not in table.column_names:
         table = table.append_column("value", pa.nulls(table.num_rows))
@@ -277,9 +292,35 @@ def _apply_records(spec: EpochSpec, backend, table: pa.Table) -> pa.Table:
             [pa.array(out_keys, schema.field(0).type), pa.array(out_values, schema.field(1).type)],
             schema=schema,
         )
-    backend.write_raw(raw_keys, new_raw, old, meta={EPOCH_META: epoch_marker,
-                                                   OUTPUTS_META: _ipc(outputs)})
+    backend.write_raw(raw_keys, new_raw, old, meta=meta(outputs, raw_keys, old))
     return outputs
+
+
+def worker_epoch(backend) -> int:
+    """The last epoch a worker's state has applied (-1 if none)."""
+    marker = backend.get_meta(EPOCH_META)
+    return struct.unpack(">q", marker)[0] if marker else -1
+
+
+def rollback_worker(backend, epoch: int) -> None:
+    """Undo a worker's epoch ``epoch`` (applied but never committed) using its undo record.
+
+    Restores the old values of the keys the epoch wrote (deleting keys it created), deletes the
+    bins it installed, and sets the marker back to ``epoch - 1``.
+    """
+    raw = backend.get_meta(UNDO_META)
+    undo = msgpack.unpackb(raw) if raw else None
+    if undo is None or undo["epoch"] != epoch:
+        raise RuntimeError(
+            f"worker state at {backend.path} has no undo record for epoch {epoch}; "
+            "it cannot be rolled back to the last committed epoch"
+        )
+    # Each write is idempotent and the marker moves last: a crash here rolls back again.
+    backend.write_raw(undo["keys"], undo["old"])
+    if undo["bins"]:
+        backend.drop_bins(undo["bins"])
+    backend.write_raw([], [], [], meta={EPOCH_META: struct.pack(">q", epoch - 1),
+                                        OUTPUTS_META: b"", UNDO_META: msgpack.packb(None)})
 
 
 def _ipc(table: pa.Table) -> bytes:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from megaphone.migrator.statedir import StateDir
 
 #: Transfer rate assumed for duration estimates when no epoch has moved state yet (bytes/s).
-DEFAULT_TRANSFER_RATE = 50e6
+DEFAULT_TRANSFER_RATE = 50.0 * 2**20
 #: How many recent epochs of metrics ``balance="load"`` averages over.
 LOAD_EPOCHS = 50
 
@@ -84,6 +84,26 @@ def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
             if not found[b]:
                 keys[b], nbytes[b], found[b] = s.keys, s.bytes, True
     return BinSizes(keys, nbytes)
+
+
+def committed_table(state: StateDir, state_version: int) -> RoutingTable:
+    """``state``'s routing table as of its last commit (``state_version``).
+
+    Versions past the commit are what a crash left behind; the pipeline discards them when it
+    next opens the directory (and offline migration before it starts), so plans must start
+    from the committed version. A table *behind* the commit is damage, reported as an error.
+    """
+    table = state.load_routing()
+    if table.version == state_version:
+        return table
+    if table.version < state_version:
+        raise PlanError(
+            f"{state.routing_path} holds routing version {table.version}, but the last commit "
+            f"says the state is at version {state_version}"
+        )
+    data = table.to_dict()
+    data["versions"] = data["versions"][:state_version]
+    return RoutingTable.from_dict(data, state.fingerprint)
 
 
 def observed_load(
@@ -263,17 +283,14 @@ def rescale(
         except RuntimeError as exc:
             raise PlanError(str(exc)) from None
         table = pipeline.routing
-        queue = getattr(pipeline, "_queue", None)
-        in_flight = len(queue.in_flight) if queue is not None else 0
+        in_flight = len(pipeline.in_flight)
         metrics = pipeline.metrics()
     else:
         state = pipeline_or_state_dir if isinstance(pipeline_or_state_dir, StateDir) else \
             StateDir.open(pipeline_or_state_dir)
-        table = state.load_routing()
         commit = state.read_commit()
         in_flight = len(commit.plans)
-        if not in_flight and commit.state_version != table.version:
-            in_flight = 1
+        table = committed_table(state, commit.state_version)
         metrics = state.read_metrics()
     if in_flight:
         raise PlanError(
@@ -330,6 +347,7 @@ __all__ = [
     "LOAD_EPOCHS",
     "BinSizes",
     "bin_sizes",
+    "committed_table",
     "observed_load",
     "plan_rescale",
     "rescale",

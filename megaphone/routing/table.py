@@ -193,6 +193,14 @@ class RoutingTable:
         self._versions.append(Version(self.version + 1, epoch, tuple(moves)))
         return self.version
 
+    def truncated(self, version: int) -> RoutingTable:
+        """A copy holding only versions ``0..version`` (drops versions never committed)."""
+        if not 0 <= version <= self.version:
+            raise ValueError(f"unknown routing version {version} (versions 0..{self.version})")
+        data = self.to_dict()
+        data["versions"] = data["versions"][:version]
+        return RoutingTable.from_dict(data)
+
     def _owners_of_version(self, version: int) -> np.ndarray:
         if version == self.version:
             return self._latest

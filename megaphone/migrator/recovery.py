@@ -1,0 +1,87 @@
+"""Recovery: bring a state directory back to its last committed epoch before it runs again.
+
+``commit.json`` is the commit point of an epoch; whatever a crash left beyond it is discarded:
+routing versions never committed, outputs and scratch of the uncommitted epoch, and worker
+state that applied it (rolled back with its undo record). Anything that cannot be explained
+by a crash (a worker behind the commit, a missing worker directory, a worker two epochs ahead)
+is reported precisely and never repaired silently.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+
+from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.migrator.worker import rollback_worker, worker_epoch
+from megaphone.state_backends import open_backend
+
+
+class StateMismatch(ValueError):
+    """The state directory does not match its commit record (not something a crash leaves)."""
+
+
+@dataclass
+class RecoveryReport:
+    """What recovery discarded: routing versions, rolled-back workers, epochs' outputs."""
+
+    routing_versions_dropped: int = 0
+    workers_rolled_back: list[int] = field(default_factory=list)
+    outputs_dropped: list[int] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        """True when nothing beyond the last commit had to be discarded."""
+        return not (self.routing_versions_dropped or self.workers_rolled_back
+                    or self.outputs_dropped)
+
+
+def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
+    """Verify ``state`` against ``commit`` and discard what a crash left after it."""
+    report = RecoveryReport()
+    table = state.load_routing()
+    if table.version < commit.state_version:
+        raise StateMismatch(
+            f"{state.routing_path} holds routing version {table.version}, but the last commit "
+            f"says the state is at version {commit.state_version}"
+        )
+    if table.version > commit.state_version:
+        report.routing_versions_dropped = table.version - commit.state_version
+        table.truncated(commit.state_version).save(state.routing_path)
+    root = state.path / "outputs"
+    for child in sorted(root.glob("e*")) if root.is_dir() else []:
+        if child.name[1:].isdigit() and int(child.name[1:]) > commit.epoch:
+            report.outputs_dropped.append(int(child.name[1:]))
+            shutil.rmtree(child)
+    shutil.rmtree(state.path / "scratch", ignore_errors=True)
+    if commit.epoch < 0:
+        return report
+    live = set(table.workers(commit.epoch))
+    present = set(state.worker_ids())
+    missing = sorted(live - present)
+    if missing:
+        raise StateMismatch(
+            f"worker directories missing for workers {missing} that own bins at committed "
+            f"epoch {commit.epoch} (expected {[str(state.worker_path(w)) for w in missing]})"
+        )
+    kind, fp = state.manifest["backend"], state.fingerprint
+    for worker in sorted(present):
+        backend = open_backend(kind, state.worker_path(worker), fp.key_type, fp.num_bins)
+        try:
+            at = worker_epoch(backend)
+            if at == commit.epoch + 1:
+                rollback_worker(backend, at)
+                report.workers_rolled_back.append(worker)
+            elif at > commit.epoch + 1:
+                raise StateMismatch(
+                    f"worker {worker} state is at epoch {at}, more than one epoch past the last "
+                    f"commit ({commit.epoch}); it belongs to another run"
+                )
+            elif at < commit.epoch and worker in live:
+                raise StateMismatch(
+                    f"worker {worker} state is at epoch {at}, but the last commit is epoch "
+                    f"{commit.epoch}: the worker directory does not match the commit"
+                )
+        finally:
+            backend.close()
+    return report

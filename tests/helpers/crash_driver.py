@@ -1,0 +1,52 @@
+"""Run a small counting pipeline with a migration plan to the end (resuming after crashes).
+
+Usage: ``python -m tests.helpers.crash_driver STATE_DIR STRATEGY OUT_JSON``. Each epoch's batch
+is a pure function of the epoch number, so a resumed run sees the same input. At the end the
+outputs of every epoch and the final state are written to OUT_JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow.parquet as pq
+
+from megaphone import MigrationPlan, Move, Pipeline
+from megaphone.spark import spark_session
+
+EPOCHS = 6
+PLAN_EPOCH = 2
+MOVES = [Move(b, b % 2, 2 + b % 2) for b in (0, 5, 9, 14)]
+
+
+def batch_keys(epoch: int) -> list[int]:
+    """The keys of epoch ``epoch``'s batch."""
+    return [(epoch * 7 + i * 3) % 40 for i in range(30)]
+
+
+def main(state_dir: str, strategy: str, out: str) -> None:
+    spark = spark_session("local[2]", "crash-driver")
+    pipe = Pipeline(spark, state_dir, key="k", update="count", workers=2, num_bins=16,
+                    key_type="int64", pipeline_id="crash-test", keep_outputs=100)
+    while pipe.epoch + 1 < EPOCHS:
+        epoch = pipe.epoch + 1
+        if epoch == PLAN_EPOCH and pipe.routing.version == 0 and not pipe.in_flight:
+            steps = [MOVES] if strategy == "all-at-once" else [[m] for m in MOVES]
+            pipe.migrate(MigrationPlan.from_moves(pipe.routing, steps, strategy=strategy))
+        pipe.process(spark.createDataFrame([(k,) for k in batch_keys(epoch)], "k long"))
+    outputs = {}
+    for epoch in range(EPOCHS):
+        table = pq.read_table(pipe.state_dir.outputs_path(epoch))
+        outputs[epoch] = dict(zip(table.column(0).to_pylist(), table.column(1).to_pylist(),
+                                  strict=True))
+    state = {row[0]: row[1] for row in pipe.state().collect()}
+    with open(out, "w") as fh:
+        json.dump({"outputs": outputs, "state": state, "workers": pipe.routing.workers(),
+                   "rolled_back": pipe.recovery.workers_rolled_back}, fh)
+    pipe.close()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
