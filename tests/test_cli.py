@@ -230,10 +230,12 @@ def test_versions_past_the_commit_are_planned_around(state_dir, tmp_path, capsys
     copy = tmp_path / "crashed"
     shutil.copytree(state_dir, copy, ignore=shutil.ignore_patterns(".lock"))
     state = StateDir.open(copy)
-    committed = state.read_commit().state_version
+    commit = state.read_commit()
+    committed = commit.state_version
     table = state.load_routing()
     owner = table.owner(5)
-    table.apply_step([Move(5, owner, owner + 1)], table.latest_epoch + 1)
+    next_epoch = max(table.latest_epoch, commit.epoch + 1)  # the epoch that never committed
+    table.apply_step([Move(5, owner, owner + 1)], next_epoch)
     table.save(state.routing_path)  # as if the process died before the epoch committed
 
     code, out, _ = cli(capsys, "inspect", "--state-dir", copy)

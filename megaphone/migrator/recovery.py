@@ -37,14 +37,19 @@ class RecoveryReport:
 
 
 def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
-    """Verify ``state`` against ``commit`` and discard what a crash left after it."""
-    report = RecoveryReport()
+    """Verify ``state`` against ``commit``, then discard what a crash left after it.
+
+    Every check runs (read-only) before anything is changed, so a directory that does not
+    match its commit is reported and left exactly as it was.
+    """
     table = state.load_routing()
     if table.version < commit.state_version:
         raise StateMismatch(
             f"{state.routing_path} holds routing version {table.version}, but the last commit "
             f"says the state is at version {commit.state_version}"
         )
+    ahead = _check_workers(state, commit, table)
+    report = RecoveryReport()
     if table.version > commit.state_version:
         report.routing_versions_dropped = table.version - commit.state_version
         table.truncated(commit.state_version).save(state.routing_path)
@@ -54,9 +59,20 @@ def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
             report.outputs_dropped.append(int(child.name[1:]))
             shutil.rmtree(child)
     shutil.rmtree(state.path / "scratch", ignore_errors=True)
-    if commit.epoch < 0:
-        return report
-    live = set(table.workers(commit.epoch))
+    kind, fp = state.manifest["backend"], state.fingerprint
+    for worker in ahead:
+        backend = open_backend(kind, state.worker_path(worker), fp.key_type, fp.num_bins)
+        try:
+            rollback_worker(backend, commit.epoch + 1)
+        finally:
+            backend.close()
+        report.workers_rolled_back.append(worker)
+    return report
+
+
+def _check_workers(state: StateDir, commit: Commit, table) -> list[int]:
+    """Check every worker against the commit; return those one epoch ahead (to roll back)."""
+    live = set(table.workers(commit.epoch)) if commit.epoch >= 0 else set()
     present = set(state.worker_ids())
     missing = sorted(live - present)
     if missing:
@@ -65,23 +81,24 @@ def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
             f"epoch {commit.epoch} (expected {[str(state.worker_path(w)) for w in missing]})"
         )
     kind, fp = state.manifest["backend"], state.fingerprint
+    ahead = []
     for worker in sorted(present):
-        backend = open_backend(kind, state.worker_path(worker), fp.key_type, fp.num_bins)
+        backend = open_backend(kind, state.worker_path(worker), fp.key_type, fp.num_bins,
+                               read_only=True)
         try:
             at = worker_epoch(backend)
-            if at == commit.epoch + 1:
-                rollback_worker(backend, at)
-                report.workers_rolled_back.append(worker)
-            elif at > commit.epoch + 1:
-                raise StateMismatch(
-                    f"worker {worker} state is at epoch {at}, more than one epoch past the last "
-                    f"commit ({commit.epoch}); it belongs to another run"
-                )
-            elif at < commit.epoch and worker in live:
-                raise StateMismatch(
-                    f"worker {worker} state is at epoch {at}, but the last commit is epoch "
-                    f"{commit.epoch}: the worker directory does not match the commit"
-                )
         finally:
             backend.close()
-    return report
+        if at == commit.epoch + 1:
+            ahead.append(worker)
+        elif at > commit.epoch + 1:
+            raise StateMismatch(
+                f"worker {worker} state is at epoch {at}, more than one epoch past the last "
+                f"commit ({commit.epoch}); it belongs to another run"
+            )
+        elif at < commit.epoch and worker in live:
+            raise StateMismatch(
+                f"worker {worker} state is at epoch {at}, but the last commit is epoch "
+                f"{commit.epoch}: the worker directory does not match the commit"
+            )
+    return ahead

@@ -81,21 +81,15 @@ class StateDir:
         """
         if self._lock_file is not None:
             return self
-        fh = open(self.path / ".lock", "a+")  # noqa: SIM115 - held open while locked
+        fh = open(self.path / ".lock", "a")  # noqa: SIM115 - held open while locked
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "unknown"
             fh.close()
             raise StateDirLocked(
-                f"state directory {self.path} is in use by another pipeline (process {holder}); "
+                f"state directory {self.path} is in use by another pipeline or process; "
                 "stop it first"
             ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(str(os.getpid()))
-        fh.flush()
         self._lock_file = fh
         return self
 
@@ -125,6 +119,7 @@ class StateDir:
         if cls.exists(root):
             raise ValueError(f"{root} already holds a megaphone state directory")
         (root / "workers").mkdir(parents=True, exist_ok=True)
+        (root / ".lock").touch()
         manifest = {
             "format": MANIFEST_FORMAT,
             "fingerprint": fingerprint.to_dict(),
