@@ -128,3 +128,18 @@ def test_reopening_a_state_dir_resumes_and_checks_settings(spark, tmp_path):
     assert counts(again) == {1: 2, 2: 1}
     with pytest.raises(ValueError, match="num_bins 32 != 16"):
         Pipeline(spark, str(tmp_path / "state"), key="k", update="count", num_bins=32)
+
+
+def test_a_plan_posted_to_the_inbox_is_taken_between_epochs(spark, tmp_path):
+    from megaphone.migrator.inbox import post_plan, wait_status
+
+    pipe = make(spark, tmp_path)
+    good = MigrationPlan.from_moves(pipe.routing, [[Move(1, 1, 2)]])
+    bad = MigrationPlan(pipe.fingerprint, 1,
+                        MigrationPlan.from_moves(pipe.routing, [[Move(3, 0, 2)]]).steps)
+    good_status, bad_status = post_plan(pipe.state_dir, good), post_plan(pipe.state_dir, bad)
+    pipe.process(spark.createDataFrame([(1,)], "k long"))
+    assert wait_status(good_status, 1)["status"] == "accepted"
+    rejected = wait_status(bad_status, 1)
+    assert rejected["status"] == "rejected" and "not the owner" in rejected["error"]
+    assert pipe.routing.owner(1) == 2 and pipe.state_dir.read_commit().state_version == 1

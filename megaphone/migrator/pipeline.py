@@ -30,6 +30,7 @@ from pyspark.sql.pandas.types import to_arrow_type
 
 from megaphone.migrator.controller import MigrationHandle, PlanQueue
 from megaphone.migrator.faults import crash_point
+from megaphone.migrator.inbox import take_plans
 from megaphone.migrator.recovery import RecoveryReport, check_and_recover
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import AGGREGATIONS, Update, UpdateFn, make_update
@@ -457,6 +458,7 @@ class Pipeline:
             commit = self._commit
             epoch = commit.epoch + 1
             started = time.time()
+            take_plans(state, self.migrate)  # plans posted by `megaphone migrate` elsewhere
             with queue.lock:
                 if queue.steps_due(epoch):  # saved before the job, so a re-run routes alike
                     self.routing.save(state.routing_path)
