@@ -108,7 +108,7 @@ def test_damage_is_reported_precisely_and_not_repaired(spark, copy, damage, erro
 
 
 def test_not_a_state_dir(spark, tmp_path):
-    with pytest.raises(NotAStateDir, match="has no megaphone.json"):
+    with pytest.raises(NotAStateDir, match=r"has no megaphone\.json"):
         from megaphone.migrator.statedir import StateDir
 
         StateDir.open(tmp_path)
