@@ -48,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return int(args._module.run(args) or 0)
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
+        sys.stderr.close()
+        return 0
     except (ValueError, OSError) as exc:
         print(f"megaphone {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -97,7 +97,7 @@ def _live(pipeline: Pipeline, plan: MigrationPlan, args: argparse.Namespace) -> 
     handle = pipeline.migrate(plan)  # validates now; a bad plan raises and changes nothing
     print(f"submitted {len(plan.moves)} bins in {len(plan.steps)} steps to pipeline "
           f"{plan.fingerprint.pipeline_id}, running in this process")
-    if args.no_wait or not getattr(pipeline, "_streaming", True):
+    if args.no_wait or not pipeline.streaming:
         print("the pipeline applies the steps at its next epochs")
         return 0
     with tqdm(total=len(plan.steps), unit="step", desc="migrating", disable=args.no_progress,

@@ -16,6 +16,7 @@ from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.worker import EPOCH_META, worker_epoch
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES, StateBackend, open_backend
+from megaphone.state_backends.encoding import payload_bytes
 
 
 def migrate_offline(
@@ -76,7 +77,7 @@ def _migrate_locked(
                 src, dst = open_worker(m.src, opened), open_worker(m.dst, opened)
                 dst.drop_bins([m.bin])
                 for chunk in src.export_bins([m.bin], chunk_bytes):
-                    moved += chunk.column(0).nbytes + chunk.column(1).nbytes
+                    moved += payload_bytes(chunk)
                     dst.import_chunk(chunk)
                 if worker_epoch(dst) < commit.epoch:  # a new worker joins at the commit
                     dst.put_meta(EPOCH_META, struct.pack(">q", commit.epoch))

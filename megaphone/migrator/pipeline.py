@@ -11,7 +11,6 @@ the epoch. The driver holds only metadata: routing, plans and metrics.
 from __future__ import annotations
 
 import collections
-import json
 import shutil
 import threading
 import time
@@ -22,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pyspark import TaskContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -31,15 +29,17 @@ from pyspark.sql.pandas.types import to_arrow_type
 from megaphone.migrator.controller import MigrationHandle, PlanQueue
 from megaphone.migrator.faults import crash_point
 from megaphone.migrator.inbox import take_plans
+from megaphone.migrator.layout import EpochLayout, epoch_layout
 from megaphone.migrator.recovery import RecoveryReport, check_and_recover
+from megaphone.migrator.spark_job import epoch_job, epoch_metrics, routing_frame
+from megaphone.migrator.state_reader import read_state
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import AGGREGATIONS, Update, UpdateFn, make_update
-from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker, shuffle_schema
+from megaphone.migrator.worker import EpochSpec, shuffle_schema
 from megaphone.plans.plan import MigrationPlan
-from megaphone.routing.bins import bin_column, validate_num_bins
+from megaphone.routing.bins import validate_num_bins
 from megaphone.routing.fingerprint import Fingerprint
-from megaphone.state_backends import BACKENDS, DEFAULT_CHUNK_BYTES, open_backend
-from megaphone.state_backends.encoding import pack_value
+from megaphone.state_backends import BACKENDS, DEFAULT_CHUNK_BYTES
 
 #: Pipelines alive in this process, by pipeline id, so ``megaphone.migrate(plan)`` finds them.
 _PIPELINES: weakref.WeakValueDictionary[str, Pipeline] = weakref.WeakValueDictionary()
@@ -222,6 +222,11 @@ class Pipeline:
         return self._queue.table
 
     @property
+    def streaming(self) -> bool:
+        """True while a query started by :meth:`start` is running."""
+        return self._streaming
+
+    @property
     def in_flight(self) -> list[MigrationHandle]:
         """Handles of the plans submitted and not finished yet, the active one first."""
         return self._queue.in_flight if self._queue is not None else []
@@ -327,49 +332,13 @@ class Pipeline:
         bytes (``megaphone.state_backends.unpack_value`` decodes them). Reflects the last
         committed epoch; do not read it while an epoch is running.
         """
-        state = self.state_dir
         update = self._update_for(None)
-        key_spark = T.LongType() if self._key_type == "int64" else T.StringType()
-        if update.is_builtin:
-            value_spark = T.LongType() if update.output_arrow_type() == pa.int64() else \
-                T.DoubleType()
-        else:
-            value_spark = T.BinaryType()
-        schema = T.StructType([T.StructField(self.key, key_spark), T.StructField("state",
-                                                                                value_spark)])
-        arrow_schema = pa.schema([(self.key, to_arrow_type(key_spark)),
-                                  ("state", to_arrow_type(value_spark))])
-        owners = self.routing.owners(self.epoch if self.epoch >= 0 else 0)
-        workers = sorted({int(w) for w in owners})
-        bins_of = {w: [int(b) for b, o in enumerate(owners) if o == w] for w in workers}
-        spec = (self._settings["backend"], str(state.path), self._key_type, self._num_bins,
-                update.is_builtin, arrow_schema)
-
-        def read(batches):
-            kind, root, key_type, num_bins, builtin, out_schema = spec
-            for batch in batches:
-                for w in batch.column("id").to_pylist():
-                    path = Path(root) / "workers" / f"w{w:05d}"
-                    if not path.exists():
-                        continue
-                    backend = open_backend(kind, path, key_type, num_bins, read_only=True)
-                    try:
-                        keys, values = [], []
-                        for _, k, v in backend.items(bins_of[w]):
-                            keys.append(k)
-                            values.append(v if builtin else pack_value(v))
-                            if len(keys) >= 65536:
-                                yield _state_batch(out_schema, keys, values)
-                                keys, values = [], []
-                        if keys:
-                            yield _state_batch(out_schema, keys, values)
-                    finally:
-                        backend.close()
-
-        ids = self.spark.createDataFrame([(w,) for w in workers], "id long").repartition(
-            max(1, len(workers))
-        )
-        return ids.mapInArrow(read, schema)
+        out = self._output_spark_schema()
+        value = out[1].dataType if update.is_builtin else T.BinaryType()
+        schema = T.StructType([out[0], T.StructField("state", value)])
+        owners = self.routing.owners(max(self.epoch, 0))
+        return read_state(self.spark, self.state_dir.path, self._settings["backend"],
+                          self._key_type, owners, schema, update.is_builtin)
 
     # -- epochs --------------------------------------------------------------------------
 
@@ -441,190 +410,73 @@ class Pipeline:
         records = batch.select(*cols).where(F.col("key").isNotNull())
         return records, update
 
-    def _routing_frame(self, version: int, epoch: int) -> DataFrame:
-        if self._routing_df is None or self._routing_df[0] != version:
-            owners = self.routing.owners(epoch)
-            table = pa.table({"_bin": pa.array(range(len(owners)), pa.int32()),
-                              "_w": pa.array(owners, pa.int32())})
-            self._routing_df = (version, self.spark.createDataFrame(table))
-        return self._routing_df[1]
-
     def _run_epoch(self, batch: DataFrame, stream: dict[str, Any] | None) -> DataFrame:
+        """Run one epoch end to end: plan it, run its job, commit it, return its outputs."""
         with self._lock:
             records, update = self._prepare(batch)
-            state = self.state_dir
-            queue = self._queue
+            state, queue = self.state_dir, self._queue
             assert queue is not None
-            commit = self._commit
-            epoch = commit.epoch + 1
+            epoch = self._commit.epoch + 1
             started = time.time()
             take_plans(state, self.migrate)  # plans posted by `megaphone migrate` elsewhere
             with queue.lock:
                 if queue.steps_due(epoch):  # saved before the job, so a re-run routes alike
                     self.routing.save(state.routing_path)
-                version = self.routing.version_at(epoch)
-                moves = self.routing.moves_between(commit.state_version, version)
-            owners = self.routing.owners(epoch)
-            live = frozenset(int(w) for w in set(owners.tolist()))
-            incoming: dict[int, list[int]] = {}
-            outgoing: dict[int, list[tuple[int, int]]] = {}
-            for m in moves:
-                incoming.setdefault(m.dst, []).append(m.bin)
-                outgoing.setdefault(m.src, []).append((m.bin, m.dst))
-            drops: dict[int, list[int]] = {}
-            for b, w in commit.pending_drops:
-                drops.setdefault(w, []).append(b)
-            involved = set(live) | set(incoming) | set(outgoing) | set(drops)
-            involved |= {w for w in state.worker_ids()}
-            partitions = max(involved) + 1
-
-            key_arrow = pa.int64() if self._key_type == "int64" else pa.string()
-            value_arrow = None
-            if self.value:
-                value_arrow = (pa.int64() if update.value_kind == "int" else pa.float64()) \
-                    if update.is_builtin else to_arrow_type(batch.schema[self.value].dataType)
-            shuffle = shuffle_schema(key_arrow, value_arrow, self.event_time is not None)
-            out_spark = self._output_spark_schema()
-            spec = EpochSpec(
-                epoch=epoch,
-                state_dir=str(state.path),
-                backend=self._settings["backend"],
-                key_type=self._key_type,
-                num_bins=self._num_bins,
-                update=update,
-                output_schema=pa.schema([(f.name, to_arrow_type(f.dataType)) for f in out_spark]),
-                chunk_bytes=self.chunk_bytes,
-                incoming={w: tuple(b) for w, b in incoming.items()},
-                outgoing={w: tuple(p) for w, p in outgoing.items()},
-                drops={w: tuple(b) for w, b in drops.items()},
-                live=live,
-                has_event_time=self.event_time is not None,
-                shuffle_schema=shuffle,
-            )
+                layout = epoch_layout(self.routing, self._commit, epoch, state.worker_ids())
+            spec = self._spec(batch, update, layout)
             for path in (state.scratch_path(epoch), state.outputs_path(epoch)):
                 shutil.rmtree(path, ignore_errors=True)
             state.outputs_path(epoch).mkdir(parents=True)
-            rows = self._job(records, spec, partitions, version, epoch).collect()
+            if self._routing_df is None or self._routing_df[0] != layout.version:
+                self._routing_df = (layout.version,
+                                    routing_frame(self.spark, self.routing.owners(epoch)))
+            job = epoch_job(self.spark, records, self._routing_df[1], spec, layout.partitions)
+            rows = [row.metrics for row in job.collect()]
             finished = time.time()
             crash_point("applied", epoch)
-            worker_metrics = [json.loads(row.metrics) for row in rows]
-            record = self._collect_metrics(spec, started, finished, moves, version, stream,
-                                           worker_metrics)
-            drops_next = [[m.bin, m.src] for m in moves]
+            record = epoch_metrics(layout, started, finished, state.scratch_path(epoch), rows,
+                                   stream.get("batch_id") if stream else None)
+            bytes_by_bin = record.pop("bytes_by_bin")
             with queue.lock:
-                queue.committed(epoch, record["bytes_by_bin"])
+                queue.committed(epoch, bytes_by_bin)
                 self._commit = Commit(
                     epoch=epoch,
-                    state_version=version,
-                    pending_drops=drops_next,
+                    state_version=layout.version,
+                    pending_drops=[[m.bin, m.src] for m in layout.moves],
                     stream=stream if stream is not None else self._commit.stream,
                     plans=queue.to_list(),
                 )
                 state.write_commit(self._commit)  # the commit point of the epoch
-            del record["bytes_by_bin"]
             state.append_metrics(record)
             self._metrics.append(record)
             shutil.rmtree(state.scratch_path(epoch), ignore_errors=True)
             state.prune_outputs(epoch - self.keep_outputs + 1)
             return self._read_outputs(epoch)
 
-    def _job(self, records: DataFrame, spec: EpochSpec, partitions: int, version: int,
-             epoch: int) -> DataFrame:
-        shuffle = spec.shuffle_schema
-        assert shuffle is not None
-        spark_shuffle = T.StructType([
-            T.StructField(f.name, _spark_type(f.type)) for f in shuffle
-        ])
-        routed = records.withColumn(
-            "_bin", bin_column(F.col("key"), self._num_bins, self._key_type)
-        ).join(F.broadcast(self._routing_frame(version, epoch)), "_bin")
-        routed = routed.select(*[
-            F.col(f.name) if f.name in routed.columns else F.lit(None).cast(f.dataType)
-            .alias(f.name) for f in spark_shuffle
-        ])
-        senders = sorted(spec.outgoing)
-        if senders:
-
-            def export(batches):
-                for batch in batches:
-                    for i in batch.column("id").to_pylist():
-                        yield from export_worker(spec, senders[i], shuffle)
-
-            exports = self.spark.range(0, len(senders), 1, len(senders)).mapInArrow(
-                export, spark_shuffle
-            )
-            routed = routed.unionByName(exports)
-
-        def apply(batches):
-            worker = TaskContext.get().partitionId()
-            yield from apply_worker(spec, worker, _checked(batches, worker))
-
-        return routed.repartitionById(partitions, F.col("_w")).mapInArrow(apply, "metrics string")
-
-    def _collect_metrics(self, spec: EpochSpec, started: float, finished: float, moves: list,
-                         version: int, stream: dict[str, Any] | None,
-                         worker_metrics: list[dict[str, Any]]) -> dict[str, Any]:
-        scratch = self.state_dir.scratch_path(spec.epoch)
-        exports = [json.loads(p.read_text()) for p in scratch.glob("export-*.json")] \
-            if scratch.exists() else []
-        per_worker: dict[int, dict[str, Any]] = {}
-        bytes_by_bin: dict[int, int] = {}
-        for data in exports + worker_metrics:
-            for b, n in data.pop("bytes_by_bin", {}).items():
-                bytes_by_bin[int(b)] = n
-            per_worker.setdefault(int(data.pop("worker")), {}).update(data)
-        event_times = [m.get("max_event_time") for m in per_worker.values()
-                       if m.get("max_event_time") is not None]
-        latency = finished - max(event_times) / 1e6 if event_times else None
-        return {
-            "epoch": spec.epoch,
-            "batch_id": stream.get("batch_id") if stream else None,
-            "started": started,
-            "finished": finished,
-            "duration_s": finished - started,
-            "latency_s": latency,
-            "records_in": sum(m.get("records_in", 0) for m in per_worker.values()),
-            "records_out": sum(m.get("records_out", 0) for m in per_worker.values()),
-            "routing_version": version,
-            "workers": len(spec.live),
-            "bins_moved": len(moves),
-            "keys_moved": sum(m.get("keys_in", 0) for m in per_worker.values()),
-            "bytes_moved": sum(bytes_by_bin.values()),
-            "per_worker": {str(w): m for w, m in sorted(per_worker.items())},
-            "bytes_by_bin": bytes_by_bin,
-        }
-
-
-def _checked(batches, worker: int):
-    """Pass batches through, failing loudly if a row of another worker reached this partition."""
-    import pyarrow.compute as pc
-
-    for batch in batches:
-        if batch.num_rows:
-            lo, hi = pc.min_max(batch.column("_w")).values()
-            if lo.as_py() != worker or hi.as_py() != worker:
-                raise RuntimeError(
-                    f"partition {worker} received rows of worker {lo}..{hi}: Spark merged "
-                    "partitions; set spark.sql.adaptive.coalescePartitions.enabled=false"
-                )
-        yield batch
-
-
-def _spark_type(arrow_type: pa.DataType) -> T.DataType:
-    mapping = {pa.int32(): T.IntegerType(), pa.int64(): T.LongType(), pa.string(): T.StringType(),
-               pa.binary(): T.BinaryType(), pa.float64(): T.DoubleType()}
-    if arrow_type in mapping:
-        return mapping[arrow_type]
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    return from_arrow_type(arrow_type)
-
-
-def _state_batch(schema: pa.Schema, keys: list, values: list) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array(keys, schema.field(0).type), pa.array(values, schema.field(1).type)],
-        schema=schema,
-    )
+    def _spec(self, batch: DataFrame, update: Update, layout: EpochLayout) -> EpochSpec:
+        """The metadata every task of the epoch gets."""
+        key_arrow = pa.int64() if self._key_type == "int64" else pa.string()
+        value_arrow = None
+        if self.value:
+            value_arrow = (pa.int64() if update.value_kind == "int" else pa.float64()) \
+                if update.is_builtin else to_arrow_type(batch.schema[self.value].dataType)
+        out = self._output_spark_schema()
+        return EpochSpec(
+            epoch=layout.epoch,
+            state_dir=str(self.state_dir.path),
+            backend=self._settings["backend"],
+            key_type=self._key_type,
+            num_bins=self._num_bins,
+            update=update,
+            output_schema=pa.schema([(f.name, to_arrow_type(f.dataType)) for f in out]),
+            chunk_bytes=self.chunk_bytes,
+            incoming=layout.incoming,
+            outgoing=layout.outgoing,
+            drops=layout.drops,
+            live=layout.live,
+            has_event_time=self.event_time is not None,
+            shuffle_schema=shuffle_schema(key_arrow, value_arrow, self.event_time is not None),
+        )
 
 
 __all__ = ["Pipeline", "running_pipeline"]

@@ -48,11 +48,12 @@ def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
             f"{state.routing_path} holds routing version {table.version}, but the last commit "
             f"says the state is at version {commit.state_version}"
         )
-    ahead = _check_workers(state, commit, table)
+    committed = table.truncated(commit.state_version)
+    ahead = _check_workers(state, commit, committed)
     report = RecoveryReport()
     if table.version > commit.state_version:
         report.routing_versions_dropped = table.version - commit.state_version
-        table.truncated(commit.state_version).save(state.routing_path)
+        committed.save(state.routing_path)
     root = state.path / "outputs"
     for child in sorted(root.glob("e*")) if root.is_dir() else []:
         if child.name[1:].isdigit() and int(child.name[1:]) > commit.epoch:

@@ -34,7 +34,7 @@ from megaphone.migrator.updates import (
     partial_aggregates,
 )
 from megaphone.state_backends import open_backend
-from megaphone.state_backends.encoding import encode_keys
+from megaphone.state_backends.encoding import encode_keys, payload_bytes
 
 EPOCH_META = "epoch"
 OUTPUTS_META = "outputs"
@@ -139,7 +139,7 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
                         if n == 0:
                             continue
                         keys_out += n
-                        nbytes = chunk.column(0).nbytes + chunk.column(1).nbytes
+                        nbytes = payload_bytes(chunk)
                         bytes_by_bin[b] = bytes_by_bin.get(b, 0) + nbytes
                         yield _state_rows(schema, dst, b, chunk)
                         crash_point("export", spec.epoch)
@@ -220,11 +220,11 @@ def apply_worker(
                     if n_state:
                         chunk = batch.filter(is_state)
                         metrics["keys_in"] += chunk.num_rows
-                        metrics["bytes_in"] += chunk.column("_sk").nbytes + \
-                            chunk.column("_sv").nbytes
-                        yield pa.RecordBatch.from_arrays(
+                        kv = pa.RecordBatch.from_arrays(
                             [chunk.column("_sk"), chunk.column("_sv")], names=["k", "v"]
                         )
+                        metrics["bytes_in"] += payload_bytes(kv)
+                        yield kv
 
             backend.import_bins(state_chunks(), method="auto")
             crash_point("installed", spec.epoch)

@@ -213,6 +213,11 @@ def arrow_lengths(arr: pa.Array) -> np.ndarray:
     return np.diff(offsets)
 
 
+def payload_bytes(batch: pa.RecordBatch) -> int:
+    """Key plus value bytes of an exported ``(k, v)`` batch, as :class:`BinStats` counts them."""
+    return int(sum(arrow_lengths(column).sum() for column in batch.columns))
+
+
 def decode_keys(raw: Sequence[bytes], key_type: str) -> tuple[np.ndarray, list[Any] | np.ndarray]:
     """Split raw keys into ``(bins int64 array, keys)``; int64 keys come back as an int64 array.
 

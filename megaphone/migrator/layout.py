@@ -1,0 +1,60 @@
+"""The routing operator F of an epoch: who owns what, and which state moves where.
+
+Engine-agnostic: from the routing table and the last commit it derives, for epoch ``e``, the
+bins each worker installs, the bins each old owner ships and to whom, the bins left behind
+by the previous epoch's moves that their old owners now delete, and the workers that run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from megaphone.migrator.statedir import Commit
+from megaphone.routing.table import Move, RoutingTable
+
+
+@dataclass(frozen=True)
+class EpochLayout:
+    """Where state is and goes at one epoch (see the module docstring)."""
+
+    epoch: int
+    version: int
+    moves: tuple[Move, ...]
+    live: frozenset[int]
+    incoming: dict[int, tuple[int, ...]]
+    outgoing: dict[int, tuple[tuple[int, int], ...]]
+    drops: dict[int, tuple[int, ...]]
+    partitions: int
+
+
+def epoch_layout(
+    table: RoutingTable, commit: Commit, epoch: int, existing_workers: Iterable[int]
+) -> EpochLayout:
+    """The layout of ``epoch``: moves from the committed state version to the one in force.
+
+    ``existing_workers`` are the workers that have state on disk: they get a partition too, so
+    a worker left without bins can release its storage.
+    """
+    version = table.version_at(epoch)
+    moves = tuple(table.moves_between(commit.state_version, version))
+    live = frozenset(int(w) for w in set(table.owners(epoch).tolist()))
+    incoming: dict[int, list[int]] = {}
+    outgoing: dict[int, list[tuple[int, int]]] = {}
+    for m in moves:
+        incoming.setdefault(m.dst, []).append(m.bin)
+        outgoing.setdefault(m.src, []).append((m.bin, m.dst))
+    drops: dict[int, list[int]] = {}
+    for b, w in commit.pending_drops:
+        drops.setdefault(w, []).append(b)
+    involved = set(live) | set(incoming) | set(outgoing) | set(drops) | set(existing_workers)
+    return EpochLayout(
+        epoch=epoch,
+        version=version,
+        moves=moves,
+        live=live,
+        incoming={w: tuple(b) for w, b in incoming.items()},
+        outgoing={w: tuple(p) for w, p in outgoing.items()},
+        drops={w: tuple(b) for w, b in drops.items()},
+        partitions=max(involved) + 1,
+    )

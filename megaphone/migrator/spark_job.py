@@ -1,0 +1,118 @@
+"""The Spark side of an epoch: one job that routes records, ships moving state and applies.
+
+Map stage: records get their bin in the JVM (``xxhash64``) and their worker from a broadcast
+of the routing version in force; the old owners of moving bins export them
+(:func:`~megaphone.migrator.worker.export_worker`). One shuffle (``repartitionById``) brings
+both to partition ``w`` = worker ``w``, where :func:`~megaphone.migrator.worker.apply_worker`
+installs the state and then applies the records. Each worker returns one row of metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_type
+
+from megaphone.migrator.layout import EpochLayout
+from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker
+from megaphone.routing.bins import bin_column
+
+
+def routing_frame(spark: SparkSession, owners) -> DataFrame:
+    """A small ``(_bin, _w)`` DataFrame of one routing version, for a broadcast join."""
+    table = pa.table({"_bin": pa.array(range(len(owners)), pa.int32()),
+                      "_w": pa.array(owners, pa.int32())})
+    return spark.createDataFrame(table)
+
+
+def epoch_job(spark: SparkSession, records: DataFrame, routing: DataFrame, spec: EpochSpec,
+              partitions: int) -> DataFrame:
+    """The epoch's job; collecting it runs the epoch and yields one metrics row per worker."""
+    shuffle = spec.shuffle_schema
+    assert shuffle is not None
+    spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type)) for f in shuffle])
+    routed = records.withColumn(
+        "_bin", bin_column(F.col("key"), spec.num_bins, spec.key_type)
+    ).join(F.broadcast(routing), "_bin")
+    routed = routed.select(*[
+        F.col(f.name) if f.name in routed.columns else F.lit(None).cast(f.dataType).alias(f.name)
+        for f in spark_shuffle
+    ])
+    senders = sorted(spec.outgoing)
+    if senders:
+
+        def export(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for i in batch.column("id").to_pylist():
+                    yield from export_worker(spec, senders[i], shuffle)
+
+        exports = spark.range(0, len(senders), 1, len(senders)).mapInArrow(export, spark_shuffle)
+        routed = routed.unionByName(exports)
+
+    def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        worker = TaskContext.get().partitionId()
+        yield from apply_worker(spec, worker, _checked(batches, worker))
+
+    return routed.repartitionById(partitions, F.col("_w")).mapInArrow(apply, "metrics string")
+
+
+def _checked(batches: Iterator[pa.RecordBatch], worker: int) -> Iterator[pa.RecordBatch]:
+    """Pass batches through, failing loudly if a row of another worker reached this partition."""
+    for batch in batches:
+        if batch.num_rows:
+            lo, hi = pc.min_max(batch.column("_w")).values()
+            if lo.as_py() != worker or hi.as_py() != worker:
+                raise RuntimeError(
+                    f"partition {worker} received rows of worker {lo}..{hi}: Spark merged "
+                    "partitions; set spark.sql.adaptive.coalescePartitions.enabled=false"
+                )
+        yield batch
+
+
+def epoch_metrics(layout: EpochLayout, started: float, finished: float, scratch: Path,
+                  worker_rows: list[str], batch_id: int | None) -> dict[str, Any]:
+    """One epoch's metrics record from the workers' rows and the exporters' scratch files.
+
+    Its ``bytes_by_bin`` entry (bytes shipped per moved bin) is for plan progress; the caller
+    removes it before the record is stored.
+    """
+    exports = [json.loads(p.read_text()) for p in scratch.glob("export-*.json")] \
+        if scratch.exists() else []
+    per_worker: dict[int, dict[str, Any]] = {}
+    bytes_by_bin: dict[int, int] = {}
+    for data in exports + [json.loads(row) for row in worker_rows]:
+        for b, n in data.pop("bytes_by_bin", {}).items():
+            bytes_by_bin[int(b)] = n
+        per_worker.setdefault(int(data.pop("worker")), {}).update(data)
+    event_times = [m["max_event_time"] for m in per_worker.values()
+                   if m.get("max_event_time") is not None]
+
+    def total(name: str) -> int:
+        return sum(m.get(name, 0) for m in per_worker.values())
+
+    return {
+        "epoch": layout.epoch,
+        "batch_id": batch_id,
+        "started": started,
+        "finished": finished,
+        "duration_s": finished - started,
+        "latency_s": finished - max(event_times) / 1e6 if event_times else None,
+        "records_in": total("records_in"),
+        "records_out": total("records_out"),
+        "routing_version": layout.version,
+        "workers": len(layout.live),
+        "bins_moved": len(layout.moves),
+        "keys_moved": total("keys_in"),
+        "bytes_moved": sum(bytes_by_bin.values()),
+        "per_worker": {str(w): m for w, m in sorted(per_worker.items())},
+        "bytes_by_bin": bytes_by_bin,
+    }
