@@ -1,9 +1,10 @@
-"""Apply a migration plan: offline to a stopped pipeline's state, or to one running here.
+"""Apply a migration plan: offline to a stopped pipeline's state, or live to a running one.
 
 Offline, the plan is checked first (pipeline, routing version, every move) and then applied
 step by step, each step committed before the next starts, with a progress bar. If a pipeline
-with the plan's id and this state directory is open in this process, the plan is submitted to
-it instead and its progress followed while the pipeline runs the steps at their epochs.
+holds the state directory (in this process, or another one: the plan then goes through the
+directory's inbox), the plan is submitted to it and its progress followed while the pipeline
+runs the steps at its epochs.
 """
 
 from __future__ import annotations
@@ -32,12 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-wait", action="store_true",
                         help="for a running pipeline: submit the plan and return at once")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                        help="for a pipeline in another process: seconds to wait for it to "
+                             "take the plan (default 120)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Apply the plan and print what moved; user errors raise ``ValueError`` (exit 2)."""
     from megaphone.migrator.pipeline import running_pipeline
-    from megaphone.migrator.statedir import StateDir
+    from megaphone.migrator.statedir import StateDir, StateDirLocked
     from megaphone.plans.plan import MigrationPlan
 
     plan = MigrationPlan.load(args.plan)
@@ -46,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
     running = running_pipeline(plan.fingerprint.pipeline_id)
     if running is not None and running.state_dir.path.resolve() == state.path.resolve():
         return _live(running, plan, args)
+    try:
+        state.lock()
+    except StateDirLocked:
+        return _remote(state, plan, args)
+    state.unlock()
     return _offline(state, plan, args)
 
 
@@ -83,10 +92,9 @@ def _offline(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> 
         migrate_offline(str(state.path), plan, on_step=on_step)
     elapsed = time.perf_counter() - started
     table_after = state.load_routing()
-    state_bytes = sum(int(sizes.bytes[m.bin]) for m in moves)
-    print(f"migrated {len(moves)} bins ({keys} keys, {human_bytes(state_bytes)} of state, "
-          f"{human_bytes(moved_bytes)} transferred) in {len(plan.steps)} steps, "
-          f"{elapsed:.1f} s; routing version {table_before.version} -> {table_after.version}")
+    print(f"migrated {len(moves)} bins ({keys} keys, {human_bytes(moved_bytes)}) in "
+          f"{len(plan.steps)} steps, {elapsed:.1f} s; routing version {table_before.version} -> "
+          f"{table_after.version}")
     _print_layout(moves, owners_before, table_after.owners())
     return 0
 
@@ -110,6 +118,30 @@ def _live(pipeline: Pipeline, plan: MigrationPlan, args: argparse.Namespace) -> 
         bar.update(p.steps_done - bar.n)
     print(f"migrated {p.bins_done} bins ({human_bytes(p.bytes_moved)}) in {p.steps_done} steps "
           f"at epochs {p.epochs[0]}..{p.epochs[-1]}")
+    return 0
+
+
+def _remote(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from megaphone.migrator.inbox import committed_version, post_plan, wait_status
+    from megaphone.plans.plan import PlanError
+
+    status = wait_status(post_plan(state, plan), args.timeout)
+    if status["status"] != "accepted":
+        raise PlanError(status.get("error", "the running pipeline rejected the plan"))
+    print(f"submitted {len(plan.moves)} bins in {len(plan.steps)} steps to the pipeline running "
+          f"on {state.path} (another process)")
+    if args.no_wait:
+        return 0
+    with tqdm(total=len(plan.steps), unit="step", desc="migrating", disable=args.no_progress,
+              dynamic_ncols=True) as bar:
+        while (done := committed_version(state) - plan.base_version) < len(plan.steps):
+            bar.update(max(0, done) - bar.n)
+            time.sleep(0.2)
+        bar.update(len(plan.steps) - bar.n)
+    print(f"migrated {len(plan.moves)} bins; routing version {plan.base_version} -> "
+          f"{plan.end_version}")
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -143,3 +145,21 @@ def test_a_plan_posted_to_the_inbox_is_taken_between_epochs(spark, tmp_path):
     rejected = wait_status(bad_status, 1)
     assert rejected["status"] == "rejected" and "not the owner" in rejected["error"]
     assert pipe.routing.owner(1) == 2 and pipe.state_dir.read_commit().state_version == 1
+
+
+def test_cli_migrate_hands_a_plan_to_a_pipeline_running_in_another_process(spark, tmp_path):
+    pipe = make(spark, tmp_path)
+    plan = MigrationPlan.from_moves(pipe.routing, [[Move(1, 1, 2)], [Move(2, 0, 3)]])
+    plan.save(tmp_path / "plan.json")
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "megaphone", "migrate", str(tmp_path / "plan.json"),
+         "--state-dir", str(pipe.state_dir.path), "--no-progress", "--timeout", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 180
+    while cli.poll() is None and time.time() < deadline:
+        pipe.process(spark.createDataFrame([(1,)], "k long"))
+    out, err = cli.communicate(timeout=60)
+    assert cli.returncode == 0, err
+    assert "(another process)" in out and "routing version 0 -> 2" in out
+    assert pipe.routing.owner(1) == 2 and pipe.routing.owner(2) == 3

@@ -1,0 +1,805 @@
+"""Open-loop migration benchmark: latency of a keyed count on Spark while its state moves.
+
+Input arrives at a fixed rate (``--rate`` records/s) cut into epochs of ``--interval`` seconds:
+epoch ``e``'s input interval is ``[t0 + e*I, t0 + (e+1)*I)``. The harness runs epoch ``e`` as
+soon as its interval has ended and epoch ``e-1`` has finished, so a slow epoch leaves a backlog
+that shows as rising latency (latency = completion time - end of the input interval). Each
+epoch's records are generated in the JVM (``pmod(xxhash64(id), keys)`` over a range of ids),
+so every run sees exactly the same input. The operator is a keyed count over ``--keys``
+distinct keys whose initial state (count 1 per key) is bulk-loaded as SST files
+(``bench/load.py``).
+
+After ``--warmup`` and ``--pre`` epochs a reconfiguration starts. The default scenario is the
+Megaphone paper's: half of the workers each move half of their bins to a worker of the other
+half, and once that is done (and ``--hold`` epochs later) the bins move back;
+``--scenario scale-out`` moves from ``W`` to ``2W`` workers instead. Runs, all on the same input:
+
+* ``steady`` -- no migration (the reference);
+* ``all-at-once``, ``fluid``, ``batched`` -- live migration with each strategy;
+* ``pause-restart`` -- stop the pipeline, ``migrate_offline`` the same moves, open it again
+  (what a Spark user can do today); the input keeps arriving during the pause;
+* ``native`` -- Spark Structured Streaming's own ``groupBy(key).count()`` (update mode,
+  RocksDB state store, file source fed the same epochs, one file per trigger), no migration.
+
+After every megaphone run the total of all counts in ``pipe.state()`` must equal the
+bulk-loaded counts plus the records fed (and likewise for ``native``, read back with the
+``statestore`` data source); a mismatch stops the benchmark with an error.
+
+Outputs under ``--out``: ``<run>.csv`` per run, ``latency.png`` (and ``memory.png``),
+``summary.md`` and ``summary.json``.
+
+    python bench/migration.py --keys 1e5            # smoke: under a minute
+    python bench/migration.py --keys 1e7            # the RESULTS.md run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from load import clone_state_dir, create_loaded
+from procmem import RssSampler
+from report import (
+    RUN_ORDER,
+    EpochRow,
+    RunResult,
+    Window,
+    fmt_mb,
+    fmt_x,
+    label_phases,
+    ms,
+    plot_timelines,
+    rate,
+    ratio,
+    run_stats,
+    stats_table,
+    write_csv,
+)
+
+from megaphone import Pipeline
+from megaphone.migrator.offline import migrate_offline
+from megaphone.plans import rescale
+from megaphone.routing.bins import xxhash64_unsigned
+from megaphone.state_backends import open_backend
+
+LIVE_STRATEGIES = ("all-at-once", "fluid", "batched")
+SCENARIOS = ("half-and-back", "scale-out")
+#: Settings by size: ``smoke`` (keys < 1e6) keeps the whole benchmark under a minute.
+PROFILES: dict[str, dict[str, Any]] = {
+    "smoke": {"bins": 8, "workers": 2, "rate": 2000.0, "interval": 0.5, "warmup": 2, "pre": 2,
+              "hold": 1, "cooldown": 2, "steady_epochs": 6, "per_worker": 2},
+    "full": {"bins": 256, "workers": 4, "rate": 5000.0, "interval": 2.0, "warmup": 10,
+             "pre": 10, "hold": 2, "cooldown": 10, "steady_epochs": 40, "per_worker": 1},
+}
+#: Keys exported and imported to measure the backend's own transfer rate on this state.
+BACKEND_SAMPLE_KEYS = 1_000_000
+
+
+class CorrectnessError(AssertionError):
+    """The counts in the state do not add up to the initial counts plus the records fed."""
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def count(text: str) -> int:
+    """Parse a count such as ``100000``, ``1e5`` or ``2.5e6``."""
+    value = float(text)
+    if value <= 0 or value != int(value):
+        raise argparse.ArgumentTypeError(f"not a positive whole count: {text}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Resolved benchmark settings (command line plus the size profile)."""
+
+    keys: int
+    rate: float
+    interval: float
+    workers: int
+    bins: int
+    scenario: str
+    runs: tuple[str, ...]
+    warmup: int
+    pre: int
+    hold: int
+    cooldown: int
+    steady_epochs: int
+    per_worker: int
+    out: Path
+    state_root: Path
+    keep_state: bool
+    backend: str
+    master: str
+    driver_memory: str
+    native_preload_max: int
+    progress: bool
+    profile: str
+
+    @property
+    def per_epoch(self) -> int:
+        """Records in one epoch: rate times interval."""
+        return max(1, round(self.rate * self.interval))
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (sizes and phases default to the profile chosen by ``--keys``)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--keys", type=count, default=100_000, help="distinct keys (1e5 .. 1e9)")
+    p.add_argument("--rate", type=float, help="records per second")
+    p.add_argument("--interval", type=float, help="epoch length in seconds")
+    p.add_argument("--workers", type=int, help="workers at the start")
+    p.add_argument("--bins", type=int, help="bins (a power of two)")
+    p.add_argument("--scenario", choices=SCENARIOS, default="half-and-back")
+    p.add_argument("--runs", default=",".join(RUN_ORDER),
+                   help=f"comma-separated subset of {','.join(RUN_ORDER)}")
+    p.add_argument("--warmup", type=int, help="epochs excluded from every statistic")
+    p.add_argument("--pre", type=int, help="steady epochs before the reconfiguration")
+    p.add_argument("--hold", type=int, help="epochs between moving out and moving back")
+    p.add_argument("--cooldown", type=int, help="epochs after the last reconfiguration")
+    p.add_argument("--steady-epochs", type=int, help="measured epochs of steady and native")
+    p.add_argument("--per-worker", type=int, help="bins per worker per step of batched")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
+    p.add_argument("--state-root", type=Path, help="state directories (default OUT/state)")
+    p.add_argument("--keep-state", action="store_true", help="keep the runs' state dirs")
+    p.add_argument("--backend", choices=("rocksdb", "memory"), default="rocksdb")
+    p.add_argument("--master", default="local[*]", help="Spark master")
+    p.add_argument("--driver-memory", default="4g", help="JVM heap (spark.driver.memory)")
+    p.add_argument("--native-preload-max", type=count, default=20_000_000,
+                   help="largest --keys for which native starts with all keys counted once")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def resolve(args: argparse.Namespace) -> Config:
+    """Fill unset options from the size profile and check them."""
+    profile = "smoke" if args.keys < 1_000_000 else "full"
+    base = PROFILES[profile]
+
+    def pick(name: str) -> Any:
+        value = getattr(args, name)
+        return base[name] if value is None else value
+
+    runs = tuple(r.strip() for r in args.runs.split(",") if r.strip())
+    unknown = set(runs) - set(RUN_ORDER)
+    if unknown:
+        raise SystemExit(f"unknown runs {sorted(unknown)}; choose from {RUN_ORDER}")
+    cfg = Config(
+        keys=args.keys, rate=pick("rate"), interval=pick("interval"), workers=pick("workers"),
+        bins=pick("bins"), scenario=args.scenario, runs=runs, warmup=pick("warmup"),
+        pre=pick("pre"), hold=pick("hold"), cooldown=pick("cooldown"),
+        steady_epochs=pick("steady_epochs"), per_worker=pick("per_worker"), out=args.out,
+        state_root=args.state_root or args.out / "state", keep_state=args.keep_state,
+        backend=args.backend, master=args.master, driver_memory=args.driver_memory,
+        native_preload_max=args.native_preload_max, progress=not args.no_progress,
+        profile=profile,
+    )
+    if cfg.scenario == "half-and-back" and cfg.workers % 2:
+        raise SystemExit("--scenario half-and-back needs an even number of workers")
+    return cfg
+
+
+# -- workload --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The input: epoch ``e`` holds ids ``[e*n, (e+1)*n)``, key ``pmod(xxhash64(id), keys)``."""
+
+    keys: int
+    per_epoch: int
+    partitions: int = 2
+
+    def frame(self, spark, epoch: int):
+        """Epoch ``epoch``'s records as a Spark DataFrame (column ``key``), built in the JVM."""
+        from pyspark.sql import functions as F
+
+        lo = epoch * self.per_epoch
+        return spark.range(lo, lo + self.per_epoch, 1, self.partitions).select(
+            F.pmod(F.xxhash64("id"), F.lit(self.keys)).alias("key"))
+
+    def keys_of(self, epoch: int) -> np.ndarray:
+        """The same keys computed in numpy (Spark's ``xxhash64`` is megaphone's own hash)."""
+        ids = np.arange(epoch * self.per_epoch, (epoch + 1) * self.per_epoch, dtype=np.int64)
+        return np.mod(xxhash64_unsigned(ids).view(np.int64), self.keys)
+
+
+Target = dict[int, int] | int
+"""A reconfiguration: a ``{bin: worker}`` map or a number of workers to rescale to."""
+
+
+def reconfigurations(cfg: Config) -> list[tuple[str, Target]]:
+    """The scenario's reconfigurations in order, as ``(label, target)``."""
+    if cfg.scenario == "scale-out":
+        return [("scale-out", 2 * cfg.workers)]
+    owners = np.arange(cfg.bins) % cfg.workers  # the initial routing
+    half = cfg.workers // 2
+    out: dict[int, int] = {}
+    for w in range(half, cfg.workers):
+        mine = np.flatnonzero(owners == w)
+        for b in mine[::2].tolist():
+            out[b] = w - half
+    back = {b: int(owners[b]) for b in out}
+    return [("out", out), ("back", back)]
+
+
+@dataclass
+class Context:
+    """What every run shares: settings, Spark, input, the loaded template and the sampler."""
+
+    cfg: Config
+    spark: Any
+    workload: Workload
+    template: Path
+    initial_total: int
+    sampler: RssSampler
+    backend_rates: dict[str, float] = field(default_factory=dict)
+
+
+# -- megaphone runs --------------------------------------------------------------------------
+
+
+def open_pipeline(ctx: Context, path: Path) -> Pipeline:
+    """Open a run's state directory as a count pipeline (the bulk-loaded layout)."""
+    return Pipeline(ctx.spark, str(path), key="key", update="count", num_bins=ctx.cfg.bins,
+                    backend=ctx.cfg.backend)
+
+
+def plan_for(pipe: Pipeline, target: Target, strategy: str, per_worker: int):
+    """A plan from the pipeline's current routing to ``target`` with ``strategy``."""
+    if isinstance(target, int):
+        return rescale(pipe, workers=target, strategy=strategy, per_worker=per_worker)
+    return rescale(pipe, target=target, strategy=strategy, per_worker=per_worker)
+
+
+def check_total(total: int | None, expected: int, run: str) -> str:
+    """Fail loudly unless the counts add up; returns the check's one-line verdict."""
+    if total != expected:
+        raise CorrectnessError(
+            f"{run}: the counts in the state add up to {total}, expected {expected:,} "
+            "(bulk-loaded counts + records fed)")
+    return f"ok ({expected:,})"
+
+
+def state_total(pipe: Pipeline) -> int:
+    """The sum of every key's count in the pipeline's state (one Spark job)."""
+    from pyspark.sql import functions as F
+
+    value = pipe.state().agg(F.sum("state")).first()[0]
+    return int(value) if value is not None else 0
+
+
+def load_avg() -> float:
+    """The one-minute load average (other work on the machine skews the numbers)."""
+    return os.getloadavg()[0]
+
+
+class LiveRun:
+    """One megaphone run: the open-loop epoch loop plus the run's reconfiguration schedule.
+
+    ``mode`` is ``"steady"`` (no reconfiguration), ``"live"`` (``pipe.migrate`` with
+    ``strategy``) or ``"pause"`` (close, ``migrate_offline``, reopen).
+    """
+
+    def __init__(self, ctx: Context, name: str, mode: str, strategy: str = "all-at-once"):
+        self.ctx, self.name, self.mode, self.strategy = ctx, name, mode, strategy
+        self.cfg = ctx.cfg
+        self.path = ctx.cfg.state_root / name
+        self.rows: list[EpochRow] = []
+        self.windows: list[Window] = []
+        self.notes: list[str] = []
+        self.pending = list(reconfigurations(ctx.cfg)) if mode != "steady" else []
+        self.next_start = self.cfg.warmup + self.cfg.pre
+        self.stop_at: int | None = None if mode != "steady" else \
+            self.cfg.warmup + self.cfg.steady_epochs
+        self.handle = None
+        self.window: Window | None = None
+        self.t0 = 0.0
+
+    def run(self) -> RunResult:
+        """Clone the template, run the epochs, check the counts, clean up."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        clone_state_dir(self.ctx.template, self.path)
+        pipe = open_pipeline(self.ctx, self.path)
+        load_before = load_avg()
+        try:
+            pipe = self._loop(pipe)
+            fed = len(self.rows) * self.ctx.workload.per_epoch
+            expected = self.ctx.initial_total + fed
+            check = check_total(state_total(pipe), expected, self.name)
+        finally:
+            pipe.close()
+            if not self.cfg.keep_state:
+                shutil.rmtree(self.path, ignore_errors=True)
+        label_phases(self.rows, self.windows, self.cfg.warmup)
+        return RunResult(self.name, self.rows, self.windows, fed, check, self.notes,
+                         (load_before, load_avg()))
+
+    def _loop(self, pipe: Pipeline) -> Pipeline:
+        cfg, sampler = self.cfg, self.ctx.sampler
+        sampler.take_peak()
+        self.t0 = time.time()
+        epoch = 0
+        with tqdm(desc=self.name, unit="epoch", disable=not cfg.progress, leave=False) as bar:
+            while self.stop_at is None or epoch < self.stop_at:
+                end = self.t0 + (epoch + 1) * cfg.interval
+                time.sleep(max(0.0, end - time.time()))
+                pipe = self._maybe_reconfigure(pipe, epoch)
+                started = time.time()
+                pipe.process(self.ctx.workload.frame(self.ctx.spark, epoch))
+                finished = time.time()
+                row = self._row(pipe.metrics(last=1)[0], epoch, end, started, finished)
+                self.rows.append(row)
+                self._after_epoch(row, epoch)
+                bar.update(1)
+                bar.set_postfix(latency=f"{row.latency_s:.2f}s", moved=row.bins_moved)
+                epoch += 1
+        return pipe
+
+    def _row(self, m: dict[str, Any], epoch: int, end: float, started: float,
+             finished: float) -> EpochRow:
+        rss = self.ctx.sampler.take_peak()
+        return EpochRow(
+            run=self.name, epoch=epoch, interval_end_s=end - self.t0,
+            started_s=started - self.t0, finished_s=finished - self.t0,
+            records=int(m["records_in"]), latency_s=finished - end,
+            duration_s=finished - started, bins_moved=int(m["bins_moved"]),
+            keys_moved=int(m["keys_moved"]), bytes_moved=int(m["bytes_moved"]),
+            rss_driver_mb=round(rss.driver, 1), rss_jvm_mb=round(rss.jvm, 1),
+            rss_workers_mb=round(rss.workers, 1))
+
+    def _maybe_reconfigure(self, pipe: Pipeline, epoch: int) -> Pipeline:
+        if self.handle is not None or not self.pending or epoch < self.next_start:
+            return pipe
+        label, target = self.pending.pop(0)
+        start = time.time()
+        if self.mode == "live":
+            plan = plan_for(pipe, target, self.strategy, self.cfg.per_worker)
+            self.handle = pipe.migrate(plan)
+            self.window = Window(label, start - self.t0, math.nan)
+            self.notes.append(f"{label}: {len(plan.steps)} step(s), {plan.meta['bins_moved']} "
+                              f"bins, {plan.meta['keys_moved']:,} keys")
+            return pipe
+        return self._pause_and_restart(pipe, label, target, start, epoch)
+
+    def _pause_and_restart(self, pipe: Pipeline, label: str, target: Target, start: float,
+                           epoch: int) -> Pipeline:
+        plan = plan_for(pipe, target, "all-at-once", 1)
+        pipe.close()
+        stopped = time.time()
+        handle = migrate_offline(str(self.path), plan)
+        migrated = time.time()
+        pipe = open_pipeline(self.ctx, self.path)
+        end = time.time()
+        self.windows.append(Window(label, start - self.t0, end - self.t0,
+                                   plan.meta["keys_moved"], handle.progress.bytes_moved))
+        self.notes.append(
+            f"{label}: plan+stop {stopped - start:.2f} s, migrate_offline {migrated - stopped:.2f}"
+            f" s, reopen {end - migrated:.2f} s; {plan.meta['bins_moved']} bins, "
+            f"{plan.meta['keys_moved']:,} keys")
+        self._finished_reconfiguration(epoch)
+        return pipe
+
+    def _after_epoch(self, row: EpochRow, epoch: int) -> None:
+        if self.window is not None:
+            self.window.keys_moved += row.keys_moved
+            self.window.bytes_moved += row.bytes_moved
+        if self.handle is not None and self.handle.done:
+            self.handle.wait(0)  # raises the plan's error, if it failed
+            assert self.window is not None
+            self.window.end_s = row.finished_s
+            self.windows.append(self.window)
+            self.handle, self.window = None, None
+            self._finished_reconfiguration(epoch + 1)
+
+    def _finished_reconfiguration(self, next_epoch: int) -> None:
+        self.next_start = next_epoch + self.cfg.hold
+        if not self.pending:
+            self.stop_at = next_epoch + self.cfg.cooldown
+
+
+# -- native Spark ----------------------------------------------------------------------------
+
+
+NATIVE_CONF = {
+    "spark.sql.streaming.stateStore.providerClass":
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "spark.sql.streaming.numRecentProgressUpdates": "100000",
+}
+
+
+def write_native_input(ctx: Context, directory: Path, preload: bool, epochs: int) -> None:
+    """Parquet files, one per trigger, oldest first: the preload (optional) then each epoch.
+
+    Modification times are set one second apart so the file source takes them in order.
+    """
+    directory.mkdir(parents=True)
+    base = time.time() - 10 * (epochs + 2)
+    files: list[tuple[Path, Callable[[], np.ndarray]]] = []
+    if preload:
+        files.append((directory / "e000000.parquet",
+                      lambda: np.arange(ctx.cfg.keys, dtype=np.int64)))
+    for e in range(epochs):
+        files.append((directory / f"e{e + 1:06d}.parquet",
+                      lambda e=e: ctx.workload.keys_of(e)))
+    for i, (path, keys) in enumerate(files):
+        pq.write_table(pa.table({"key": keys()}), path)
+        os.utime(path, (base + i, base + i))
+
+
+def run_native(ctx: Context) -> RunResult:
+    """Spark Structured Streaming's stateful count on the same epochs; no migration.
+
+    One parquet file per trigger (``maxFilesPerTrigger=1``) with a processing-time trigger of
+    ``--interval``: batch ``b`` starts at its trigger (the end of its input interval) or as soon
+    as batch ``b-1`` ends if that is later, exactly like the megaphone harness. Latency is
+    ``trigger time + triggerExecution - interval end`` from the query's progress reports.
+    """
+    cfg, spark = ctx.cfg, ctx.spark
+    epochs = cfg.warmup + cfg.steady_epochs
+    root = cfg.state_root / "native"
+    shutil.rmtree(root, ignore_errors=True)
+    preload = cfg.keys <= cfg.native_preload_max
+    write_native_input(ctx, root / "input", preload, epochs)
+    saved = {k: spark.conf.get(k, None) for k in [*NATIVE_CONF, "spark.sql.shuffle.partitions"]}
+    for k, v in {**NATIVE_CONF, "spark.sql.shuffle.partitions": str(cfg.workers)}.items():
+        spark.conf.set(k, v)
+    load_before = load_avg()
+    try:
+        progress, rss = _native_query(ctx, root, epochs + int(preload))
+        total = _native_total(spark, root / "checkpoint")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+        if not cfg.keep_state:
+            shutil.rmtree(root, ignore_errors=True)
+    fed = epochs * ctx.workload.per_epoch
+    check = check_total(total, (cfg.keys if preload else 0) + fed, "native")
+    rows = _native_rows(cfg, progress[int(preload):], rss[int(preload):])
+    label_phases(rows, [], cfg.warmup)
+    notes = [f"state preloaded with {cfg.keys:,} keys (count 1) in the first batch" if preload
+             else f"state NOT preloaded (keys > {cfg.native_preload_max:,}): it holds only the "
+                  "keys seen"]
+    return RunResult("native", rows, [], fed, check, notes, (load_before, load_avg()))
+
+
+def _native_query(ctx: Context, root: Path, batches: int) -> tuple[list[dict], list]:
+    """Run the streaming count until ``batches`` batches ran; their progress and peak RSS."""
+    cfg, spark = ctx.cfg, ctx.spark
+    query = (spark.readStream.schema("key long").option("maxFilesPerTrigger", 1)
+             .parquet(str(root / "input")).groupBy("key").count()
+             .writeStream.outputMode("update").format("noop")
+             .trigger(processingTime=f"{int(cfg.interval * 1000)} milliseconds")
+             .option("checkpointLocation", str(root / "checkpoint")).start())
+    rss: dict[int, Any] = {}
+    ctx.sampler.take_peak()
+    seen = -1
+    try:
+        with tqdm(total=batches, desc="native", unit="batch", disable=not cfg.progress,
+                  leave=False) as bar:
+            while seen < batches - 1:
+                if query.exception() is not None:
+                    raise RuntimeError(f"native query failed: {query.exception()}")
+                last = query.lastProgress
+                if last is not None and last["batchId"] > seen:
+                    for b in range(seen + 1, last["batchId"] + 1):
+                        rss[b] = ctx.sampler.take_peak()
+                    bar.update(last["batchId"] - seen)
+                    seen = last["batchId"]
+                time.sleep(0.05)
+    finally:
+        query.stop()
+    by_batch = {p["batchId"]: p for p in query.recentProgress if p["numInputRows"] > 0}
+    missing = [b for b in range(batches) if b not in by_batch]
+    if missing:
+        raise RuntimeError(f"native: no progress report for batches {missing[:10]}")
+    return [by_batch[b] for b in range(batches)], [rss[b] for b in range(batches)]
+
+
+def _native_total(spark, checkpoint: Path) -> int:
+    """Sum of all counts in the query's state, read with the ``statestore`` data source."""
+    from pyspark.sql import functions as F
+
+    value = spark.read.format("statestore").load(str(checkpoint)) \
+        .agg(F.sum("value.count")).first()[0]
+    return int(value) if value is not None else 0
+
+
+def _iso_seconds(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _native_rows(cfg: Config, progress: list[dict], rss: list) -> list[EpochRow]:
+    first = _iso_seconds(progress[0]["timestamp"])
+    t0 = first - cfg.interval  # epoch 0's interval ends at its trigger
+    rows = []
+    for e, (p, peak) in enumerate(zip(progress, rss, strict=True)):
+        started = _iso_seconds(p["timestamp"])
+        duration = p["durationMs"]["triggerExecution"] / 1000.0
+        end = t0 + (e + 1) * cfg.interval
+        rows.append(EpochRow(
+            run="native", epoch=e, interval_end_s=end - t0, started_s=started - t0,
+            finished_s=started + duration - t0, records=int(p["numInputRows"]),
+            latency_s=started + duration - end, duration_s=duration,
+            rss_driver_mb=round(peak.driver, 1), rss_jvm_mb=round(peak.jvm, 1),
+            rss_workers_mb=round(peak.workers, 1)))
+    return rows
+
+
+# -- setup -----------------------------------------------------------------------------------
+
+
+def prepare_template(cfg: Config, spark) -> tuple[Path, int, float]:
+    """The bulk-loaded state every run starts from, reused when its settings match.
+
+    Returns ``(path, initial total count, seconds spent loading (0 when reused))``.
+    """
+    template = cfg.state_root / "template"
+    marker = cfg.state_root / "template.json"
+    wanted = {"keys": cfg.keys, "workers": cfg.workers, "bins": cfg.bins,
+              "backend": cfg.backend, "value": 1}
+    if template.exists() and marker.exists() and json.loads(marker.read_text()) == wanted:
+        return template, cfg.keys, 0.0
+    shutil.rmtree(template, ignore_errors=True)
+    marker.unlink(missing_ok=True)
+    cfg.state_root.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    total = create_loaded(spark, template, cfg.keys, cfg.workers, cfg.bins, cfg.backend,
+                          progress=cfg.progress)
+    marker.write_text(json.dumps(wanted))
+    return template, total, time.time() - started
+
+
+def measure_backend(cfg: Config, template: Path) -> dict[str, float]:
+    """Export and import rates of the backend on this state, by the pipeline's own calls.
+
+    Exports up to :data:`BACKEND_SAMPLE_KEYS` keys of the first moving bins from their owner
+    in the template (read-only) and imports them with ``import_bins(method="auto")`` into an
+    empty backend, timing each side.
+    """
+    _, target = reconfigurations(cfg)[0]
+    owners = np.arange(cfg.bins) % cfg.workers
+    moving = sorted(target) if isinstance(target, dict) else list(range(cfg.bins))
+    src = int(owners[moving[0]])
+    bins = [b for b in moving if owners[b] == src]
+    source = open_backend(cfg.backend, template / "workers" / f"w{src:05d}", "int64",
+                          cfg.bins, read_only=True)
+    try:
+        stats = source.bin_stats()
+        chosen, n = [], 0
+        for b in bins:
+            if n >= BACKEND_SAMPLE_KEYS and chosen:
+                break
+            chosen.append(b)
+            n += stats[b].keys if b in stats else 0
+        started = time.perf_counter()
+        chunks = list(source.export_bins(chosen))
+        export_s = time.perf_counter() - started
+    finally:
+        source.close()
+    keys = sum(c.num_rows for c in chunks)
+    with tempfile.TemporaryDirectory(dir=cfg.state_root) as tmp:
+        sink = open_backend(cfg.backend, Path(tmp) / "sink", "int64", cfg.bins)
+        try:
+            started = time.perf_counter()
+            sink.import_bins(iter(chunks), method="auto")
+            import_s = time.perf_counter() - started
+        finally:
+            sink.close()
+    return {"keys": keys, "export_keys_per_s": keys / export_s, "import_keys_per_s":
+            keys / import_s, "sequential_keys_per_s": keys / (export_s + import_s)}
+
+
+def machine() -> dict[str, Any]:
+    """The machine and library versions, for the record."""
+    import pyspark
+
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cores": os.cpu_count(), "cpu": model, "ram_gib": round(mem, 1),
+            "python": platform.python_version(), "pyspark": pyspark.__version__,
+            "numpy": np.__version__, "pyarrow": pa.__version__}
+
+
+# -- summary ---------------------------------------------------------------------------------
+
+
+def findings(stats: dict[str, dict[str, Any]], backend: dict[str, float]) -> list[str]:
+    """The targets of the benchmark, each measured and marked met or missed."""
+    out: list[str] = []
+    steady = stats.get("steady")
+    for name in ("fluid", "batched"):
+        s = stats.get(name)
+        if s is None:
+            continue
+        ref = steady["steady_p99"] if steady else s["steady_p99"]
+        r = ratio(s["mig_max"], ref)
+        verdict = "met" if r <= 1.5 else f"MISSED by {r / 1.5:.2f}x"
+        out.append(f"{name}: max latency during migration {ms(s['mig_max'])} ms = {fmt_x(r)} "
+                   f"the steady-state p99 ({ms(ref)} ms); target <= 1.5x: {verdict}")
+    smooth = [stats[n]["mig_max"] for n in ("fluid", "batched") if n in stats]
+    for name in ("all-at-once", "pause-restart"):
+        s = stats.get(name)
+        if s is None or not smooth:
+            continue
+        parts = [f"{fmt_x(ratio(s['mig_max'], stats[n]['mig_max']))} {n}"
+                 for n in ("fluid", "batched") if n in stats]
+        out.append(f"{name}: max latency {ms(s['mig_max'])} ms, spike = " + ", ".join(parts))
+    for name in (*LIVE_STRATEGIES, "pause-restart"):
+        s = stats.get(name)
+        if s is None or not backend:
+            continue
+        out.append(
+            f"{name}: moved {s['keys_moved']:,} keys in {s['migration_s']:.1f} s = "
+            f"{rate(s['keys_per_s'])} keys/s over the window, {rate(s['busy_keys_per_s'])} "
+            f"keys/s over the busy time of moving epochs; backend export+import on this "
+            f"state: {rate(backend['sequential_keys_per_s'])} keys/s "
+            f"({fmt_x(ratio(s['busy_keys_per_s'], backend['sequential_keys_per_s']))})")
+    for name in ("fluid", "batched"):
+        s = stats.get(name)
+        if s is None or steady is None:
+            continue
+        growth = ratio(s["rss_mig"], steady["rss_steady"]) - 1
+        verdict = "met" if growth <= 0.10 else "MISSED"
+        out.append(f"{name}: peak RSS during migration {fmt_mb(s['rss_mig'])} MiB vs steady "
+                   f"{fmt_mb(steady['rss_steady'])} MiB ({growth:+.1%}); target <= +10%: "
+                   f"{verdict}")
+    native = stats.get("native")
+    mega = steady or next(iter(stats.values()), None)
+    if native and mega and mega is not native:
+        p50 = fmt_x(ratio(mega["steady_p50"], native["steady_p50"]))
+        out.append(
+            f"steady state, megaphone ({mega['run']}) vs native: p50 {ms(mega['steady_p50'])} vs "
+            f"{ms(native['steady_p50'])} ms ({p50}), p99 {ms(mega['steady_p99'])} vs "
+            f"{ms(native['steady_p99'])} ms; capacity "
+            f"(records / busy s) {rate(mega['capacity_rps'])} vs {rate(native['capacity_rps'])} "
+            f"records/s")
+    return out
+
+
+def write_summary(ctx: Context, results: list[RunResult], info: dict[str, Any]) -> str:
+    """Write ``summary.md`` and ``summary.json``; return the markdown."""
+    cfg = ctx.cfg
+    stats = {r.name: run_stats(r) for r in results}
+    steady = stats.get("steady")
+    ref = steady["steady_p99"] if steady else math.nan
+    lines = [
+        f"# Migration benchmark: {cfg.keys:,} keys",
+        "",
+        f"Command: `{info['command']}`",
+        "",
+        f"Machine: {info['machine']}",
+        "",
+        f"Setup: {cfg.rate:,.0f} records/s in epochs of {cfg.interval} s "
+        f"({cfg.per_epoch:,} records), keyed count, {cfg.keys:,} keys bulk-loaded "
+        f"(count 1, {info['load_s']:.1f} s), {cfg.workers} workers, {cfg.bins} bins, backend "
+        f"{cfg.backend}, scenario {cfg.scenario}, warm-up {cfg.warmup} epochs, batched "
+        f"per_worker={cfg.per_worker}, Spark master {cfg.master}.",
+        "",
+        stats_table([stats[r.name] for r in results], ref),
+        "",
+        "Backend on this state (export then import of "
+        f"{ctx.backend_rates.get('keys', 0):,.0f} keys): export "
+        f"{rate(ctx.backend_rates.get('export_keys_per_s', math.nan))} keys/s, import "
+        f"{rate(ctx.backend_rates.get('import_keys_per_s', math.nan))} keys/s, one after the "
+        f"other {rate(ctx.backend_rates.get('sequential_keys_per_s', math.nan))} keys/s.",
+        "",
+        "Findings:",
+        "",
+        *[f"- {line}" for line in findings(stats, ctx.backend_rates)],
+        "",
+        "Run notes:",
+        "",
+        *[f"- {r.name}: load avg {r.load_avg[0]:.1f} -> {r.load_avg[1]:.1f}; "
+          + "; ".join(r.notes) for r in results],
+        "",
+    ]
+    text = "\n".join(lines)
+    (cfg.out / "summary.md").write_text(text)
+    payload = {"config": {k: str(v) if isinstance(v, Path) else v
+                          for k, v in asdict(cfg).items()},
+               "info": info, "backend": ctx.backend_rates,
+               "runs": {r.name: {**stats[r.name], "notes": r.notes, "load_avg": r.load_avg,
+                                 "records_fed": r.records_fed,
+                                 "windows": [asdict(w) for w in r.windows]} for r in results}}
+    (cfg.out / "summary.json").write_text(json.dumps(payload, indent=1, default=str))
+    return text
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def run_all(cfg: Config, spark, command: str) -> list[RunResult]:
+    """Load (or reuse) the template, run every selected run, write every output."""
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    sampler = RssSampler()
+    sampler.start()
+    try:
+        spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
+        template, total, load_s = prepare_template(cfg, spark)
+        workload = Workload(cfg.keys, cfg.per_epoch)
+        ctx = Context(cfg, spark, workload, template, total, sampler)
+        ctx.backend_rates = measure_backend(cfg, template)
+        results = []
+        for name in [r for r in RUN_ORDER if r in cfg.runs]:
+            result = run_one(ctx, name)
+            write_csv(cfg.out / f"{name}.csv", result.rows)
+            results.append(result)
+            s = run_stats(result)
+            print(f"{name:>14}: steady p99 {ms(s['steady_p99'])} ms, max during migration "
+                  f"{ms(s['mig_max'])} ms, migration {s['migration_s']:.1f} s, {result.check}",
+                  flush=True)
+    finally:
+        sampler.stop()
+    plot_timelines(cfg.out / "latency.png", results, "latency")
+    plot_timelines(cfg.out / "memory.png", results, "rss")
+    info = {"command": command, "machine": machine(), "load_s": load_s}
+    print(write_summary(ctx, results, info), flush=True)
+    return results
+
+
+def run_one(ctx: Context, name: str) -> RunResult:
+    """Run one of :data:`RUN_ORDER` by name."""
+    if name == "native":
+        return run_native(ctx)
+    if name == "steady":
+        return LiveRun(ctx, name, "steady").run()
+    if name == "pause-restart":
+        return LiveRun(ctx, name, "pause").run()
+    return LiveRun(ctx, name, "live", strategy=name).run()
+
+
+def main(argv: list[str] | None = None, spark=None) -> int:
+    """Command line entry; ``spark`` reuses an existing session (tests)."""
+    args = parser().parse_args(argv)
+    cfg = resolve(args)
+    command = "python bench/migration.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if spark is None:
+        from megaphone.spark import spark_session
+
+        spark = spark_session(cfg.master, "megaphone-bench",
+                              {"spark.driver.memory": cfg.driver_memory})
+    started = time.time()
+    run_all(cfg, spark, command)
+    print(f"benchmark done in {time.time() - started:.1f} s; outputs in {cfg.out}")
+    return 0
+
+
+__all__ = ["Config", "CorrectnessError", "LiveRun", "Workload", "main", "reconfigurations",
+           "run_all", "run_native"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Per-epoch records of a benchmark run, their statistics, CSV files, plots and the summary.
+
+A run is a list of :class:`EpochRow` plus the time windows in which a reconfiguration was in
+progress. Epochs are labelled ``warmup`` (excluded from every statistic), ``steady``,
+``migration`` (the epoch ran, or its input interval ended, inside a window) and ``drain``
+(after a window, still behind the input: the backlog it left). Statistics "during migration"
+cover ``migration`` and ``drain`` epochs.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+WARMUP, STEADY, MIGRATION, DRAIN = "warmup", "steady", "migration", "drain"
+#: Runs in the order they are reported and plotted.
+RUN_ORDER = ("steady", "all-at-once", "fluid", "batched", "pause-restart", "native")
+
+
+@dataclass
+class EpochRow:
+    """One epoch of one run; times are seconds since the run's start ``t0``."""
+
+    run: str
+    epoch: int
+    interval_end_s: float
+    started_s: float
+    finished_s: float
+    records: int
+    latency_s: float
+    duration_s: float
+    bins_moved: int = 0
+    keys_moved: int = 0
+    bytes_moved: int = 0
+    rss_driver_mb: float = 0.0
+    rss_jvm_mb: float = 0.0
+    rss_workers_mb: float = 0.0
+    phase: str = STEADY
+
+    @property
+    def rss_total_mb(self) -> float:
+        """Peak resident memory of driver + JVM + workers during the epoch (MiB)."""
+        return self.rss_driver_mb + self.rss_jvm_mb + self.rss_workers_mb
+
+
+@dataclass
+class Window:
+    """A reconfiguration in progress from ``start_s`` to ``end_s`` (seconds since ``t0``)."""
+
+    label: str
+    start_s: float
+    end_s: float
+    keys_moved: int = 0
+    bytes_moved: int = 0
+
+
+@dataclass
+class RunResult:
+    """Everything measured in one run: epochs, reconfiguration windows and run facts."""
+
+    name: str
+    rows: list[EpochRow]
+    windows: list[Window] = field(default_factory=list)
+    records_fed: int = 0
+    check: str = ""
+    notes: list[str] = field(default_factory=list)
+    load_avg: tuple[float, float] = (0.0, 0.0)
+
+
+def label_phases(rows: list[EpochRow], windows: Sequence[Window], warmup: int) -> None:
+    """Set every row's ``phase`` from the windows (see the module docstring)."""
+    previous = STEADY
+    prev_finished = -math.inf
+    for row in rows:
+        behind = prev_finished > row.interval_end_s + 1e-3
+        in_window = any(
+            w.start_s <= row.started_s <= w.end_s
+            or (row.interval_end_s <= w.end_s and row.finished_s >= w.start_s)
+            for w in windows
+        )
+        if row.epoch < warmup:
+            row.phase = WARMUP
+        elif in_window:
+            row.phase = MIGRATION
+        elif behind and previous in (MIGRATION, DRAIN):
+            row.phase = DRAIN
+        else:
+            row.phase = STEADY
+        previous, prev_finished = row.phase, row.finished_s
+
+
+def write_csv(path: Path, rows: Sequence[EpochRow]) -> None:
+    """One CSV line per epoch (the dataclass fields plus the total RSS)."""
+    names = [f.name for f in fields(EpochRow)] + ["rss_total_mb"]
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=names)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**asdict(row), "rss_total_mb": round(row.rss_total_mb, 1)})
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (linear interpolation), NaN for no values."""
+    return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+def run_stats(result: RunResult) -> dict[str, Any]:
+    """Latency, memory and transfer statistics of one run (seconds, MiB, keys, bytes)."""
+    steady = [r for r in result.rows if r.phase == STEADY]
+    during = [r for r in result.rows if r.phase in (MIGRATION, DRAIN)]
+    lat_s = [r.latency_s for r in steady]
+    lat_m = [r.latency_s for r in during]
+    migration_s = sum(w.end_s - w.start_s for w in result.windows)
+    keys = sum(w.keys_moved for w in result.windows)
+    nbytes = sum(w.bytes_moved for w in result.windows)
+    busy = sum(r.duration_s for r in result.rows if r.bins_moved)
+    measured = [r for r in result.rows if r.phase != WARMUP]
+    records = sum(r.records for r in measured)
+    busy_all = sum(r.duration_s for r in measured)
+    return {
+        "run": result.name,
+        "epochs": len(result.rows),
+        "steady_p50": pct(lat_s, 50), "steady_p99": pct(lat_s, 99),
+        "steady_max": max(lat_s, default=math.nan),
+        "mig_p50": pct(lat_m, 50), "mig_p99": pct(lat_m, 99),
+        "mig_max": max(lat_m, default=math.nan),
+        "migration_s": migration_s,
+        "keys_moved": keys, "bytes_moved": nbytes,
+        "keys_per_s": keys / migration_s if migration_s > 0 else math.nan,
+        "bytes_per_s": nbytes / migration_s if migration_s > 0 else math.nan,
+        "busy_keys_per_s": keys / busy if busy > 0 else math.nan,
+        "steady_duration_p50": pct([r.duration_s for r in steady], 50),
+        "capacity_rps": records / busy_all if busy_all > 0 else math.nan,
+        "rss_steady": max((r.rss_total_mb for r in steady), default=math.nan),
+        "rss_mig": max((r.rss_total_mb for r in during), default=math.nan),
+        "rss_workers_steady": max((r.rss_workers_mb for r in steady), default=math.nan),
+        "rss_workers_mig": max((r.rss_workers_mb for r in during), default=math.nan),
+        "check": result.check,
+    }
+
+
+# -- formatting ------------------------------------------------------------------------------
+
+
+def ms(value: float) -> str:
+    """Seconds as whole milliseconds, ``-`` for NaN."""
+    return "-" if not math.isfinite(value) else f"{value * 1000:,.0f}"
+
+
+def rate(value: float) -> str:
+    """A per-second rate with a k/M suffix, ``-`` for NaN."""
+    if not math.isfinite(value):
+        return "-"
+    for div, suffix in ((1e6, " M"), (1e3, " k")):
+        if value >= div:
+            return f"{value / div:.2f}{suffix}"
+    return f"{value:.0f}"
+
+
+def ratio(num: float, den: float) -> float:
+    """``num / den`` or NaN when either is missing."""
+    return num / den if math.isfinite(num) and math.isfinite(den) and den > 0 else math.nan
+
+
+def fmt_x(value: float) -> str:
+    """A ratio as ``1.23x``, ``-`` for NaN."""
+    return "-" if not math.isfinite(value) else f"{value:.2f}x"
+
+
+def fmt_mb(value: float) -> str:
+    """MiB with no decimals, ``-`` for NaN."""
+    return "-" if not math.isfinite(value) else f"{value:,.0f}"
+
+
+def stats_table(stats: Sequence[dict[str, Any]], ref_p99: float) -> str:
+    """The markdown summary table; ``ref_p99`` is the steady-state p99 of the steady run."""
+    head = ("| run | steady p50 ms | steady p99 ms | p50 ms during | p99 ms during | "
+            "max ms during | max / steady p99 | migration s | keys moved | keys/s | MB/s | "
+            "keys/s busy | peak RSS steady MiB | peak RSS during MiB | workers RSS steady/during "
+            "MiB | check |")
+    lines = [head, "|" + "---|" * 16]
+    for s in stats:
+        lines.append(
+            f"| {s['run']} | {ms(s['steady_p50'])} | {ms(s['steady_p99'])} | {ms(s['mig_p50'])} "
+            f"| {ms(s['mig_p99'])} | {ms(s['mig_max'])} | {fmt_x(ratio(s['mig_max'], ref_p99))} "
+            f"| {s['migration_s']:.1f} | {s['keys_moved']:,} | {rate(s['keys_per_s'])} "
+            f"| {s['bytes_per_s'] / 2**20:.1f} | {rate(s['busy_keys_per_s'])} "
+            f"| {fmt_mb(s['rss_steady'])} | {fmt_mb(s['rss_mig'])} "
+            f"| {fmt_mb(s['rss_workers_steady'])} / {fmt_mb(s['rss_workers_mig'])} "
+            f"| {s['check']} |"
+        )
+    return "\n".join(lines).replace("| nan |", "| - |")
+
+
+# -- plots -----------------------------------------------------------------------------------
+
+
+def plot_timelines(path: Path, results: Sequence[RunResult], what: str = "latency") -> None:
+    """One panel per run: latency (log scale) or RSS over time, reconfigurations shaded.
+
+    ``what`` is ``"latency"`` (seconds, by interval end) or ``"rss"`` (MiB, driver + JVM +
+    workers, by completion time).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(results)
+    fig, axes = plt.subplots(n, 1, figsize=(10, 1.9 * n + 0.8), sharex=True, squeeze=False)
+    for ax, result in zip(axes[:, 0], results, strict=True):
+        rows = [r for r in result.rows if r.phase != WARMUP]
+        if what == "latency":
+            xs = [r.interval_end_s for r in rows]
+            ys = [max(r.latency_s, 1e-3) for r in rows]
+            ax.set_yscale("log")
+            ax.set_ylabel("latency s")
+        else:
+            xs = [r.finished_s for r in rows]
+            ys = [r.rss_total_mb for r in rows]
+            ax.set_ylabel("RSS MiB")
+        ax.plot(xs, ys, marker=".", linewidth=1, markersize=3)
+        for w in result.windows:
+            ax.axvspan(w.start_s, w.end_s, color="tab:orange", alpha=0.25, linewidth=0)
+        drains = [r for r in rows if r.phase == DRAIN]
+        for r in drains:
+            ax.axvspan(r.started_s, r.finished_s, color="tab:orange", alpha=0.08, linewidth=0)
+        ax.set_title(result.name, fontsize=9, loc="left")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[-1, 0].set_xlabel("time since the run started (s); migration windows shaded")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
