@@ -18,6 +18,7 @@ streamed into one SST ingestion per worker. Both passes run in ``procs`` process
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import multiprocessing as mp
 import os
@@ -44,6 +45,8 @@ CHUNK_KEYS = 10_000_000
 BUCKET_KEYS = 10_000_000
 #: Keys per record batch handed to ``import_sst`` (bounds the Python objects it builds).
 BATCH_KEYS = 1_000_000
+#: Loads up to this many keys run in this process (starting loader processes costs more).
+SMALL_KEYS = 2_000_000
 #: The value every key starts with: msgpack of the count 1.
 ONE = b"\x01"
 #: Bits a key may use in the combined sort key ``bin << KEY_BITS | key`` (keys < 2**40).
@@ -173,8 +176,25 @@ def ingest_pass(spec: LoadSpec, proc: int, done) -> None:
             backend.close()
 
 
+class _Counter:
+    """The in-process stand-in for a shared ``multiprocessing.Value`` counter."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def get_lock(self) -> contextlib.nullcontext:
+        """No other process shares it: no lock."""
+        return contextlib.nullcontext()
+
+
 def _run_pass(target, spec: LoadSpec, desc: str, progress: bool) -> None:
-    """Run ``target(spec, proc, counter)`` in ``spec.procs`` processes with a progress bar."""
+    """Run ``target(spec, proc, counter)`` in ``spec.procs`` processes with a progress bar.
+
+    One process means this one: small loads skip the start-up of fresh interpreters.
+    """
+    if spec.procs == 1:
+        target(spec, 0, _Counter())
+        return
     ctx = mp.get_context("spawn")  # the parent may hold a JVM gateway: never fork it
     done = ctx.Value("q", 0)
     procs = [ctx.Process(target=target, args=(spec, p, done)) for p in range(spec.procs)]
@@ -203,6 +223,8 @@ def load_counts(state_dir: str | os.PathLike[str], keys: int, workers: int, num_
     if keys >= 1 << KEY_BITS:
         raise ValueError(f"at most 2**{KEY_BITS} keys can be bulk-loaded, got {keys}")
     procs = max(1, min(procs or os.cpu_count() or 1, workers))
+    if keys <= SMALL_KEYS:
+        procs = 1
     groups = max(1, math.ceil(keys / (BUCKET_KEYS * workers)))
     groups = min(groups, num_bins)
     tmp = tempfile.mkdtemp(prefix=".bulk-", dir=state_dir)

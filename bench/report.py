@@ -51,13 +51,18 @@ class EpochRow:
 
 @dataclass
 class Window:
-    """A reconfiguration in progress from ``start_s`` to ``end_s`` (seconds since ``t0``)."""
+    """A reconfiguration in progress from ``start_s`` to ``end_s`` (seconds since ``t0``).
+
+    ``busy_s`` is the time spent moving state: the durations of the epochs that moved bins
+    (live strategies) or the offline migration itself (pause-and-restart).
+    """
 
     label: str
     start_s: float
     end_s: float
     keys_moved: int = 0
     bytes_moved: int = 0
+    busy_s: float = 0.0
 
 
 @dataclass
@@ -119,7 +124,7 @@ def run_stats(result: RunResult) -> dict[str, Any]:
     migration_s = sum(w.end_s - w.start_s for w in result.windows)
     keys = sum(w.keys_moved for w in result.windows)
     nbytes = sum(w.bytes_moved for w in result.windows)
-    busy = sum(r.duration_s for r in result.rows if r.bins_moved)
+    busy = sum(w.busy_s for w in result.windows)
     measured = [r for r in result.rows if r.phase != WARMUP]
     records = sum(r.records for r in measured)
     busy_all = sum(r.duration_s for r in measured)
@@ -130,7 +135,7 @@ def run_stats(result: RunResult) -> dict[str, Any]:
         "steady_max": max(lat_s, default=math.nan),
         "mig_p50": pct(lat_m, 50), "mig_p99": pct(lat_m, 99),
         "mig_max": max(lat_m, default=math.nan),
-        "migration_s": migration_s,
+        "migration_s": migration_s if result.windows else math.nan,
         "keys_moved": keys, "bytes_moved": nbytes,
         "keys_per_s": keys / migration_s if migration_s > 0 else math.nan,
         "bytes_per_s": nbytes / migration_s if migration_s > 0 else math.nan,
@@ -163,6 +168,16 @@ def rate(value: float) -> str:
     return f"{value:.0f}"
 
 
+def secs(value: float) -> str:
+    """Seconds with one decimal, ``-`` for NaN."""
+    return "-" if not math.isfinite(value) else f"{value:.1f}"
+
+
+def mib(value: float) -> str:
+    """Bytes (per second) as MiB with one decimal, ``-`` for NaN."""
+    return "-" if not math.isfinite(value) else f"{value / 2**20:.1f}"
+
+
 def ratio(num: float, den: float) -> float:
     """``num / den`` or NaN when either is missing."""
     return num / den if math.isfinite(num) and math.isfinite(den) and den > 0 else math.nan
@@ -189,51 +204,59 @@ def stats_table(stats: Sequence[dict[str, Any]], ref_p99: float) -> str:
         lines.append(
             f"| {s['run']} | {ms(s['steady_p50'])} | {ms(s['steady_p99'])} | {ms(s['mig_p50'])} "
             f"| {ms(s['mig_p99'])} | {ms(s['mig_max'])} | {fmt_x(ratio(s['mig_max'], ref_p99))} "
-            f"| {s['migration_s']:.1f} | {s['keys_moved']:,} | {rate(s['keys_per_s'])} "
-            f"| {s['bytes_per_s'] / 2**20:.1f} | {rate(s['busy_keys_per_s'])} "
+            f"| {secs(s['migration_s'])} | {s['keys_moved']:,} | {rate(s['keys_per_s'])} "
+            f"| {mib(s['bytes_per_s'])} | {rate(s['busy_keys_per_s'])} "
             f"| {fmt_mb(s['rss_steady'])} | {fmt_mb(s['rss_mig'])} "
             f"| {fmt_mb(s['rss_workers_steady'])} / {fmt_mb(s['rss_workers_mig'])} "
             f"| {s['check']} |"
         )
-    return "\n".join(lines).replace("| nan |", "| - |")
+    return "\n".join(lines)
 
 
 # -- plots -----------------------------------------------------------------------------------
 
 
-def plot_timelines(path: Path, results: Sequence[RunResult], what: str = "latency") -> None:
-    """One panel per run: latency (log scale) or RSS over time, reconfigurations shaded.
+def plot_timelines(path: Path, results: Sequence[RunResult], what: str = "latency",
+                   ref: float = math.nan) -> None:
+    """One panel per run over the time epochs completed, reconfigurations shaded.
 
-    ``what`` is ``"latency"`` (seconds, by interval end) or ``"rss"`` (MiB, driver + JVM +
-    workers, by completion time).
+    ``what`` is ``"latency"`` (seconds, log scale, with a dashed line at ``ref`` when given,
+    e.g. 1.5x the steady-state p99) or ``"rss"`` (MiB of driver + JVM + workers).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     n = len(results)
-    fig, axes = plt.subplots(n, 1, figsize=(10, 1.9 * n + 0.8), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(n, 1, figsize=(10, 1.8 * n + 0.9), sharex=True, sharey=True,
+                             squeeze=False)
     for ax, result in zip(axes[:, 0], results, strict=True):
         rows = [r for r in result.rows if r.phase != WARMUP]
+        xs = [r.finished_s for r in rows]
         if what == "latency":
-            xs = [r.interval_end_s for r in rows]
             ys = [max(r.latency_s, 1e-3) for r in rows]
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_ylabel("latency s")
+            if math.isfinite(ref):
+                ax.axhline(ref, color="tab:red", linestyle="--", linewidth=0.8)
         else:
-            xs = [r.finished_s for r in rows]
             ys = [r.rss_total_mb for r in rows]
             ax.set_ylabel("RSS MiB")
         ax.plot(xs, ys, marker=".", linewidth=1, markersize=3)
         for w in result.windows:
-            ax.axvspan(w.start_s, w.end_s, color="tab:orange", alpha=0.25, linewidth=0)
-        drains = [r for r in rows if r.phase == DRAIN]
-        for r in drains:
-            ax.axvspan(r.started_s, r.finished_s, color="tab:orange", alpha=0.08, linewidth=0)
+            ax.axvspan(w.start_s, w.end_s, color="tab:orange", alpha=0.3, linewidth=0)
+        for r in rows:
+            if r.phase == DRAIN:
+                ax.axvspan(r.started_s, r.finished_s, color="tab:orange", alpha=0.1, linewidth=0)
         ax.set_title(result.name, fontsize=9, loc="left")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[-1, 0].set_xlabel("time since the run started (s); migration windows shaded")
+        ax.grid(True, which="major", alpha=0.3)
+    note = "; dashed: 1.5x steady p99" if what == "latency" and math.isfinite(ref) else ""
+    axes[-1, 0].set_xlabel("time the epoch completed (s since the run started); migration "
+                           f"shaded, backlog drain lightly shaded{note}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -4,6 +4,8 @@ Reads the state directory (read-only), picks a target that moves as little state
 and orders the moves by a strategy (all-at-once, fluid or batched), then prints a summary --
 bins, keys and bytes moved, steps, the largest step, load per worker before and after, and an
 estimated duration -- and writes the plan for ``megaphone migrate`` or ``megaphone.migrate``.
+With ``--ds2`` it first decides the worker count the way the DS2 autoscaler would from the
+recorded metrics of the last policy window, and prints the numbers behind that decision.
 """
 
 from __future__ import annotations
@@ -40,19 +42,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="scale to workers 0..N-1, balanced (see --balance)")
     goal.add_argument("--target", metavar="FILE",
                       help='JSON target: {"bin": worker, ...} or a list of every bin\'s owner')
-    parser.add_argument("--strategy", choices=STRATEGIES, required=True,
+    goal.add_argument("--ds2", action="store_true",
+                      help="print the rescale DS2 would decide now from the recorded metrics "
+                           "(the last --window seconds); with -o also write its plan")
+    parser.add_argument("--strategy", choices=STRATEGIES, default=None,
                         help="all-at-once: one step; fluid: one bin per step; batched: each "
-                             "step a matching, one bin per worker (see --per-worker)")
+                             "step a matching, one bin per worker (see --per-worker); required "
+                             "with --workers/--target, default fluid with --ds2")
     parser.add_argument("--gap", type=_non_negative, default=0, metavar="E",
                         help="idle epochs between steps (default 0)")
     parser.add_argument("--per-worker", type=_positive, default=1, metavar="K",
                         help="batched only: bins a worker may send or receive per step "
                              "(default 1)")
-    parser.add_argument("--balance", choices=BALANCE_MODES, default="keys",
+    parser.add_argument("--balance", choices=BALANCE_MODES, default=None,
                         help="what --workers balances: keys or bytes per bin, or load "
-                             "(records per epoch estimated from the metrics); default keys")
-    parser.add_argument("-o", "--output", default="plan.json", metavar="FILE",
-                        help="where to write the plan (default plan.json)")
+                             "(records per epoch estimated from the metrics); default keys "
+                             "(load with --ds2)")
+    parser.add_argument("-o", "--output", default=None, metavar="FILE",
+                        help="where to write the plan (default plan.json; with --ds2 a plan "
+                             "is written only when -o is given)")
+    parser.add_argument("--window", type=float, default=10.0, metavar="S",
+                        help="--ds2: the policy window, the last S seconds of recorded epochs "
+                             "(default 10)")
+    parser.add_argument("--source-rate", type=float, default=None, metavar="R",
+                        help="--ds2: the input rate in records/s (default: measured from the "
+                             "window's event times, or its wall time)")
     parser.add_argument("--json", action="store_true",
                         help="print the plan (with its summary in 'meta') as JSON")
 
@@ -108,10 +122,16 @@ def run(args: argparse.Namespace) -> int:
     from megaphone.plans.plan import PlanError
     from megaphone.plans.rescale import rescale
 
+    if args.ds2:
+        return run_ds2(args)
+    if args.strategy is None:
+        raise PlanError("--strategy is required with --workers or --target")
     if args.per_worker != 1 and args.strategy != BATCHED:
         raise PlanError("--per-worker applies only to --strategy batched")
+    args.output = args.output or "plan.json"
     plan = rescale(args.state_dir, workers=args.workers, strategy=args.strategy, gap=args.gap,
-                   balance=args.balance, per_worker=args.per_worker, target=args.target)
+                   balance=args.balance or "keys", per_worker=args.per_worker,
+                   target=args.target)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=1))
     else:
@@ -122,6 +142,49 @@ def run(args: argparse.Namespace) -> int:
         return 0
     plan.save(args.output)
     if not args.json:
+        print(f"wrote {args.output} (routing version {plan.base_version} -> "
+              f"{plan.end_version}); apply it with: megaphone migrate {args.output} "
+              f"--state-dir {args.state_dir}")
+    return 0
+
+
+def run_ds2(args: argparse.Namespace) -> int:
+    """``plan --ds2``: print DS2's decision on the last window; with ``-o`` write its plan."""
+    from megaphone.migrator.autoscale import Policy, decide_once, explain
+    from megaphone.migrator.statedir import StateDir
+    from megaphone.plans.plan import PlanError
+    from megaphone.plans.rescale import committed_table, rescale
+
+    if args.window <= 0:
+        raise PlanError(f"--window must be > 0 seconds, got {args.window}")
+    policy = Policy(interval_s=args.window, strategy=args.strategy or "fluid", gap=args.gap,
+                    per_worker=args.per_worker, balance=args.balance or "load")
+    if args.per_worker != 1 and policy.strategy != BATCHED:
+        raise PlanError("--per-worker applies only to --strategy batched")
+    state = StateDir.open(args.state_dir)
+    commit = state.read_commit()
+    table = committed_table(state, commit.state_version)
+    decision = decide_once(state.read_metrics(), len(table.workers()), policy,
+                           source_rate=args.source_rate, num_bins=table.num_bins,
+                           in_flight=len(commit.plans))
+    if args.json:
+        print(json.dumps(decision.to_dict(), indent=1))
+    else:
+        print(f"DS2 for pipeline {state.fingerprint.pipeline_id}")
+        print(explain(decision))
+    if args.output is None or decision.action != "scale":
+        if args.output is not None and not args.json:
+            print("no plan written: DS2 does not rescale now")
+        return 0
+    plan = rescale(args.state_dir, workers=decision.target, strategy=policy.strategy,
+                   gap=policy.gap, balance=policy.balance, per_worker=policy.per_worker)
+    if not plan.steps:
+        print("no plan written: nothing to move")
+        return 0
+    plan.save(args.output)
+    if not args.json:
+        print()
+        print(summary(plan.meta, plan.fingerprint.pipeline_id))
         print(f"wrote {args.output} (routing version {plan.base_version} -> "
               f"{plan.end_version}); apply it with: megaphone migrate {args.output} "
               f"--state-dir {args.state_dir}")

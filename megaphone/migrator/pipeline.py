@@ -312,6 +312,18 @@ class Pipeline:
             self.state_dir.write_commit(self._commit)
         return handle
 
+    def autoscale(self, policy: Any = None, **kw: Any) -> Any:
+        """Turn on DS2 autoscaling: a started controller that rescales this pipeline live.
+
+        ``policy`` is a :class:`megaphone.migrator.autoscale.Policy`; ``kw`` go to
+        :class:`~megaphone.migrator.autoscale.DS2Controller` (e.g. ``source_rate=``). Every
+        policy interval it measures the workers' true rates and submits a rescale plan when
+        DS2 says so; ``controller.stop()`` turns it off, ``controller.decisions`` explains it.
+        """
+        from megaphone.migrator.autoscale import DS2Controller
+
+        return DS2Controller(self, policy, **kw).start()
+
     def close(self) -> None:
         """Stop a running stream, release the state directory's lock and forget the pipeline."""
         self.stop()
