@@ -130,6 +130,7 @@ class Config:
     cooldown: int
     steady_epochs: int
     per_worker: int
+    gap: int
     out: Path
     state_root: Path
     keep_state: bool
@@ -164,6 +165,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cooldown", type=int, help="epochs after the last reconfiguration")
     p.add_argument("--steady-epochs", type=int, help="measured epochs of steady and native")
     p.add_argument("--per-worker", type=int, help="bins per worker per step of batched")
+    p.add_argument("--gap", type=int, default=0,
+                   help="idle epochs between the steps of fluid and batched (flow control)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
     p.add_argument("--state-root", type=Path, help="state directories (default OUT/state)")
     p.add_argument("--keep-state", action="store_true", help="keep the runs' state dirs")
@@ -193,7 +196,8 @@ def resolve(args: argparse.Namespace) -> Config:
         keys=args.keys, rate=pick("rate"), interval=pick("interval"), workers=pick("workers"),
         bins=pick("bins"), scenario=args.scenario, runs=runs, warmup=pick("warmup"),
         pre=pick("pre"), hold=pick("hold"), cooldown=pick("cooldown"),
-        steady_epochs=pick("steady_epochs"), per_worker=pick("per_worker"), out=args.out,
+        steady_epochs=pick("steady_epochs"), per_worker=pick("per_worker"), gap=args.gap,
+        out=args.out,
         state_root=args.state_root or args.out / "state", keep_state=args.keep_state,
         backend=args.backend, master=args.master, driver_memory=args.driver_memory,
         native_preload_max=args.native_preload_max, progress=not args.no_progress,
@@ -270,11 +274,11 @@ def open_pipeline(ctx: Context, path: Path) -> Pipeline:
                     backend=ctx.cfg.backend)
 
 
-def plan_for(pipe: Pipeline, target: Target, strategy: str, per_worker: int):
+def plan_for(pipe: Pipeline, target: Target, strategy: str, per_worker: int = 1, gap: int = 0):
     """A plan from the pipeline's current routing to ``target`` with ``strategy``."""
     if isinstance(target, int):
-        return rescale(pipe, workers=target, strategy=strategy, per_worker=per_worker)
-    return rescale(pipe, target=target, strategy=strategy, per_worker=per_worker)
+        return rescale(pipe, workers=target, strategy=strategy, per_worker=per_worker, gap=gap)
+    return rescale(pipe, target=target, strategy=strategy, per_worker=per_worker, gap=gap)
 
 
 def check_total(total: int | None, expected: int, run: str) -> str:
@@ -371,7 +375,7 @@ class LiveRun:
             duration_s=finished - started, bins_moved=int(m["bins_moved"]),
             keys_moved=int(m["keys_moved"]), bytes_moved=int(m["bytes_moved"]),
             rss_driver_mb=round(rss.driver, 1), rss_jvm_mb=round(rss.jvm, 1),
-            rss_workers_mb=round(rss.workers, 1))
+            rss_workers_mb=round(rss.workers, 1), load1=load_avg())
 
     def _maybe_reconfigure(self, pipe: Pipeline, epoch: int) -> Pipeline:
         if self.handle is not None or not self.pending or epoch < self.next_start:
@@ -379,7 +383,8 @@ class LiveRun:
         label, target = self.pending.pop(0)
         start = time.time()
         if self.mode == "live":
-            plan = plan_for(pipe, target, self.strategy, self.cfg.per_worker)
+            gap = self.cfg.gap if self.strategy != "all-at-once" else 0
+            plan = plan_for(pipe, target, self.strategy, self.cfg.per_worker, gap)
             self.handle = pipe.migrate(plan)
             self.window = Window(label, start - self.t0, math.nan)
             self.notes.append(f"{label}: {len(plan.steps)} step(s), {plan.meta['bins_moved']} "
@@ -389,7 +394,7 @@ class LiveRun:
 
     def _pause_and_restart(self, pipe: Pipeline, label: str, target: Target, start: float,
                            epoch: int) -> Pipeline:
-        plan = plan_for(pipe, target, "all-at-once", 1)
+        plan = plan_for(pipe, target, "all-at-once")
         pipe.close()
         stopped = time.time()
         handle = migrate_offline(str(self.path), plan)
@@ -410,7 +415,6 @@ class LiveRun:
         if self.window is not None:
             self.window.keys_moved += row.keys_moved
             self.window.bytes_moved += row.bytes_moved
-            self.window.busy_s += row.duration_s if row.bins_moved else 0.0
         if self.handle is not None and self.handle.done:
             self.handle.wait(0)  # raises the plan's error, if it failed
             assert self.window is not None
@@ -494,7 +498,10 @@ def run_native(ctx: Context) -> RunResult:
 
 
 def _native_query(ctx: Context, root: Path, batches: int) -> tuple[list[dict], list]:
-    """Run the streaming count until ``batches`` batches ran; their progress and peak RSS."""
+    """Run the streaming count until ``batches`` batches ran.
+
+    Returns their progress reports and, per batch, ``(peak RSS, load average)``.
+    """
     cfg, spark = ctx.cfg, ctx.spark
     query = (spark.readStream.schema("key long").option("maxFilesPerTrigger", 1)
              .parquet(str(root / "input")).groupBy("key").count()
@@ -513,7 +520,7 @@ def _native_query(ctx: Context, root: Path, batches: int) -> tuple[list[dict], l
                 last = query.lastProgress
                 if last is not None and last["batchId"] > seen:
                     for b in range(seen + 1, last["batchId"] + 1):
-                        rss[b] = ctx.sampler.take_peak()
+                        rss[b] = (ctx.sampler.take_peak(), load_avg())
                     bar.update(last["batchId"] - seen)
                     seen = last["batchId"]
                 time.sleep(0.05)
@@ -541,20 +548,37 @@ def _iso_seconds(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
+def native_schedule(starts: list[float], interval: float, slack: float = 0.1) -> list[float]:
+    """The end of every native batch's input interval, from the batches' trigger times.
+
+    Spark triggers a processing-time query on wall-clock multiples of the interval, or at
+    once when the previous batch overran. The first batch that starts on such a boundary
+    (within ``slack`` seconds) anchors the schedule: batch ``j`` then ends its interval at
+    ``anchor + (j - ref) * interval``. From the anchor on, no batch can start before its
+    boundary, so late batches show their backlog exactly as in the megaphone harness.
+    """
+    ref = next((j for j, t in enumerate(starts) if (t % interval) < slack), None)
+    if ref is None:  # every batch overran: the first one's start anchors the schedule
+        ref, anchor = 0, starts[0]
+    else:
+        anchor = starts[ref] - starts[ref] % interval
+    return [anchor + (j - ref) * interval for j in range(len(starts))]
+
+
 def _native_rows(cfg: Config, progress: list[dict], rss: list) -> list[EpochRow]:
-    first = _iso_seconds(progress[0]["timestamp"])
-    t0 = first - cfg.interval  # epoch 0's interval ends at its trigger
+    starts = [_iso_seconds(p["timestamp"]) for p in progress]
+    ends = native_schedule(starts, cfg.interval)
+    t0 = ends[0] - cfg.interval
     rows = []
-    for e, (p, peak) in enumerate(zip(progress, rss, strict=True)):
-        started = _iso_seconds(p["timestamp"])
+    for e, (p, (peak, load)) in enumerate(zip(progress, rss, strict=True)):
+        started = starts[e]
         duration = p["durationMs"]["triggerExecution"] / 1000.0
-        end = t0 + (e + 1) * cfg.interval
         rows.append(EpochRow(
-            run="native", epoch=e, interval_end_s=end - t0, started_s=started - t0,
+            run="native", epoch=e, interval_end_s=ends[e] - t0, started_s=started - t0,
             finished_s=started + duration - t0, records=int(p["numInputRows"]),
-            latency_s=started + duration - end, duration_s=duration,
+            latency_s=started + duration - ends[e], duration_s=duration,
             rss_driver_mb=round(peak.driver, 1), rss_jvm_mb=round(peak.jvm, 1),
-            rss_workers_mb=round(peak.workers, 1)))
+            rss_workers_mb=round(peak.workers, 1), load1=load))
     return rows
 
 
@@ -730,7 +754,8 @@ def write_summary(ctx: Context, results: list[RunResult], info: dict[str, Any]) 
         f"({cfg.per_epoch:,} records), keyed count, {cfg.keys:,} keys bulk-loaded "
         f"(count 1; {load}), {cfg.workers} workers, {cfg.bins} bins, backend "
         f"{cfg.backend}, scenario {cfg.scenario}, warm-up {cfg.warmup} epochs, batched "
-        f"per_worker={cfg.per_worker}, Spark master {cfg.master}.",
+        f"per_worker={cfg.per_worker}, gap {cfg.gap} epochs between steps of fluid and "
+        f"batched, Spark master {cfg.master}.",
         "",
         stats_table([stats[r.name] for r in results], ref),
         "",
@@ -746,8 +771,9 @@ def write_summary(ctx: Context, results: list[RunResult], info: dict[str, Any]) 
         "",
         "Run notes:",
         "",
-        *[f"- {r.name}: load avg {r.load_avg[0]:.1f} -> {r.load_avg[1]:.1f}; "
-          + "; ".join(r.notes) for r in results],
+        *[f"- {r.name}: load average {r.load_avg[0]:.1f} at the start, {r.load_avg[1]:.1f} at "
+          f"the end, {stats[r.name]['load_mean']:.1f} on average; " + "; ".join(r.notes)
+          for r in results],
         "",
     ]
     text = "\n".join(lines)

@@ -25,7 +25,11 @@ RUN_ORDER = ("steady", "all-at-once", "fluid", "batched", "pause-restart", "nati
 
 @dataclass
 class EpochRow:
-    """One epoch of one run; times are seconds since the run's start ``t0``."""
+    """One epoch of one run; times are seconds since the run's start ``t0``.
+
+    ``load1`` is the machine's one-minute load average when the epoch ended: anything else
+    running on the machine shows there.
+    """
 
     run: str
     epoch: int
@@ -41,6 +45,7 @@ class EpochRow:
     rss_driver_mb: float = 0.0
     rss_jvm_mb: float = 0.0
     rss_workers_mb: float = 0.0
+    load1: float = 0.0
     phase: str = STEADY
 
     @property
@@ -53,8 +58,9 @@ class EpochRow:
 class Window:
     """A reconfiguration in progress from ``start_s`` to ``end_s`` (seconds since ``t0``).
 
-    ``busy_s`` is the time spent moving state: the durations of the epochs that moved bins
-    (live strategies) or the offline migration itself (pause-and-restart).
+    ``busy_s`` is the time spent moving state when it can be told apart (the offline migration
+    of pause-and-restart); for live strategies :func:`run_stats` estimates it as the time the
+    epochs that moved bins took beyond a steady epoch's median.
     """
 
     label: str
@@ -124,7 +130,9 @@ def run_stats(result: RunResult) -> dict[str, Any]:
     migration_s = sum(w.end_s - w.start_s for w in result.windows)
     keys = sum(w.keys_moved for w in result.windows)
     nbytes = sum(w.bytes_moved for w in result.windows)
-    busy = sum(w.busy_s for w in result.windows)
+    base = pct([r.duration_s for r in steady], 50)
+    extra = sum(max(0.0, r.duration_s - base) for r in result.rows if r.bins_moved)
+    busy = sum(w.busy_s for w in result.windows) or (extra if math.isfinite(extra) else 0.0)
     measured = [r for r in result.rows if r.phase != WARMUP]
     records = sum(r.records for r in measured)
     busy_all = sum(r.duration_s for r in measured)
@@ -146,6 +154,7 @@ def run_stats(result: RunResult) -> dict[str, Any]:
         "rss_mig": max((r.rss_total_mb for r in during), default=math.nan),
         "rss_workers_steady": max((r.rss_workers_mb for r in steady), default=math.nan),
         "rss_workers_mig": max((r.rss_workers_mb for r in during), default=math.nan),
+        "load_mean": float(np.mean([r.load1 for r in result.rows])) if result.rows else 0.0,
         "check": result.check,
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -216,6 +217,30 @@ def test_epoch_overhead_headroom_and_bounds():
     assert (d.proposed, d.target, d.action) == (1, 2, "scale")
 
 
+def test_epoch_overhead_is_the_median_of_the_epochs_since_the_last_rescale():
+    pipe = FakePipe(workers=2)
+    pipe.run(5, rate=1000, overhead=0.4)  # before the rescale: not part of the measure
+    pipe.run(1, rate=1000, moved=2)
+    pipe.run(2, rate=1000, overhead=0.1)
+    ctl = controller(pipe, activation=9)
+    ctl.step(pipe.now)
+    pipe.run(1, rate=1000, overhead=0.2)
+    d = ctl.step(pipe.now)
+    assert d.epochs == (8, 8)  # the window is the last epoch; the overhead uses 3 epochs
+    assert d.numbers["overhead"] == pytest.approx(0.1)
+    pipe.run(1, rate=1000, overhead=0.3)
+    pipe.run(1, rate=1000, overhead=0.3)
+    assert ctl.step(pipe.now).numbers["overhead"] == pytest.approx(0.2)  # median of 5
+    # A controller started on a running pipeline does not measure the epochs before it.
+    fresh = FakePipe(workers=2)
+    fresh.run(3, rate=1000, overhead=0.45)  # e.g. a cold start
+    started = controller(fresh, activation=9)
+    started.start()
+    started.stop()
+    fresh.run(2, rate=1000, overhead=0.05)
+    assert started.step(fresh.now).numbers["overhead"] == pytest.approx(0.05)
+
+
 def test_source_rate_override_and_wall_time_fallback():
     pipe = FakePipe(workers=2)
     pipe.run(3, rate=1000, event_time=False)
@@ -340,6 +365,12 @@ def test_step_decides_and_submits_a_plan_that_completes_on_spark(spark, tmp_path
         out = capsys.readouterr().out
         assert code == 0 and "decision    scale: 1 -> " in out and "DS2         ceil(" in out
         assert (tmp_path / "ds2.json").exists()
+        # Measured from the record: 100 records per 1 s of event time.
+        code = main(["plan", "--ds2", "--state-dir", str(tmp_path / "state"), "--window", "1e6",
+                     "--json"])
+        shown = json.loads(capsys.readouterr().out)
+        assert code == 0 and shown["numbers"]["source"] == "event-time"
+        assert shown["source_rate"] == pytest.approx(100.0) and shown["current"] == 1
 
         policy = Policy(activation=1, warmup_epochs=0, max_workers=3, strategy="all-at-once")
         ctl = DS2Controller(pipe, policy, source_rate=1500.0)

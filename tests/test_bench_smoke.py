@@ -74,3 +74,29 @@ def test_workload_matches_spark(spark, migration) -> None:
     workload = migration.Workload(keys=1000, per_epoch=500)
     from_jvm = sorted(r.key for r in workload.frame(spark, 3).collect())
     assert from_jvm == sorted(workload.keys_of(3).tolist())
+
+
+def test_native_schedule_anchors_on_the_first_on_time_trigger(migration) -> None:
+    # Two batches catch up after the preload, then triggers fall on 2 s boundaries; the
+    # fifth overran its interval and the sixth started late.
+    starts = [1001.55, 1002.7, 1004.01, 1006.0, 1008.0, 1010.9]
+    assert migration.native_schedule(starts, 2.0) == [1000.0, 1002.0, 1004.0, 1006.0, 1008.0,
+                                                      1010.0]
+    assert migration.native_schedule([1.55, 2.7], 2.0) == [1.55, 3.55]  # never on time
+
+
+def test_phases_cover_window_and_backlog(migration) -> None:
+    import report
+
+    def row(e: int, start: float, finish: float):
+        return report.EpochRow("x", e, e + 1.0, start, finish, 10, finish - e - 1.0,
+                               finish - start)
+
+    rows = [row(0, 1.0, 1.5), row(1, 2.0, 2.5), row(2, 3.0, 7.0), row(3, 7.0, 7.8),
+            row(4, 7.8, 8.4), row(5, 8.4, 8.9), row(6, 8.9, 9.5), row(7, 9.5, 9.9),
+            row(8, 9.9, 9.95), row(9, 10.0, 10.3)]
+    report.label_phases(rows, [report.Window("out", 3.0, 7.0)], warmup=1)
+    # Epochs 2-6 ran in the window or their input ended in it; 7-8 still worked off the
+    # backlog; 9 started on time again.
+    assert [r.phase for r in rows] == ["warmup", "steady", *["migration"] * 5, "drain", "drain",
+                                       "steady"]

@@ -19,15 +19,18 @@ Two adaptations of DS2 to micro-batches, both visible in every decision's number
   the window's wall time (exact when every micro-batch takes all input that arrived since the
   previous one, as Structured Streaming does; an underestimate when the harness queues
   fixed-size epochs behind a slow one).
-* **epoch overhead.** An epoch costs fixed time outside any worker's useful time (job launch,
-  shuffle, commit: ``duration_s`` minus the slowest worker's ``useful_s``). Of each input
-  interval, that fraction ``f`` is not available for processing, so with
-  ``Policy.epoch_overhead`` DS2 is asked to sustain ``source_rate / (1 - f)``;
-  ``Policy.headroom`` adds a further margin (e.g. to drain a backlog).
+* **epoch overhead.** An epoch takes longer than its workers' mean useful time: fixed costs
+  outside any worker (job launch, shuffle, commit) and the wait for the slowest worker
+  (``duration_s`` minus the mean ``useful_s``). Of each input interval, that fraction ``f`` is
+  not available for processing, so with ``Policy.epoch_overhead`` DS2 is asked to sustain
+  ``source_rate / (1 - f)``. Sized exactly, a pipeline keeps up but never drains a backlog;
+  ``Policy.headroom`` provisions for ``(1 + headroom)`` times the rate (as the target
+  utilization of Flink's DS2-based autoscaler does) so a backlog built while deciding drains.
 
 Every evaluation produces a :class:`Decision` (kept in ``controller.decisions`` and logged on
-the ``megaphone.autoscale`` logger) with the window, the rates, the current and target worker
-counts and the action taken. ``step(now)`` evaluates once, deterministically (tests drive it);
+the ``megaphone.autoscale`` logger, at INFO when a decision was taken and at DEBUG while a plan
+runs or the window is empty) with the window, the rates, the current and target worker counts
+and the action taken. ``step(now)`` evaluates once, deterministically (tests drive it);
 ``start()`` runs it every ``Policy.interval_s`` in a daemon thread.
 
 >>> controller = pipe.autoscale(Policy(interval_s=10, activation=2))  # doctest: +SKIP
@@ -40,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +64,14 @@ log = logging.getLogger("megaphone.autoscale")
 #: it more workers cannot help (the epochs are too short for their fixed cost), so DS2 is not
 #: asked to make up for more.
 MAX_OVERHEAD = 0.5
+#: Settled epochs (at the current configuration) the epoch-overhead share is the median of:
+#: it is a property of the configuration, and one epoch's share is noisy (scheduling jitter,
+#: a cold start, a GC pause), so one window's epochs alone make the decision flicker.
+OVERHEAD_EPOCHS = 10
+#: Decisions a controller keeps (the oldest are dropped): about a day at a 10 s interval.
+MAX_DECISIONS = 10_000
+#: Evaluations that took no decision (logged at DEBUG; the others at INFO).
+_NO_DECISION = ("in-flight", "warmup", "no-data")
 
 Metrics = Mapping[str, Any]
 #: ``source_rate(window_epochs) -> records/s``: a user's measure of the input rate.
@@ -126,13 +138,16 @@ class Window:
 
     ``epochs``: the metrics records counted (warm-up left out), oldest first; ``previous``: the
     record just before the first of them (its end marks where the window's input begins), if
-    known; ``skipped``: warm-up epochs left out; ``seen_through``: the last epoch looked at.
+    known; ``skipped``: warm-up epochs left out; ``seen_through``: the last epoch looked at;
+    ``history``: up to :data:`OVERHEAD_EPOCHS` settled epochs since the last rescale, ending
+    with the window's last (what the epoch overhead is measured over; the window if empty).
     """
 
     epochs: tuple[Metrics, ...]
     previous: Metrics | None = None
     skipped: int = 0
     seen_through: int = -1
+    history: tuple[Metrics, ...] = ()
 
     @property
     def span(self) -> tuple[int, int] | None:
@@ -215,24 +230,33 @@ def _warm(m: Metrics, moved: Metrics | None, policy: Policy) -> bool:
     return float(m.get("started") or 0) < float(moved.get("finished") or 0) + policy.warmup_s
 
 
-def _window(metrics: Sequence[Metrics], candidates: list[Metrics], policy: Policy) -> Window:
+def _window(metrics: Sequence[Metrics], candidates: list[Metrics], policy: Policy,
+            history_after: int = -1) -> Window:
     moved_epoch = last_move_epoch(metrics)
     moved = next((m for m in metrics if int(m["epoch"]) == moved_epoch), None)
     counted = [m for m in candidates if not _warm(m, moved, policy)]
     previous = None
+    history: list[Metrics] = []
     if counted:
-        first = int(counted[0]["epoch"])
+        first, last = int(counted[0]["epoch"]), int(counted[-1]["epoch"])
         previous = next((m for m in metrics if int(m["epoch"]) == first - 1), None)
+        history = [m for m in metrics if history_after < int(m["epoch"]) <= last
+                   and not _warm(m, moved, policy)][-OVERHEAD_EPOCHS:]
     seen = max((int(m["epoch"]) for m in candidates), default=-1)
-    return Window(tuple(counted), previous, len(candidates) - len(counted), seen)
+    return Window(tuple(counted), previous, len(candidates) - len(counted), seen,
+                  tuple(history))
 
 
 def select_window(metrics: Sequence[Metrics], after_epoch: int, now: float,
-                  policy: Policy) -> Window:
-    """The epochs after ``after_epoch`` that finished by ``now``, warm-up left out."""
+                  policy: Policy, history_after: int = -1) -> Window:
+    """The epochs after ``after_epoch`` that finished by ``now``, warm-up left out.
+
+    The window's ``history`` starts after ``history_after`` (e.g. the epoch at which the
+    controller started, so a cold start before it is not measured).
+    """
     candidates = [m for m in metrics if int(m["epoch"]) > after_epoch
                   and float(m.get("finished") or 0) <= now]
-    return _window(metrics, candidates, policy)
+    return _window(metrics, candidates, policy, history_after)
 
 
 def last_window(metrics: Sequence[Metrics], policy: Policy) -> Window:
@@ -284,19 +308,23 @@ def input_span(window: Window) -> tuple[float, int, float, str]:
 
 
 def epoch_overhead(window: Window, interval_s: float) -> float:
-    """Mean share of an epoch's input interval spent outside the slowest worker's useful time.
+    """Share of an epoch's input interval its workers are not useful, on average.
 
-    Per epoch the overhead is ``duration_s - max_w useful_s`` (job launch, shuffle, commit);
-    ``interval_s`` is the input time one epoch covers. Capped at :data:`MAX_OVERHEAD`.
+    Per epoch the overhead is ``duration_s`` minus the mean ``useful_s`` of the workers that
+    had useful time: fixed costs (job launch, shuffle, commit) plus waiting for the slowest
+    worker. The result is the median over ``window.history`` (the window's epochs if that is
+    empty) divided by ``interval_s``, the input time one epoch covers; the median, so one slow
+    epoch does not move it. Capped at :data:`MAX_OVERHEAD`.
     """
     lost = []
-    for m in window.epochs:
+    for m in window.history or window.epochs:
         useful = [float(wm.get("useful_s") or 0) for wm in (m.get("per_worker") or {}).values()
-                  if isinstance(wm, Mapping)]
-        lost.append(max(0.0, float(m.get("duration_s") or 0) - max(useful, default=0.0)))
+                  if isinstance(wm, Mapping) and (wm.get("useful_s") or 0) > 0]
+        mean = sum(useful) / len(useful) if useful else 0.0
+        lost.append(max(0.0, float(m.get("duration_s") or 0) - mean))
     if not lost or interval_s <= 0:
         return 0.0
-    return min(MAX_OVERHEAD, sum(lost) / len(lost) / interval_s)
+    return min(MAX_OVERHEAD, statistics.median(lost) / interval_s)
 
 
 def ds2_proposal(window: Window, policy: Policy,
@@ -447,6 +475,7 @@ class Autoscaler:
         self._planner = planner or self._rescale
         self._clock = clock
         self._seen = -1
+        self._since = -1  # epochs up to this one predate the controller (see start())
         self._streak: list[int] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -464,7 +493,7 @@ class Autoscaler:
         with self._lock:
             metrics = self.pipe.metrics()
             current = len(self.pipe.routing.workers())
-            window = select_window(metrics, self._seen, now, self.policy)
+            window = select_window(metrics, self._seen, now, self.policy, self._since)
             self._seen = max(self._seen, window.seen_through)
             base = {"time": now, "current": current, "epochs": window.span,
                     "skipped": window.skipped}
@@ -525,8 +554,8 @@ class Autoscaler:
 
     def _record(self, decision: Decision) -> Decision:
         self.decisions.append(decision)
-        level = logging.INFO if decision.action in ("scale", "pending", "error") else \
-            logging.DEBUG
+        del self.decisions[:-MAX_DECISIONS]
+        level = logging.DEBUG if decision.action in _NO_DECISION else logging.INFO
         log.log(level, "%s %s", type(self).__name__, decision.describe())
         return decision
 
@@ -543,6 +572,7 @@ class Autoscaler:
             return self
         self._stop.clear()
         self._seen = max((int(m["epoch"]) for m in self.pipe.metrics()), default=-1)
+        self._since = self._seen
         self._thread = threading.Thread(target=self._loop, name="megaphone-autoscale",
                                         daemon=True)
         self._thread.start()
@@ -583,7 +613,9 @@ class DS2Controller(Autoscaler):
 
 
 __all__ = [
+    "MAX_DECISIONS",
     "MAX_OVERHEAD",
+    "OVERHEAD_EPOCHS",
     "Autoscaler",
     "DS2Controller",
     "Decision",
