@@ -66,11 +66,13 @@ from report import (
     fmt_mb,
     fmt_x,
     label_phases,
+    load_result,
     ms,
     plot_timelines,
     rate,
     ratio,
     run_stats,
+    save_result,
     secs,
     stats_table,
     write_csv,
@@ -134,6 +136,7 @@ class Config:
     out: Path
     state_root: Path
     keep_state: bool
+    merge: bool
     backend: str
     master: str
     driver_memory: str
@@ -170,6 +173,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
     p.add_argument("--state-root", type=Path, help="state directories (default OUT/state)")
     p.add_argument("--keep-state", action="store_true", help="keep the runs' state dirs")
+    p.add_argument("--merge", action="store_true",
+                   help="report together with the runs an earlier invocation saved in --out "
+                        "with the same settings (run long benchmarks one run at a time)")
     p.add_argument("--backend", choices=("rocksdb", "memory"), default="rocksdb")
     p.add_argument("--master", default="local[*]", help="Spark master")
     p.add_argument("--driver-memory", default="4g", help="JVM heap (spark.driver.memory)")
@@ -199,6 +205,7 @@ def resolve(args: argparse.Namespace) -> Config:
         steady_epochs=pick("steady_epochs"), per_worker=pick("per_worker"), gap=args.gap,
         out=args.out,
         state_root=args.state_root or args.out / "state", keep_state=args.keep_state,
+        merge=args.merge,
         backend=args.backend, master=args.master, driver_memory=args.driver_memory,
         native_preload_max=args.native_preload_max, progress=not args.no_progress,
         profile=profile,
@@ -585,25 +592,29 @@ def _native_rows(cfg: Config, progress: list[dict], rss: list) -> list[EpochRow]
 # -- setup -----------------------------------------------------------------------------------
 
 
-def prepare_template(cfg: Config, spark) -> tuple[Path, int, float]:
+def prepare_template(cfg: Config, spark) -> tuple[Path, int, str]:
     """The bulk-loaded state every run starts from, reused when its settings match.
 
-    Returns ``(path, initial total count, seconds spent loading (0 when reused))``.
+    Returns ``(path, initial total count, how it was made)``; the load time is kept next to
+    the template so later invocations can still report it.
     """
     template = cfg.state_root / "template"
     marker = cfg.state_root / "template.json"
     wanted = {"keys": cfg.keys, "workers": cfg.workers, "bins": cfg.bins,
               "backend": cfg.backend, "value": 1}
-    if template.exists() and marker.exists() and json.loads(marker.read_text()) == wanted:
-        return template, cfg.keys, 0.0
+    if template.exists() and marker.exists():
+        saved = json.loads(marker.read_text())
+        if saved.get("setup") == wanted:
+            return template, cfg.keys, f"loaded in {saved['load_s']:.1f} s, reused"
     shutil.rmtree(template, ignore_errors=True)
     marker.unlink(missing_ok=True)
     cfg.state_root.mkdir(parents=True, exist_ok=True)
     started = time.time()
     total = create_loaded(spark, template, cfg.keys, cfg.workers, cfg.bins, cfg.backend,
                           progress=cfg.progress)
-    marker.write_text(json.dumps(wanted))
-    return template, total, time.time() - started
+    took = time.time() - started
+    marker.write_text(json.dumps({"setup": wanted, "load_s": took}))
+    return template, total, f"loaded in {took:.1f} s"
 
 
 def prime(ctx: Context) -> None:
@@ -742,11 +753,11 @@ def write_summary(ctx: Context, results: list[RunResult], info: dict[str, Any]) 
     stats = {r.name: run_stats(r) for r in results}
     steady = stats.get("steady")
     ref = steady["steady_p99"] if steady else math.nan
-    load = f"loaded in {info['load_s']:.1f} s" if info["load_s"] else "template reused"
+    load = info["loaded"]
     lines = [
         f"# Migration benchmark: {cfg.keys:,} keys",
         "",
-        f"Command: `{info['command']}`",
+        "Commands: " + ", ".join(sorted({f"`{r.command}`" for r in results})),
         "",
         f"Machine: {info['machine']}",
         "",
@@ -798,29 +809,51 @@ def run_all(cfg: Config, spark, command: str) -> list[RunResult]:
     sampler.start()
     try:
         spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
-        template, total, load_s = prepare_template(cfg, spark)
+        template, total, loaded = prepare_template(cfg, spark)
         workload = Workload(cfg.keys, cfg.per_epoch)
         ctx = Context(cfg, spark, workload, template, total, sampler)
         ctx.backend_rates = measure_backend(cfg, template)
         prime(ctx)
-        results = []
+        results: dict[str, RunResult] = earlier_runs(cfg) if cfg.merge else {}
         for name in [r for r in RUN_ORDER if r in cfg.runs]:
             result = run_one(ctx, name)
+            result.command = command
             write_csv(cfg.out / f"{name}.csv", result.rows)
-            results.append(result)
+            save_result(cfg.out / f"{name}.json", result, setup_key(cfg))
+            results[name] = result
             s = run_stats(result)
             print(f"{name:>14}: steady p99 {ms(s['steady_p99'])} ms, max during migration "
                   f"{ms(s['mig_max'])} ms, migration {secs(s['migration_s'])} s, {result.check}",
                   flush=True)
     finally:
         sampler.stop()
+    results = [results[name] for name in RUN_ORDER if name in results]
     steady = next((run_stats(r) for r in results if r.name == "steady"), None)
     ref = 1.5 * steady["steady_p99"] if steady else math.nan
     plot_timelines(cfg.out / "latency.png", results, "latency", ref)
     plot_timelines(cfg.out / "memory.png", results, "rss")
-    info = {"command": command, "machine": machine(), "load_s": load_s}
+    info = {"command": command, "machine": machine(), "loaded": loaded}
     print(write_summary(ctx, results, info), flush=True)
     return results
+
+
+def setup_key(cfg: Config) -> dict[str, Any]:
+    """The settings runs must share to be compared (and merged from earlier invocations)."""
+    return {k: getattr(cfg, k) for k in (
+        "keys", "rate", "interval", "workers", "bins", "scenario", "warmup", "pre", "hold",
+        "cooldown", "steady_epochs", "per_worker", "gap", "backend", "master")}
+
+
+def earlier_runs(cfg: Config) -> dict[str, RunResult]:
+    """Runs saved in ``--out`` by earlier invocations with the same setup (``--merge``)."""
+    found = {}
+    for name in RUN_ORDER:
+        path = cfg.out / f"{name}.json"
+        if name not in cfg.runs and path.exists():
+            result = load_result(path, setup_key(cfg))
+            if result is not None:
+                found[name] = result
+    return found
 
 
 def run_one(ctx: Context, name: str) -> RunResult:

@@ -10,6 +10,7 @@ cover ``migration`` and ``drain`` epochs.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -82,6 +83,24 @@ class RunResult:
     check: str = ""
     notes: list[str] = field(default_factory=list)
     load_avg: tuple[float, float] = (0.0, 0.0)
+    command: str = ""
+
+
+def save_result(path: Path, result: RunResult, setup: dict[str, Any]) -> None:
+    """Write a run (every epoch, window and note) as JSON, with the ``setup`` it ran under."""
+    path.write_text(json.dumps({"setup": setup, "result": asdict(result)}, indent=0))
+
+
+def load_result(path: Path, setup: dict[str, Any]) -> RunResult | None:
+    """A run saved by :func:`save_result`, or ``None`` if it ran under another setup."""
+    data = json.loads(path.read_text())
+    if data.get("setup") != setup:
+        return None
+    raw = data["result"]
+    rows = [EpochRow(**row) for row in raw.pop("rows")]
+    windows = [Window(**w) for w in raw.pop("windows")]
+    raw["load_avg"] = tuple(raw["load_avg"])
+    return RunResult(rows=rows, windows=windows, **raw)
 
 
 def label_phases(rows: list[EpochRow], windows: Sequence[Window], warmup: int) -> None:
