@@ -279,6 +279,7 @@ class EpochRow:
     keys_moved: int
     records_out: int
     in_flight: int
+    load_avg: float  # the machine's 1-minute load average when the epoch finished
 
 
 @dataclass
@@ -335,11 +336,11 @@ def run_policy(spark: SparkSession, cfg: Config, name: str) -> RunResult:
                 latency_s=done - end, duration_s=m["duration_s"], workers=m["workers"],
                 routing_version=m["routing_version"], bins_moved=m["bins_moved"],
                 keys_moved=m["keys_moved"], records_out=m["records_out"],
-                in_flight=len(pipe.in_flight),
+                in_flight=len(pipe.in_flight), load_avg=round(os.getloadavg()[0], 2),
             ))
             print(f"{name:9s} e{e:3d} t={done - t0:6.1f}s rate {rate:6.0f} workers "
-                  f"{m['workers']} latency {done - end:6.2f}s moved {m['bins_moved']:2d} bins",
-                  flush=True)
+                  f"{m['workers']} latency {done - end:6.2f}s moved {m['bins_moved']:2d} bins "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         if controller is not None:
             controller.stop()
@@ -505,14 +506,15 @@ def summary_md(cfg: Config, results: Sequence[RunResult]) -> str:
                 f"{p['latency_last_quarter_s']} |")
     lines += ["", "| policy | scaling actions | epochs moving state | epochs while a plan ran | "
               "epochs without output during plans | min outputs in such an epoch | bins moved "
-              "| records fed = state total |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+              "| records fed = state total | mean load avg |",
+              "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in results:
         m = r.stats["migration"]
         lines.append(
             f"| {r.name} | {r.stats['actions']} | {m['epochs_moving_state']} | "
             f"{m['epochs_during_plans']} | {m['epochs_without_output_during_plans']} | "
             f"{m['min_records_out_during_plans']} | {m['bins_moved']} | "
-            f"{r.records_fed:,} = {r.state_total:,} |")
+            f"{r.records_fed:,} = {r.state_total:,} | {r.stats.get('load_avg_mean', '?')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -526,7 +528,8 @@ def load_results(cfg: Config) -> list[RunResult]:
                                 for k, v in row.items()}) for row in csv.DictReader(fh)]
         result = RunResult(name, rows, run["decisions"], 0.0, run["records_fed"],
                            run["records_fed"])
-        result.stats = {k: run[k] for k in ("phases", "migration", "actions")}
+        result.stats = {k: run[k] for k in ("phases", "migration", "actions", "load_avg_mean")
+                        if k in run}
         results.append(result)
     return results
 
@@ -553,7 +556,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = run_policy(spark, cfg, name)
             result.stats = {"phases": phase_stats(cfg, result),
                             "migration": migration_stats(result),
-                            "actions": sum(1 for d in result.decisions if d["action"] == "scale")}
+                            "actions": sum(1 for d in result.decisions if d["action"] == "scale"),
+                            "load_avg_mean": round(statistics.mean(r.load_avg for r in
+                                                                   result.rows), 2)}
             results.append(result)
             write_csv(cfg.out / f"{name}.csv", [asdict(r) for r in result.rows])
             write_csv(cfg.out / f"decisions-{name}.csv", result.decisions)

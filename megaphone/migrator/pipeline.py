@@ -322,10 +322,13 @@ class Pipeline:
         """
         from megaphone.migrator.autoscale import DS2Controller
 
-        return DS2Controller(self, policy, **kw).start()
+        self._autoscaler = DS2Controller(self, policy, **kw).start()
+        return self._autoscaler
 
     def close(self) -> None:
         """Stop a running stream, release the state directory's lock and forget the pipeline."""
+        if getattr(self, "_autoscaler", None) is not None:
+            self._autoscaler.stop()
         self.stop()
         if self._state is not None:
             self._state.unlock()
