@@ -12,10 +12,14 @@ distinct keys whose initial state (count 1 per key) is bulk-loaded as SST files
 After ``--warmup`` and ``--pre`` epochs a reconfiguration starts. The default scenario is the
 Megaphone paper's: half of the workers each move half of their bins to a worker of the other
 half, and once that is done (and ``--hold`` epochs later) the bins move back;
+``--scenario half-out`` makes only the first of those moves (the billion-key run);
 ``--scenario scale-out`` moves from ``W`` to ``2W`` workers instead. Runs, all on the same input:
 
 * ``steady`` -- no migration (the reference);
 * ``all-at-once``, ``fluid``, ``batched`` -- live migration with each strategy;
+* ``deadline@L`` (any number, e.g. ``--runs fluid,batched,deadline@2,deadline@4``) -- live
+  migration paced by the deadline policy with latency target ``L`` seconds; the summary then
+  also counts, for fluid, batched and each ``deadline@L``, the epochs over ``L``;
 * ``pause-restart`` -- stop the pipeline, ``migrate_offline`` the same moves, open it again
   (what a Spark user can do today); the input keeps arriving during the pause;
 * ``native`` -- Spark Structured Streaming's own ``groupBy(key).count()`` (update mode,
@@ -30,6 +34,7 @@ Outputs under ``--out``: ``<run>.csv`` per run, ``latency.png`` (and ``memory.pn
 
     python bench/migration.py --keys 1e5            # smoke: under a minute
     python bench/migration.py --keys 1e7            # the RESULTS.md run
+    python bench/migration.py --keys 1e7 --runs fluid,batched,deadline@1.5,deadline@3
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from load import clone_state_dir, create_loaded
 from procmem import RssSampler
 from report import (
+    DRAIN,
+    MIGRATION,
     RUN_ORDER,
     EpochRow,
     RunResult,
@@ -85,7 +92,9 @@ from megaphone.routing.bins import xxhash64_unsigned
 from megaphone.state_backends import open_backend
 
 LIVE_STRATEGIES = ("all-at-once", "fluid", "batched")
-SCENARIOS = ("half-and-back", "scale-out")
+#: Run name prefix of the deadline strategy: ``deadline@2.5`` has a 2.5 s latency target.
+DEADLINE_RUN = "deadline@"
+SCENARIOS = ("half-and-back", "half-out", "scale-out")
 #: Settings by size: ``smoke`` (keys < 1e6) keeps the whole benchmark under a minute.
 PROFILES: dict[str, dict[str, Any]] = {
     "smoke": {"bins": 8, "workers": 2, "rate": 2000.0, "interval": 0.5, "warmup": 1, "pre": 1,
@@ -98,6 +107,26 @@ PROFILES: dict[str, dict[str, Any]] = {
 PRIMER_EPOCHS = {"smoke": 2, "full": 5}
 #: Keys exported and imported to measure the backend's own transfer rate on this state.
 BACKEND_SAMPLE_KEYS = 1_000_000
+
+
+def deadline_target(name: str) -> float | None:
+    """The latency target of a ``deadline@L`` run name, else None."""
+    if not name.startswith(DEADLINE_RUN):
+        return None
+    try:
+        value = float(name[len(DEADLINE_RUN):])
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def run_order(names: list[str] | tuple[str, ...]) -> list[str]:
+    """``names`` in report order: :data:`RUN_ORDER`, deadline runs (by target) after batched."""
+    fixed = [r for r in RUN_ORDER if r in names]
+    deadlines = sorted({n for n in names if deadline_target(n)}, key=deadline_target)
+    at = fixed.index("batched") + 1 if "batched" in fixed else \
+        sum(r in ("steady", "all-at-once", "fluid") for r in fixed)
+    return fixed[:at] + deadlines + fixed[at:]
 
 
 class CorrectnessError(AssertionError):
@@ -161,7 +190,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bins", type=int, help="bins (a power of two)")
     p.add_argument("--scenario", choices=SCENARIOS, default="half-and-back")
     p.add_argument("--runs", default=",".join(RUN_ORDER),
-                   help=f"comma-separated subset of {','.join(RUN_ORDER)}")
+                   help=f"comma-separated subset of {','.join(RUN_ORDER)}, plus any "
+                        f"{DEADLINE_RUN}L (the deadline strategy with an L-second target)")
     p.add_argument("--warmup", type=int, help="epochs excluded from every statistic")
     p.add_argument("--pre", type=int, help="steady epochs before the reconfiguration")
     p.add_argument("--hold", type=int, help="epochs between moving out and moving back")
@@ -195,9 +225,10 @@ def resolve(args: argparse.Namespace) -> Config:
         return base[name] if value is None else value
 
     runs = tuple(r.strip() for r in args.runs.split(",") if r.strip())
-    unknown = set(runs) - set(RUN_ORDER)
+    unknown = {r for r in runs if r not in RUN_ORDER and deadline_target(r) is None}
     if unknown:
-        raise SystemExit(f"unknown runs {sorted(unknown)}; choose from {RUN_ORDER}")
+        raise SystemExit(f"unknown runs {sorted(unknown)}; choose from {RUN_ORDER} or "
+                         f"{DEADLINE_RUN}L with L > 0 seconds")
     cfg = Config(
         keys=args.keys, rate=pick("rate"), interval=pick("interval"), workers=pick("workers"),
         bins=pick("bins"), scenario=args.scenario, runs=runs, warmup=pick("warmup"),
@@ -210,8 +241,8 @@ def resolve(args: argparse.Namespace) -> Config:
         native_preload_max=args.native_preload_max, progress=not args.no_progress,
         profile=profile,
     )
-    if cfg.scenario == "half-and-back" and cfg.workers % 2:
-        raise SystemExit("--scenario half-and-back needs an even number of workers")
+    if cfg.scenario != "scale-out" and cfg.workers % 2:
+        raise SystemExit(f"--scenario {cfg.scenario} needs an even number of workers")
     return cfg
 
 
@@ -256,6 +287,8 @@ def reconfigurations(cfg: Config) -> list[tuple[str, Target]]:
         for b in mine[::2].tolist():
             out[b] = w - half
     back = {b: int(owners[b]) for b in out}
+    if cfg.scenario == "half-out":
+        return [("out", out)]
     return [("out", out), ("back", back)]
 
 
@@ -281,11 +314,12 @@ def open_pipeline(ctx: Context, path: Path) -> Pipeline:
                     backend=ctx.cfg.backend)
 
 
-def plan_for(pipe: Pipeline, target: Target, strategy: str, per_worker: int = 1, gap: int = 0):
+def plan_for(pipe: Pipeline, target: Target, strategy: str, per_worker: int = 1, gap: int = 0,
+             target_latency: float | None = None):
     """A plan from the pipeline's current routing to ``target`` with ``strategy``."""
-    if isinstance(target, int):
-        return rescale(pipe, workers=target, strategy=strategy, per_worker=per_worker, gap=gap)
-    return rescale(pipe, target=target, strategy=strategy, per_worker=per_worker, gap=gap)
+    goal: dict[str, Any] = {"workers": target} if isinstance(target, int) else {"target": target}
+    return rescale(pipe, **goal, strategy=strategy, per_worker=per_worker, gap=gap,
+                   target_latency=target_latency)
 
 
 def check_total(total: int | None, expected: int, run: str) -> str:
@@ -314,11 +348,15 @@ class LiveRun:
     """One megaphone run: the open-loop epoch loop plus the run's reconfiguration schedule.
 
     ``mode`` is ``"steady"`` (no reconfiguration), ``"live"`` (``pipe.migrate`` with
-    ``strategy``) or ``"pause"`` (close, ``migrate_offline``, reopen).
+    ``strategy``; ``target_latency`` for ``deadline``) or ``"pause"`` (close,
+    ``migrate_offline``, reopen). Each epoch tells the pipeline when its input ended, so the
+    deadline policy sees the backlog.
     """
 
-    def __init__(self, ctx: Context, name: str, mode: str, strategy: str = "all-at-once"):
+    def __init__(self, ctx: Context, name: str, mode: str, strategy: str = "all-at-once",
+                 target_latency: float | None = None):
         self.ctx, self.name, self.mode, self.strategy = ctx, name, mode, strategy
+        self.target_latency = target_latency
         self.cfg = ctx.cfg
         self.path = ctx.cfg.state_root / name
         self.rows: list[EpochRow] = []
@@ -362,7 +400,7 @@ class LiveRun:
                 time.sleep(max(0.0, end - time.time()))
                 pipe = self._maybe_reconfigure(pipe, epoch)
                 started = time.time()
-                pipe.process(self.ctx.workload.frame(self.ctx.spark, epoch))
+                pipe.process(self.ctx.workload.frame(self.ctx.spark, epoch), input_end=end)
                 finished = time.time()
                 row = self._row(pipe.metrics(last=1)[0], epoch, end, started, finished)
                 self.rows.append(row)
@@ -390,12 +428,15 @@ class LiveRun:
         label, target = self.pending.pop(0)
         start = time.time()
         if self.mode == "live":
-            gap = self.cfg.gap if self.strategy != "all-at-once" else 0
-            plan = plan_for(pipe, target, self.strategy, self.cfg.per_worker, gap)
+            gap = self.cfg.gap if self.strategy in ("fluid", "batched") else 0
+            plan = plan_for(pipe, target, self.strategy, self.cfg.per_worker, gap,
+                            self.target_latency)
             self.handle = pipe.migrate(plan)
             self.window = Window(label, start - self.t0, math.nan)
-            self.notes.append(f"{label}: {len(plan.steps)} step(s), {plan.meta['bins_moved']} "
-                              f"bins, {plan.meta['keys_moved']:,} keys")
+            if not plan.adaptive:
+                self.notes.append(f"{label}: {len(plan.steps)} step(s), "
+                                  f"{plan.meta['bins_moved']} bins, "
+                                  f"{plan.meta['keys_moved']:,} keys")
             return pipe
         return self._pause_and_restart(pipe, label, target, start, epoch)
 
@@ -425,15 +466,29 @@ class LiveRun:
         if self.handle is not None and self.handle.done:
             self.handle.wait(0)  # raises the plan's error, if it failed
             assert self.window is not None
+            if self.handle.plan.adaptive:
+                self.notes.append(adaptive_note(self.window.label, self.handle))
             self.window.end_s = row.finished_s
             self.windows.append(self.window)
             self.handle, self.window = None, None
             self._finished_reconfiguration(epoch + 1)
 
     def _finished_reconfiguration(self, next_epoch: int) -> None:
+        """Schedule the next reconfiguration (after ``hold``) or the end of the run."""
         self.next_start = next_epoch + self.cfg.hold
         if not self.pending:
             self.stop_at = next_epoch + self.cfg.cooldown
+
+
+def adaptive_note(label: str, handle) -> str:
+    """What an adaptive plan's policy did: steps, bins and its decisions by action."""
+    p = handle.progress
+    actions: dict[str, int] = {}
+    for d in getattr(handle.policy, "decisions", ()):
+        actions[d.action] = actions.get(d.action, 0) + 1
+    told = ", ".join(f"{a} {n}" for a, n in sorted(actions.items()))
+    return (f"{label}: {p.steps_done} step(s) chosen live, {p.bins_done} bins; policy "
+            f"decisions: {told or '-'}")
 
 
 # -- native Spark ----------------------------------------------------------------------------
@@ -747,6 +802,42 @@ def findings(stats: dict[str, dict[str, Any]], backend: dict[str, float]) -> lis
     return out
 
 
+def target_misses(result: RunResult, target: float) -> dict[str, Any]:
+    """Epochs over ``target`` seconds of latency while the run migrated (and drained)."""
+    during = [r for r in result.rows if r.phase in (MIGRATION, DRAIN)]
+    return {"epochs": len(during), "over": sum(r.latency_s > target for r in during),
+            "max": max((r.latency_s for r in during), default=math.nan)}
+
+
+def target_table(results: list[RunResult]) -> tuple[str, list[str]]:
+    """Per latency target of a deadline run: misses, max latency and migration time of fluid,
+    batched and the deadline run (markdown), and the issue's verdict per target."""
+    by_name = {r.name: r for r in results}
+    lines = ["| target L s | run | epochs over L during migration | epochs during migration "
+             "| max ms during | migration s |", "|" + "---|" * 6]
+    verdicts: list[str] = []
+    for name in [n for n in by_name if deadline_target(n)]:
+        target = deadline_target(name)
+        assert target is not None
+        row = {}
+        for run in ("fluid", "batched", name):
+            if run not in by_name:
+                continue
+            m = target_misses(by_name[run], target)
+            row[run] = (m, run_stats(by_name[run])["migration_s"])
+            lines.append(f"| {target:g} | {run} | {m['over']} | {m['epochs']} | "
+                         f"{ms(m['max'])} | {secs(row[run][1])} |")
+        if "fluid" in row:
+            (mine, mine_s), (fluid, fluid_s) = row[name], row["fluid"]
+            misses = "met" if mine["over"] <= fluid["over"] else "MISSED"
+            faster = "met" if mine_s < fluid_s else "MISSED"
+            verdicts.append(
+                f"{name}: {mine['over']} epochs over {target:g} s vs {fluid['over']} for fluid "
+                f"(no more: {misses}); migration {secs(mine_s)} s vs {secs(fluid_s)} s for fluid "
+                f"({fmt_x(ratio(fluid_s, mine_s))} faster; faster: {faster})")
+    return "\n".join(lines), verdicts
+
+
 def write_summary(ctx: Context, results: list[RunResult], info: dict[str, Any]) -> str:
     """Write ``summary.md`` and ``summary.json``; return the markdown."""
     cfg = ctx.cfg
@@ -754,6 +845,7 @@ def write_summary(ctx: Context, results: list[RunResult], info: dict[str, Any]) 
     steady = stats.get("steady")
     ref = steady["steady_p99"] if steady else math.nan
     load = info["loaded"]
+    targets = target_table(results)
     lines = [
         f"# Migration benchmark: {cfg.keys:,} keys",
         "",
@@ -779,7 +871,10 @@ def write_summary(ctx: Context, results: list[RunResult], info: dict[str, Any]) 
         "Findings:",
         "",
         *[f"- {line}" for line in findings(stats, ctx.backend_rates)],
+        *[f"- {line}" for line in targets[1]],
         "",
+        *([targets[0], ""] if targets[1] or any(deadline_target(r.name) for r in results)
+          else []),
         "Run notes:",
         "",
         *[f"- {r.name}: load average {r.load_avg[0]:.1f} at the start, {r.load_avg[1]:.1f} at "
@@ -815,7 +910,7 @@ def run_all(cfg: Config, spark, command: str) -> list[RunResult]:
         ctx.backend_rates = measure_backend(cfg, template)
         prime(ctx)
         results: dict[str, RunResult] = earlier_runs(cfg) if cfg.merge else {}
-        for name in [r for r in RUN_ORDER if r in cfg.runs]:
+        for name in run_order(cfg.runs):
             result = run_one(ctx, name)
             result.command = command
             write_csv(cfg.out / f"{name}.csv", result.rows)
@@ -827,7 +922,7 @@ def run_all(cfg: Config, spark, command: str) -> list[RunResult]:
                   flush=True)
     finally:
         sampler.stop()
-    results = [results[name] for name in RUN_ORDER if name in results]
+    results = [results[name] for name in run_order(list(results))]
     steady = next((run_stats(r) for r in results if r.name == "steady"), None)
     ref = 1.5 * steady["steady_p99"] if steady else math.nan
     plot_timelines(cfg.out / "latency.png", results, "latency", ref)
@@ -847,7 +942,8 @@ def setup_key(cfg: Config) -> dict[str, Any]:
 def earlier_runs(cfg: Config) -> dict[str, RunResult]:
     """Runs saved in ``--out`` by earlier invocations with the same setup (``--merge``)."""
     found = {}
-    for name in RUN_ORDER:
+    names = [*RUN_ORDER, *(p.stem for p in cfg.out.glob(f"{DEADLINE_RUN}*.json"))]
+    for name in run_order(names):
         path = cfg.out / f"{name}.json"
         if name not in cfg.runs and path.exists():
             result = load_result(path, setup_key(cfg))
@@ -857,7 +953,10 @@ def earlier_runs(cfg: Config) -> dict[str, RunResult]:
 
 
 def run_one(ctx: Context, name: str) -> RunResult:
-    """Run one of :data:`RUN_ORDER` by name."""
+    """Run one of :data:`RUN_ORDER` (or a ``deadline@L`` run) by name."""
+    target = deadline_target(name)
+    if target is not None:
+        return LiveRun(ctx, name, "live", strategy="deadline", target_latency=target).run()
     if name == "native":
         return run_native(ctx)
     if name == "steady":

@@ -44,13 +44,16 @@ def describe(state_dir: str) -> dict[str, Any]:
     for item in commit.plans:
         plan = item.get("plan", {})
         steps = plan.get("steps", [])
+        decided = item.get("decided")  # adaptive plans: the steps its policy chose so far
         in_flight.append({
             "strategy": plan.get("strategy"),
             "base_version": plan.get("base_version"),
-            "steps": len(steps),
+            "steps": len(steps) if decided is None else len(decided),
             "bins": sum(len(s.get("moves", [])) for s in steps),
             "applied": item.get("applied", 0),
             "committed": item.get("committed", 0),
+            **({"policy": plan.get("policy"),
+                "bins_started": sum(len(s) for s in decided)} if decided is not None else {}),
         })
     return {
         "state_dir": str(state.path),
@@ -104,9 +107,11 @@ def render(info: dict[str, Any]) -> str:
                      "commit (left by a crash): discarded when the pipeline next opens")
     if info["plans_in_flight"]:
         for i, p in enumerate(info["plans_in_flight"]):
+            steps = f"in {p['steps']} steps" if "policy" not in p else \
+                f"({p['bins_started']} started in {p['steps']} steps its policy chose so far)"
             lines.append(
                 f"{'in flight' if i == 0 else '':<11} {p['strategy']} plan from version "
-                f"{p['base_version']}: {p['bins']} bins in {p['steps']} steps, "
+                f"{p['base_version']}: {p['bins']} bins {steps}, "
                 f"{p['applied']} applied, {p['committed']} committed"
             )
     else:

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from megaphone.plans.report import arrow, human_bytes, human_rate, human_seconds, table
-from megaphone.plans.strategies import BATCHED, STRATEGIES
+from megaphone.plans.strategies import BATCHED, DEADLINE, STRATEGIES
 from megaphone.plans.targets import BALANCE_MODES
 
 
@@ -47,8 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "(the last --window seconds); with -o also write its plan")
     parser.add_argument("--strategy", choices=STRATEGIES, default=None,
                         help="all-at-once: one step; fluid: one bin per step; batched: each "
-                             "step a matching, one bin per worker (see --per-worker); required "
-                             "with --workers/--target, default fluid with --ds2")
+                             "step a matching, one bin per worker (see --per-worker); "
+                             "deadline: each epoch moves what still meets --target-latency "
+                             "(adaptive, decided live); required with --workers/--target, "
+                             "default fluid with --ds2")
+    parser.add_argument("--target-latency", type=float, default=None, metavar="S",
+                        help="deadline only: the latency target L in seconds")
     parser.add_argument("--gap", type=_non_negative, default=0, metavar="E",
                         help="idle epochs between steps (default 0)")
     parser.add_argument("--per-worker", type=_positive, default=1, metavar="K",
@@ -79,6 +83,8 @@ def summary(meta: dict[str, Any], pipeline_id: str) -> str:
     if meta["strategy"] == BATCHED:
         k = meta["per_worker"]
         how += f" ({k} bin{'s' if k > 1 else ''} per worker per step)"
+    if meta["strategy"] == DEADLINE:
+        how += f" (target latency {meta['target_latency_s']:g} s)"
     lines = [
         f"plan for pipeline {pipeline_id}: {len(before)} -> {len(after)} workers, {goal}, "
         f"{how}, gap {meta['gap']}",
@@ -91,14 +97,17 @@ def summary(meta: dict[str, Any], pipeline_id: str) -> str:
         f"moves       {meta['bins_moved']} of {total_bins} bins, {meta['keys_moved']} keys, "
         f"{human_bytes(meta['bytes_moved'])}",
         f"steps       {meta['steps']} over {meta['epochs']} epochs; largest step "
-        f"{meta['largest_step_bins']} bins, {human_bytes(meta['largest_step_bytes'])}",
+        f"{meta['largest_step_bins']} bins, {human_bytes(meta['largest_step_bytes'])}"
+        if meta["strategy"] != DEADLINE else
+        "steps       decided live: each epoch moves the bins whose predicted cost still "
+        "meets the target",
     ]
     est = meta.get("estimate")
     if est:
         lines.append(
             f"estimate    {human_seconds(est['transfer_s'])} of state transfer at "
-            f"{human_rate(est['rate_bytes_per_s'])} ({est['rate_source']}), spread over "
-            f"{meta['epochs']} epochs"
+            f"{human_rate(est['rate_bytes_per_s'])} ({est['rate_source']})"
+            + (f", spread over {meta['epochs']} epochs" if meta["strategy"] != DEADLINE else "")
         )
     with_records = any("records" in d for d in meta["before"].values())
     headers = ["worker", "bins", "keys", "bytes"] + (["records/epoch"] if with_records else [])
@@ -128,10 +137,12 @@ def run(args: argparse.Namespace) -> int:
         raise PlanError("--strategy is required with --workers or --target")
     if args.per_worker != 1 and args.strategy != BATCHED:
         raise PlanError("--per-worker applies only to --strategy batched")
+    if (args.target_latency is not None) != (args.strategy == DEADLINE):
+        raise PlanError("--target-latency is needed by, and only used by, --strategy deadline")
     args.output = args.output or "plan.json"
     plan = rescale(args.state_dir, workers=args.workers, strategy=args.strategy, gap=args.gap,
                    balance=args.balance or "keys", per_worker=args.per_worker,
-                   target=args.target)
+                   target=args.target, target_latency=args.target_latency)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=1))
     else:

@@ -250,3 +250,23 @@ def test_versions_past_the_commit_are_planned_around(state_dir, tmp_path, capsys
     assert code == 0, err
     assert StateDir.open(copy).load_routing().workers() == list(range(workers))
     assert read_state(copy) == expected
+
+
+def test_deadline_plan_is_adaptive_and_runs_offline_at_once(state_dir, tmp_path, capsys):
+    copy = tmp_path / "state"
+    shutil.copytree(state_dir, copy)
+    before = read_state(copy)
+    plan_path = tmp_path / "deadline.json"
+    code, out, err = cli(capsys, "plan", "--state-dir", copy, "--workers", 3, "--strategy",
+                         "deadline", "--target-latency", 1.5, "-o", plan_path)
+    assert code == 0, err
+    assert "deadline (target latency 1.5 s)" in out and "decided live" in out
+    plan = MigrationPlan.load(plan_path)
+    assert plan.adaptive and plan.policy["target_latency_s"] == 1.5
+    code, out, err = cli(capsys, "migrate", plan_path, "--state-dir", copy)
+    assert code == 0, err
+    assert read_state(copy) == before
+
+    for argv in (["--strategy", "fluid", "--target-latency", "2"], ["--strategy", "deadline"]):
+        code, _, err = cli(capsys, "plan", "--state-dir", copy, "--workers", 2, *argv)
+        assert code == 2 and "--target-latency is needed by, and only used by" in err

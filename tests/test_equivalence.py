@@ -2,12 +2,15 @@
 
 Random batches of random keys (int and str), random plans (random bins and epochs, chained
 plans queued behind each other, scale out and in, moves back and forth), every update kind and
-both backends, checked epoch by epoch against a reference that knows nothing of workers.
+both backends, checked epoch by epoch against a reference that knows nothing of workers. The
+last plan may be adaptive: a random policy (any subset of the remaining moves at any epoch,
+including none) or the deadline policy decides at each epoch which moves start.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sys
 import tempfile
 import uuid
@@ -18,6 +21,8 @@ from hypothesis import strategies as st
 from pyspark import cloudpickle
 
 from megaphone import MigrationPlan, Move, Pipeline, PlanStep
+from megaphone.plans.deadline import DeadlinePolicy
+from megaphone.plans.policy import EpochView
 
 NUM_BINS = 16
 
@@ -31,6 +36,18 @@ def custom_update(key, values, state):
     count += len(values)
     squares += sum(v * v for v in values)
     return [count, squares], [count * 1000 + squares % 1000]
+
+
+def random_policy(seed: int):
+    """A policy that starts a random subset of the remaining moves (maybe none) each epoch."""
+    rng = random.Random(seed)
+
+    def policy(view: EpochView) -> list[Move]:
+        if view.idle_epochs >= 2:
+            return list(view.remaining)
+        return [m for m in view.remaining if rng.random() < 0.4]
+
+    return policy
 
 
 def reference(update: str, batches: list[list[tuple]]) -> tuple[list[dict], dict]:
@@ -98,6 +115,8 @@ def scenarios(draw):
         "update": draw(st.sampled_from(["count", "sum", "min", "max", "custom"])),
         "batches": batches,
         "plans": plans,
+        "adaptive": draw(st.sampled_from([None, "random", "deadline"])),
+        "policy_seed": draw(st.integers(0, 2**16)),
     }
 
 
@@ -121,6 +140,7 @@ def test_outputs_and_state_equal_a_run_without_migration(spark, scenario):
         )
         expected_outputs, expected_state = reference(update, scenario["batches"])
         handles = []
+        last = sum(len(submitted) for submitted in scenario["plans"])
         for batch, submitted, expected in zip(
             scenario["batches"], scenario["plans"], expected_outputs, strict=True
         ):
@@ -130,7 +150,14 @@ def test_outputs_and_state_equal_a_run_without_migration(spark, scenario):
                     pipe.fingerprint, base,
                     tuple(PlanStep(e, tuple(Move(*m) for m in ms)) for e, ms in steps),
                 )
-                handles.append(pipe.migrate(plan))
+                bins = [m.bin for m in plan.moves]
+                policy = None
+                if len(handles) == last - 1 and len(set(bins)) == len(bins):
+                    if scenario["adaptive"] == "random":
+                        policy = random_policy(scenario["policy_seed"])
+                    elif scenario["adaptive"] == "deadline":
+                        policy = DeadlinePolicy(target_latency_s=600.0, min_history=1)
+                handles.append(pipe.migrate(plan, policy))
                 base = plan.end_version
             out = pipe.process(spark.createDataFrame(batch, schema)).collect()
             assert {row[0]: row[1] for row in out} == expected

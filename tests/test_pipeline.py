@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import functions as F
 
 import megaphone
+import megaphone.cli
 from megaphone import MigrationPlan, Move, Pipeline, PlanError
 
 
@@ -163,3 +164,53 @@ def test_cli_migrate_hands_a_plan_to_a_pipeline_running_in_another_process(spark
     assert cli.returncode == 0, err
     assert "(another process)" in out and "routing version 0 -> 2" in out
     assert pipe.routing.owner(1) == 2 and pipe.routing.owner(2) == 3
+
+
+
+def test_deadline_plan_moves_nothing_while_behind_and_resumes_from_its_json(spark, tmp_path,
+                                                                          capsys):
+    pipe = make(spark, tmp_path, workers=2)
+    batch = spark.range(0, 400).select((F.col("id") % 101).alias("k"))
+    for _ in range(2):
+        pipe.process(batch, input_end=time.time())
+    assert pipe.metrics(last=1)[0]["latency_s"] is not None
+    plan = megaphone.plans.rescale(pipe, workers=4, strategy="deadline", target_latency=0.001)
+    handle = pipe.migrate(plan)
+    for _ in range(2):
+        pipe.process(batch, input_end=time.time())
+    assert {d.action for d in handle.policy.decisions} == {"behind"}
+    assert handle.progress.bins_done == 0 and pipe.routing.version == 0
+    pipe.close()
+    pipe = Pipeline(spark, str(tmp_path / "state"), key="k", update="count", num_bins=16)
+    (handle,) = pipe.in_flight
+    assert handle.plan.policy["target_latency_s"] == 0.001 and not handle.done
+    pipe.process(batch, input_end=time.time() - 5)  # 5 s late: still behind
+    assert handle.policy.decisions[-1].action == "behind"
+    assert pipe.routing.version == 0
+    pipe.close()
+    assert megaphone.cli.main(["inspect", "--state-dir", str(tmp_path / "state")]) == 0
+    out = capsys.readouterr().out
+    assert f"deadline plan from version 0: {len(plan.moves)} bins (0 started in 0 steps its " \
+        "policy chose so far)" in out
+
+
+def test_deadline_plan_probes_then_moves_what_fits(spark, tmp_path):
+    pipe = make(spark, tmp_path, workers=2)
+    batch = spark.range(0, 400).select((F.col("id") % 101).alias("k"))
+    epochs = 0
+    for _ in range(2):
+        pipe.process(batch, input_end=time.time())
+        epochs += 1
+    plan = megaphone.plans.rescale(pipe, workers=4, strategy="deadline", target_latency=60)
+    handle = pipe.migrate(plan)
+    policy = handle.policy
+    while not handle.done and epochs < 10:
+        pipe.process(batch, input_end=time.time())
+        epochs += 1
+    assert handle.done, handle
+    assert [d.action for d in policy.decisions] == ["probe", "fit"]
+    assert policy.decisions[0].bins == 1 and policy.decisions[1].bins == len(plan.moves) - 1
+    assert handle.progress.steps_done == 2 and handle.progress.bins_done == len(plan.moves)
+    assert sorted(set(pipe.routing.owners().tolist())) == [0, 1, 2, 3]
+    assert counts(pipe) == {k: epochs * (4 if k < 97 else 3) for k in range(101)}
+    pipe.close()

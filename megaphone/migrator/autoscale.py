@@ -90,7 +90,8 @@ class Policy:
     * ``activation``: consecutive windows that must reach the same new worker count before
       it is acted on (1 acts on the first);
     * ``min_workers`` / ``max_workers``: bounds of the target (``None``: the number of bins);
-    * ``strategy``, ``gap``, ``per_worker``, ``balance``: passed to ``rescale`` for the plan;
+    * ``strategy``, ``gap``, ``per_worker``, ``balance``, ``target_latency``: passed to
+      ``rescale`` for the plan (``strategy="deadline"`` needs ``target_latency``, seconds);
     * ``ignore_down_by_one``: do not act on a decision to remove exactly one worker;
     * ``epoch_overhead``: correct the source rate for the per-epoch fixed cost (see module);
     * ``headroom``: provision for ``(1 + headroom)`` times the source rate;
@@ -107,6 +108,7 @@ class Policy:
     gap: int = 0
     per_worker: int = 1
     balance: str = "load"
+    target_latency: float | None = None
     ignore_down_by_one: bool = True
     epoch_overhead: bool = True
     headroom: float = 0.0
@@ -127,6 +129,8 @@ class Policy:
             raise ValueError(f"max_workers {self.max_workers} < min_workers {self.min_workers}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}; expected one of {STRATEGIES}")
+        if (self.strategy == "deadline") != (self.target_latency is not None):
+            raise ValueError("target_latency is needed by, and only used by, strategy 'deadline'")
         if self.balance not in BALANCE_MODES:
             raise ValueError(f"unknown balance {self.balance!r}; expected one of "
                              f"{BALANCE_MODES}")
@@ -550,7 +554,7 @@ class Autoscaler:
 
         p = self.policy
         return rescale(pipe, workers=workers, strategy=p.strategy, gap=p.gap, balance=p.balance,
-                       per_worker=p.per_worker)
+                       per_worker=p.per_worker, target_latency=p.target_latency)
 
     def _record(self, decision: Decision) -> Decision:
         self.decisions.append(decision)

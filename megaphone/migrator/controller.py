@@ -1,17 +1,32 @@
 """Plans in flight: the queue of submitted plans and the handles users follow them with.
 
 Engine-agnostic and thread-safe: ``submit`` may be called from any thread while the driver's
-epoch loop calls :meth:`PlanQueue.steps_due` and :meth:`PlanQueue.committed`.
+epoch loop calls :meth:`PlanQueue.steps_due` and :meth:`PlanQueue.committed`. A fixed plan's
+steps take effect at their epochs; an adaptive plan's policy is asked before every epoch
+which of its remaining moves start (:mod:`megaphone.plans.policy`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from megaphone.plans.plan import MigrationPlan, PlanError
+from megaphone.plans.policy import (
+    EpochView,
+    Fluid,
+    MigrationPolicy,
+    checked_choice,
+    policy_from_spec,
+    policy_name,
+)
 from megaphone.routing.table import Move, RoutingTable
+
+log = logging.getLogger("megaphone.plans")
 
 
 @dataclass
@@ -27,10 +42,15 @@ class Progress:
 
 
 class MigrationHandle:
-    """Follow a submitted plan: ``done``, ``progress`` and ``wait(timeout)``."""
+    """Follow a submitted plan: ``done``, ``progress`` and ``wait(timeout)``.
 
-    def __init__(self, plan: MigrationPlan) -> None:
+    ``policy`` is the policy choosing an adaptive plan's steps (None for a fixed plan); the
+    deadline policy explains each epoch's choice in ``handle.policy.decisions``.
+    """
+
+    def __init__(self, plan: MigrationPlan, policy: MigrationPolicy | None = None) -> None:
         self.plan = plan
+        self.policy = policy
         self._progress = Progress(
             steps_total=len(plan.steps), bins_total=sum(len(s.moves) for s in plan.steps)
         )
@@ -61,6 +81,10 @@ class MigrationHandle:
             raise self.error
         return finished
 
+    def _step_started(self) -> None:  # adaptive plans: the policy chose one more step
+        with self._lock:
+            self._progress.steps_total += 1
+
     def _step_committed(self, epoch: int, bins: int, nbytes: int) -> None:
         with self._lock:
             p = self._progress
@@ -68,7 +92,7 @@ class MigrationHandle:
             p.bins_done += bins
             p.bytes_moved += nbytes
             p.epochs.append(epoch)
-            finished = p.steps_done == p.steps_total
+            finished = p.steps_done == p.steps_total and p.bins_done == p.bins_total
         if finished:
             self._done.set()
 
@@ -85,11 +109,43 @@ class MigrationHandle:
 
 
 @dataclass
+class PolicyInputs:
+    """What the driver knows before an epoch, for the policies of adaptive plans.
+
+    ``history()``: recent per-epoch metrics; ``bin_bytes()``: size of every bin (read once
+    when a plan becomes active); ``bin_records()``: recent records per bin; ``lag_s``: how
+    long after the end of its input the epoch starts; ``parallelism``: task slots.
+    """
+
+    history: Callable[[], Sequence[Mapping[str, Any]]] = tuple
+    bin_bytes: Callable[[], Mapping[int, int]] = dict
+    bin_records: Callable[[], Mapping[int, float]] = dict
+    lag_s: float = 0.0
+    parallelism: int = 1
+
+
+@dataclass
 class _Active:
     handle: MigrationHandle
-    epochs: list[int] | None = None  # absolute epochs, fixed when the plan becomes active
+    epochs: list[int] | None = None  # absolute epoch of each step, set as the plan runs
     applied: int = 0  # steps applied to the routing table
     committed: int = 0  # steps whose epoch committed
+    policy: MigrationPolicy | None = None  # adaptive plans: chooses the steps
+    decided: list[list[Move]] = field(default_factory=list)  # adaptive: steps chosen so far
+    idle: int = 0  # adaptive: epochs in a row without a new step
+    sizes: Mapping[int, int] | None = None  # adaptive: bin sizes when it became active
+
+    def step_moves(self, i: int) -> Sequence[Move]:
+        return self.decided[i] if self.policy is not None else self.handle.plan.steps[i].moves
+
+    def remaining(self) -> list[Move]:
+        started = {m for step in self.decided for m in step}
+        return [m for m in self.handle.plan.moves if m not in started]
+
+    def all_applied(self) -> bool:
+        if self.policy is not None:
+            return not self.remaining()
+        return self.applied == len(self.handle.plan.steps)
 
 
 class PlanQueue:
@@ -111,13 +167,26 @@ class PlanQueue:
         with self.lock:
             return self._plans[-1].handle.plan.end_version if self._plans else self.table.version
 
-    def submit(self, plan: MigrationPlan, next_epoch: int) -> MigrationHandle:
+    def submit(self, plan: MigrationPlan, next_epoch: int,
+               policy: MigrationPolicy | None = None) -> MigrationHandle:
         """Validate ``plan`` and queue it; a bad or stale plan raises and changes nothing.
 
         With nothing in flight the plan must start from the table's newest version; otherwise
-        from the version the last queued plan ends at.
+        from the version the last queued plan ends at. ``policy`` (a callable) makes the plan
+        adaptive with that policy: its moves start when the policy says so.
         """
+        if policy is not None:
+            if not callable(policy):
+                raise PlanError(f"policy must be callable, got {policy!r}")
+            spec = getattr(policy, "spec", None)
+            plan = dataclasses.replace(
+                plan, policy=dict(spec) if isinstance(spec, dict) else {"name": "custom"})
+        elif plan.adaptive:
+            policy = policy_from_spec(plan.policy)
         with self.lock:
+            if any(a.handle.plan.adaptive for a in self._plans):
+                raise PlanError("an adaptive plan is in flight and its last routing version is "
+                                "not known yet; submit this plan once it is done")
             if not self._plans:
                 plan.validate(self.table, next_epoch)
             else:
@@ -128,7 +197,9 @@ class PlanQueue:
                         f"the plans in flight end at version {end}; resubmit it from {end}"
                     )
                 plan.validate(self._table_after_queue(), next_epoch)
-            active = _Active(MigrationHandle(plan))
+            active = _Active(MigrationHandle(plan, policy), policy=policy)
+            if policy is not None:
+                active.handle._progress.steps_total = 0
             self._plans.append(active)
             return active.handle
 
@@ -141,18 +212,23 @@ class PlanQueue:
                 scratch.apply_step(step.moves, epoch)
         return scratch
 
-    def steps_due(self, epoch: int) -> list[Move]:
+    def steps_due(self, epoch: int, inputs: PolicyInputs | None = None) -> list[Move]:
         """Apply to the routing table every step that takes effect at ``epoch``; return them.
 
         Called by the driver before it runs ``epoch``. A plan becomes active (its relative
-        epochs are fixed) at the first epoch after the plans before it finished applying.
+        epochs are fixed) at the first epoch after the plans before it finished applying. An
+        adaptive plan's policy is asked now, with ``inputs``; a policy that raises or picks a
+        move not left fails its plan (the moves already made stay) and the epoch runs on.
         """
         moves: list[Move] = []
         with self.lock:
             for active in self._plans:
                 plan = active.handle.plan
-                if active.applied == len(plan.steps):
+                if active.all_applied():
                     continue
+                if active.policy is not None:
+                    moves.extend(self._adaptive_step(active, epoch, inputs or PolicyInputs()))
+                    break
                 if active.epochs is None:
                     active.epochs = plan.absolute_epochs(epoch)
                 while active.applied < len(plan.steps) and active.epochs[active.applied] <= epoch:
@@ -167,30 +243,76 @@ class PlanQueue:
                 break  # later plans wait until this one has applied all its steps
             return moves
 
+    def _adaptive_step(self, active: _Active, epoch: int, inputs: PolicyInputs) -> list[Move]:
+        assert active.policy is not None
+        if active.epochs is None:
+            active.epochs = []
+        if active.sizes is None:
+            active.sizes = inputs.bin_bytes()
+        remaining = active.remaining()
+        view = EpochView(epoch, tuple(remaining), active.sizes, inputs.bin_records(),
+                         tuple(inputs.history()), inputs.lag_s, active.idle, inputs.parallelism)
+        try:
+            chosen = checked_choice(active.policy(view), remaining)
+            if chosen:
+                self.table.check_step(chosen, epoch)
+        except Exception as exc:  # a user's policy: fail its plan, keep the pipeline running
+            error = exc if isinstance(exc, PlanError) else \
+                PlanError(f"policy {policy_name(active.policy)} failed: {exc!r}")
+            log.error("plan failed at epoch %d: %s", epoch, error)
+            active.handle._fail(error)
+            self._plans.remove(active)
+            return []
+        if not chosen:
+            active.idle += 1
+            return []
+        self.table.apply_step(chosen, epoch)
+        active.decided.append(sorted(chosen))
+        active.epochs.append(epoch)
+        active.applied += 1
+        active.idle = 0
+        active.handle._step_started()
+        return list(chosen)
+
     def committed(self, epoch: int, bytes_by_bin: dict[int, int]) -> None:
         """Record that ``epoch`` committed; steps applied at it count as done."""
         with self.lock:
             for active in list(self._plans):
-                plan = active.handle.plan
                 while active.committed < active.applied and active.epochs is not None:
                     if active.epochs[active.committed] > epoch:
                         break
-                    step = plan.steps[active.committed]
-                    nbytes = sum(bytes_by_bin.get(m.bin, 0) for m in step.moves)
-                    active.handle._step_committed(epoch, len(step.moves), nbytes)
+                    step = active.step_moves(active.committed)
+                    nbytes = sum(bytes_by_bin.get(m.bin, 0) for m in step)
+                    active.handle._step_committed(epoch, len(step), nbytes)
                     active.committed += 1
-                if active.committed == len(plan.steps):
+                if active.committed == active.applied and active.all_applied():
                     self._plans.remove(active)
 
     def restore(self, saved: list[dict[str, Any]]) -> list[MigrationHandle]:
-        """Re-queue plans saved by :meth:`to_list` (after a restart); return their new handles."""
+        """Re-queue plans saved by :meth:`to_list` (after a restart); return their new handles.
+
+        An adaptive plan resumes with the policy its JSON names; one whose policy was a
+        callable given in process (``custom``) resumes as ``fluid``.
+        """
         with self.lock:
             for item in saved:
-                active = _Active(MigrationHandle(MigrationPlan.from_dict(item["plan"])),
-                                 item["epochs"], item["applied"], item["committed"])
+                plan = MigrationPlan.from_dict(item["plan"])
+                active = _Active(MigrationHandle(plan), item["epochs"], item["applied"],
+                                 item["committed"])
+                if plan.adaptive:
+                    assert plan.policy is not None
+                    active.decided = [[Move(*m) for m in step] for step in item["decided"]]
+                    active.idle = item.get("idle", 0)
+                    active.policy = policy_from_spec(plan.policy)
+                    if plan.policy["name"] == "custom":
+                        active.policy = Fluid()
+                        log.warning("plan resumed after a restart: its in-process policy is "
+                                    "gone, the remaining moves continue as fluid")
+                    active.handle.policy = active.policy
+                    active.handle._progress.steps_total = len(active.decided)
                 for i in range(active.committed):
-                    step = active.handle.plan.steps[i]
-                    active.handle._step_committed(active.epochs[i], len(step.moves), 0)
+                    step = active.step_moves(i)
+                    active.handle._step_committed(active.epochs[i], len(step), 0)
                 self._plans.append(active)
             return [a.handle for a in self._plans]
 
@@ -203,6 +325,8 @@ class PlanQueue:
                     "epochs": a.epochs,
                     "applied": a.applied,
                     "committed": a.committed,
+                    **({"decided": [[list(m) for m in step] for step in a.decided],
+                        "idle": a.idle} if a.policy is not None else {}),
                 }
                 for a in self._plans
             ]

@@ -20,13 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
-from megaphone.migrator.controller import MigrationHandle, PlanQueue
+from megaphone.migrator.controller import MigrationHandle, PlanQueue, PolicyInputs
 from megaphone.migrator.faults import crash_point
 from megaphone.migrator.inbox import take_plans
 from megaphone.migrator.layout import EpochLayout, epoch_layout
@@ -37,10 +38,15 @@ from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import AGGREGATIONS, Update, UpdateFn, make_update
 from megaphone.migrator.worker import EpochSpec, shuffle_schema
 from megaphone.plans.plan import MigrationPlan
+from megaphone.plans.policy import MigrationPolicy
 from megaphone.routing.bins import validate_num_bins
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.state_backends import BACKENDS, DEFAULT_CHUNK_BYTES
 
+#: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
+LOAD_SMOOTHING = 0.3
+#: Newest epochs' metrics an adaptive plan's policy sees.
+POLICY_HISTORY = 50
 #: Pipelines alive in this process, by pipeline id, so ``megaphone.migrate(plan)`` finds them.
 _PIPELINES: weakref.WeakValueDictionary[str, Pipeline] = weakref.WeakValueDictionary()
 
@@ -136,6 +142,7 @@ class Pipeline:
         self._key_type = key_type
         self._lock = threading.RLock()  # one epoch at a time; guards commit and routing
         self._metrics: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
+        self._bin_load = np.zeros(num_bins)  # records per bin per epoch, smoothed
         self._routing_df: tuple[int, DataFrame] | None = None
         self._state: StateDir | None = None
         self._queue: PlanQueue | None = None
@@ -238,11 +245,16 @@ class Pipeline:
 
     # -- public API ----------------------------------------------------------------------
 
-    def process(self, batch: DataFrame) -> DataFrame:
-        """Run one epoch over ``batch`` and return its outputs (read back from disk)."""
+    def process(self, batch: DataFrame, *, input_end: float | None = None) -> DataFrame:
+        """Run one epoch over ``batch`` and return its outputs (read back from disk).
+
+        ``input_end``: when the batch's input was complete (``time.time()`` seconds). With it
+        the epoch's ``latency_s`` metric is its commit time minus ``input_end``, and the
+        deadline policy sees how late the epoch starts (a backlog leaves less slack).
+        """
         if self._streaming:
             raise RuntimeError("the pipeline is running a stream; process() is not allowed")
-        return self._run_epoch(batch, None)
+        return self._run_epoch(batch, None, input_end)
 
     def start(
         self,
@@ -298,16 +310,20 @@ class Pipeline:
         finally:
             self._streaming = False
 
-    def migrate(self, plan: MigrationPlan) -> MigrationHandle:
+    def migrate(self, plan: MigrationPlan, policy: MigrationPolicy | None = None
+                ) -> MigrationHandle:
         """Submit ``plan``; it is validated now and applied at its epochs while the pipeline runs.
 
         Raises ``PlanError`` (nothing changes) for an invalid or stale plan. A plan submitted
-        while another is in flight is queued if it starts where the other ends.
+        while another is in flight is queued if it starts where the other ends. An adaptive
+        plan (``strategy="deadline"``, or any plan with ``policy=``, a callable
+        ``policy(view) -> moves`` of :mod:`megaphone.plans.policy`) starts its moves when its
+        policy says so, asked before every epoch.
         """
         if self._queue is None:
             raise RuntimeError("the pipeline has no state yet: process a batch or give key_type")
         with self._lock:  # between epochs: the plan is durable once this returns
-            handle = self._queue.submit(plan, self._commit.epoch + 1)
+            handle = self._queue.submit(plan, self._commit.epoch + 1, policy)
             self._commit.plans = self._queue.to_list()
             self.state_dir.write_commit(self._commit)
         return handle
@@ -368,6 +384,28 @@ class Pipeline:
             kind = kind or batch_kind
         return make_update(self._update_arg, kind or "int", to_arrow_type(self._output_type))
 
+    def bin_load(self) -> np.ndarray:
+        """Records per bin per epoch, exponentially smoothed over the epochs run in this process.
+        """
+        return self._bin_load.copy()
+
+    def _policy_inputs(self, lag_s: float) -> PolicyInputs:
+        """What adaptive plans' policies see before the next epoch (metadata only)."""
+        from megaphone.plans.rescale import bin_sizes
+
+        def sizes() -> dict[int, int]:
+            owners = self.routing.owners()
+            return dict(enumerate(bin_sizes(self.state_dir, owners).bytes.tolist()))
+
+        def load() -> dict[int, float]:
+            hot = np.flatnonzero(self._bin_load)
+            return dict(zip(hot.tolist(), self._bin_load[hot].tolist(), strict=True))
+
+        return PolicyInputs(
+            history=lambda: self.metrics(last=POLICY_HISTORY), bin_bytes=sizes,
+            bin_records=load, lag_s=lag_s,
+            parallelism=self.spark.sparkContext.defaultParallelism)
+
     def _run_batch(self, batch: DataFrame, batch_id: int, location: str) -> tuple[DataFrame, int]:
         with self._lock:
             stream = self._commit.stream
@@ -425,7 +463,8 @@ class Pipeline:
         records = batch.select(*cols).where(F.col("key").isNotNull())
         return records, update
 
-    def _run_epoch(self, batch: DataFrame, stream: dict[str, Any] | None) -> DataFrame:
+    def _run_epoch(self, batch: DataFrame, stream: dict[str, Any] | None,
+                   input_end: float | None = None) -> DataFrame:
         """Run one epoch end to end: plan it, run its job, commit it, return its outputs."""
         with self._lock:
             records, update = self._prepare(batch)
@@ -434,8 +473,10 @@ class Pipeline:
             epoch = self._commit.epoch + 1
             started = time.time()
             take_plans(state, self.migrate)  # plans posted by `megaphone migrate` elsewhere
+            lag = max(0.0, started - input_end) if input_end is not None else 0.0
             with queue.lock:
-                if queue.steps_due(epoch):  # saved before the job, so a re-run routes alike
+                # saved before the job, so a re-run routes alike
+                if queue.steps_due(epoch, self._policy_inputs(lag)):
                     self.routing.save(state.routing_path)
                 layout = epoch_layout(self.routing, self._commit, epoch, state.worker_ids())
             spec = self._spec(batch, update, layout)
@@ -452,6 +493,9 @@ class Pipeline:
             record = epoch_metrics(layout, started, finished, state.scratch_path(epoch), rows,
                                    stream.get("batch_id") if stream else None)
             bytes_by_bin = record.pop("bytes_by_bin")
+            self._track_load(record.pop("records_by_bin"))
+            if input_end is not None and record["latency_s"] is None:
+                record["latency_s"] = finished - input_end
             with queue.lock:
                 queue.committed(epoch, bytes_by_bin)
                 self._commit = Commit(
@@ -467,6 +511,13 @@ class Pipeline:
             shutil.rmtree(state.scratch_path(epoch), ignore_errors=True)
             state.prune_outputs(epoch - self.keep_outputs + 1)
             return self._read_outputs(epoch)
+
+    def _track_load(self, records_by_bin: dict[int, int]) -> None:
+        counts = np.zeros_like(self._bin_load)
+        if records_by_bin:
+            counts[list(records_by_bin)] = list(records_by_bin.values())
+        self._bin_load *= 1.0 - LOAD_SMOOTHING
+        self._bin_load += LOAD_SMOOTHING * counts
 
     def _spec(self, batch: DataFrame, update: Update, layout: EpochLayout) -> EpochSpec:
         """The metadata every task of the epoch gets."""

@@ -82,16 +82,20 @@ def epoch_metrics(layout: EpochLayout, started: float, finished: float, scratch:
                   worker_rows: list[str], batch_id: int | None) -> dict[str, Any]:
     """One epoch's metrics record from the workers' rows and the exporters' scratch files.
 
-    Its ``bytes_by_bin`` entry (bytes shipped per moved bin) is for plan progress; the caller
-    removes it before the record is stored.
+    Its ``bytes_by_bin`` entry (bytes shipped per moved bin, for plan progress) and
+    ``records_by_bin`` entry (records applied per bin, for per-bin load) are for the driver;
+    the caller removes them before the record is stored.
     """
     exports = [json.loads(p.read_text()) for p in scratch.glob("export-*.json")] \
         if scratch.exists() else []
     per_worker: dict[int, dict[str, Any]] = {}
     bytes_by_bin: dict[int, int] = {}
+    records_by_bin: dict[int, int] = {}
     for data in exports + [json.loads(row) for row in worker_rows]:
         for b, n in data.pop("bytes_by_bin", {}).items():
             bytes_by_bin[int(b)] = n
+        for b, n in data.pop("records_by_bin", []):
+            records_by_bin[int(b)] = int(n)
         per_worker.setdefault(int(data.pop("worker")), {}).update(data)
     event_times = [m["max_event_time"] for m in per_worker.values()
                    if m.get("max_event_time") is not None]
@@ -115,4 +119,5 @@ def epoch_metrics(layout: EpochLayout, started: float, finished: float, scratch:
         "bytes_moved": sum(bytes_by_bin.values()),
         "per_worker": {str(w): m for w, m in sorted(per_worker.items())},
         "bytes_by_bin": bytes_by_bin,
+        "records_by_bin": records_by_bin,
     }

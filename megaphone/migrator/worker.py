@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgpack
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -226,14 +227,22 @@ def apply_worker(
                         metrics["bytes_in"] += payload_bytes(kv)
                         yield kv
 
+            t0, waited = time.perf_counter(), timed.waiting
             backend.import_bins(state_chunks(), method="auto")
+            metrics["install_s"] = time.perf_counter() - t0 - (timed.waiting - waited)
             crash_point("installed", spec.epoch)
             table = pa.Table.from_batches(records) if records else \
                 spec.shuffle_schema.empty_table()
             metrics["records_in"] = table.num_rows
+            if table.num_rows:
+                counts = np.bincount(table.column("_bin").to_numpy(), minlength=0)
+                hot = np.flatnonzero(counts)
+                metrics["records_by_bin"] = np.stack([hot, counts[hot]], 1).tolist()
             if spec.has_event_time and table.num_rows:
                 metrics["max_event_time"] = pc.max(table.column("_t")).as_py()
+            t0 = time.perf_counter()
             outputs = _apply_records(spec, backend, table, incoming)
+            metrics["apply_s"] = time.perf_counter() - t0
         metrics["records_out"] = outputs.num_rows
     finally:
         backend.close()

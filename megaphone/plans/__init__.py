@@ -2,7 +2,9 @@
 
 ``rescale(pipeline_or_state_dir, workers=N, strategy="fluid")`` is the usual way in: it picks
 a balanced target that moves little state and orders the moves by a strategy of the Megaphone
-paper (``all-at-once``, ``fluid`` or ``batched``) into a :class:`MigrationPlan`.
+paper (``all-at-once``, ``fluid`` or ``batched``) into a :class:`MigrationPlan`, or makes an
+adaptive plan whose moves a latency target paces (``deadline``, :mod:`.deadline`); policies
+(:mod:`.policy`) are the per-epoch interface behind every strategy.
 
 Only modules free of ``megaphone.migrator`` imports are imported here (``megaphone`` itself
 imports this package while it loads the migrator), so there are no import cycles.
@@ -13,6 +15,8 @@ from megaphone.plans.rescale import BinSizes, plan_rescale, rescale
 from megaphone.plans.strategies import (
     ALL_AT_ONCE,
     BATCHED,
+    DEADLINE,
+    FIXED_STRATEGIES,
     FLUID,
     STRATEGIES,
     make_plan,
@@ -30,6 +34,8 @@ __all__ = [
     "ALL_AT_ONCE",
     "BALANCE_MODES",
     "BATCHED",
+    "DEADLINE",
+    "FIXED_STRATEGIES",
     "FLUID",
     "STRATEGIES",
     "BinSizes",

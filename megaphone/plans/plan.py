@@ -35,7 +35,10 @@ class MigrationPlan:
     """Ordered steps that move bins between workers, made for one pipeline and routing version.
 
     ``epochs="relative"`` counts each step's epoch from the first epoch after the plan is
-    submitted (0 = that epoch); ``"absolute"`` names epochs outright. Plans are plain data:
+    submitted (0 = that epoch); ``"absolute"`` names epochs outright. A plan with a ``policy``
+    (e.g. ``{"name": "deadline", "target_latency_s": 2.0}``) is *adaptive*: its steps only
+    list the moves, each bin once, and the policy decides at every epoch which of them start
+    (:mod:`megaphone.plans.policy`). Plans are plain data:
     :meth:`to_json` and :meth:`from_json` are the only ways in and out; nothing is unpickled.
 
     >>> from megaphone.routing.fingerprint import Fingerprint
@@ -50,10 +53,17 @@ class MigrationPlan:
     epochs: str = "relative"
     strategy: str = "custom"
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    policy: dict[str, Any] | None = None
+
+    @property
+    def adaptive(self) -> bool:
+        """True if a policy chooses the steps while the plan runs (see ``policy``)."""
+        return self.policy is not None
 
     @property
     def end_version(self) -> int:
-        """The routing version in force once every step has been applied."""
+        """The routing version in force once every step has been applied (fixed plans only:
+        an adaptive plan's number of steps is known only when it is done)."""
         return self.base_version + len(self.steps)
 
     @property
@@ -122,6 +132,12 @@ class MigrationPlan:
             for b, _, dst in step.moves:
                 owners[b] = dst
             live = {int(w) for w in np.unique(owners)}
+        if self.adaptive:
+            bins = [m.bin for m in self.moves]
+            if len(set(bins)) != len(bins):
+                twice = sorted({b for b in bins if bins.count(b) > 1})[0]
+                raise PlanError(f"adaptive plan moves bin {twice} more than once; its policy "
+                                "orders the moves, so each bin may appear only once")
 
     def absolute_epochs(self, first_epoch: int) -> list[int]:
         """Each step's absolute epoch when the plan's first possible epoch is ``first_epoch``.
@@ -147,6 +163,7 @@ class MigrationPlan:
             "epochs": self.epochs,
             "strategy": self.strategy,
             "meta": self.meta,
+            **({"policy": self.policy} if self.policy is not None else {}),
             "steps": [
                 {"epoch": s.epoch, "moves": [[m.bin, m.src, m.dst] for m in s.moves]}
                 for s in self.steps
@@ -187,7 +204,8 @@ class MigrationPlan:
             raise PlanError("plan must be a JSON object")
         if data.get("format") != PLAN_FORMAT:
             raise PlanError(f"plan format must be {PLAN_FORMAT!r}, got {data.get('format')!r}")
-        known = {"format", "fingerprint", "base_version", "epochs", "strategy", "meta", "steps"}
+        known = {"format", "fingerprint", "base_version", "epochs", "strategy", "meta", "steps",
+                 "policy"}
         unknown = set(data) - known
         if unknown:
             raise PlanError(f"plan has unknown fields: {sorted(unknown)}")
@@ -208,8 +226,13 @@ class MigrationPlan:
         raw_steps = data.get("steps")
         if not isinstance(raw_steps, list):
             raise PlanError("steps must be a list")
+        policy = data.get("policy")
+        if policy is not None:
+            from megaphone.plans.policy import policy_from_spec
+
+            policy_from_spec(policy)  # raises PlanError for an unknown or malformed policy
         return cls(fingerprint, base_version, tuple(_step(s, i) for i, s in enumerate(raw_steps)),
-                   epochs, strategy, meta)
+                   epochs, strategy, meta, policy)
 
     @classmethod
     def from_moves(

@@ -196,13 +196,15 @@ def plan_rescale(
     balance: str = "keys",
     per_worker: int = 1,
     load: np.ndarray | None = None,
+    target_latency: float | None = None,
 ) -> MigrationPlan:
     """The pure planner: a plan from ``table``'s newest version to ``workers`` or ``target``.
 
     ``sizes`` are the per-bin keys and bytes; ``load`` the per-bin records (needed for
-    ``balance="load"``). ``plan.meta`` summarizes it: bins, keys and bytes moved, steps, the
-    largest step in bytes, and bins/keys/bytes (and records) per worker before and after. A
-    plan with no steps means nothing needs to move.
+    ``balance="load"``); ``target_latency`` (seconds) is for ``strategy="deadline"``.
+    ``plan.meta`` summarizes it: bins, keys and bytes moved, steps, the largest step in
+    bytes, and bins/keys/bytes (and records) per worker before and after. A plan with no
+    steps means nothing needs to move.
     """
     if (workers is None) == (target is None):
         raise PlanError("give exactly one of workers=N or target=")
@@ -218,7 +220,7 @@ def plan_rescale(
         new_owners = balanced_target(owners, _weights(balance, sizes, load), check_workers(workers))
         mode = balance
     moves = target_moves(owners, new_owners)
-    plan = make_plan(table, moves, strategy, gap, per_worker)
+    plan = make_plan(table, moves, strategy, gap, per_worker, target_latency)
     step_bytes = [int(sum(int(sizes.bytes[m.bin]) for m in s.moves)) for s in plan.steps]
     before_live = sorted({int(w) for w in owners})
     after_live = sorted({int(w) for w in new_owners})
@@ -241,6 +243,7 @@ def plan_rescale(
         "bytes_moved": int(sizes.bytes[moved_bins].sum()) if moves else 0,
         "steps": len(plan.steps),
         "epochs": plan.steps[-1].epoch + 1 if plan.steps else 0,
+        **({"target_latency_s": target_latency} if plan.adaptive else {}),
         "largest_step_bytes": max(step_bytes, default=0),
         "largest_step_bins": max((len(s.moves) for s in plan.steps), default=0),
         "skew_field": skew_field,
@@ -260,6 +263,7 @@ def rescale(
     balance: str = "keys",
     per_worker: int = 1,
     target: TargetSpec | str | os.PathLike[str] | None = None,
+    target_latency: float | None = None,
 ) -> MigrationPlan:
     """Plan moving a pipeline's bins onto ``workers`` workers (or onto ``target``).
 
@@ -269,7 +273,9 @@ def rescale(
     either. The plan starts from the newest routing version, so ``megaphone.migrate(plan)``
     accepts it unchanged; ``plan.meta`` also holds a duration estimate from the measured
     transfer rate. Raises :class:`PlanError` (a ``ValueError``) for bad arguments or while
-    another plan is still in flight.
+    another plan is still in flight. ``strategy="deadline"`` with ``target_latency=L``
+    (seconds) gives an adaptive plan: each epoch moves what still lets it finish within L.
+    ``balance="load"`` uses the records per bin the pipeline measured, when it has run.
 
     >>> plan = megaphone.plans.rescale(pipe, workers=4, strategy="batched")  # doctest: +SKIP
     >>> megaphone.migrate(plan, pipe).wait()  # doctest: +SKIP
@@ -307,9 +313,12 @@ def rescale(
     if balance not in BALANCE_MODES:
         raise PlanError(f"unknown balance {balance!r}; expected one of {', '.join(BALANCE_MODES)}")
     sizes = bin_sizes(state, owners)
-    load = observed_load(table, sizes.keys, metrics)
+    measured = pipeline.bin_load() if pipeline is not None else None
+    load = measured if measured is not None and measured.any() else \
+        observed_load(table, sizes.keys, metrics)
     plan = plan_rescale(table, sizes, workers, target=target, strategy=strategy, gap=gap,
-                        balance=balance, per_worker=per_worker, load=load)
+                        balance=balance, per_worker=per_worker, load=load,
+                        target_latency=target_latency)
     rate, measured = transfer_rate(metrics)
     plan.meta["estimate"] = {
         "rate_bytes_per_s": round(rate, 1),

@@ -1,6 +1,7 @@
 """Migration strategies: order a set of moves into the steps of a :class:`MigrationPlan`.
 
-The three strategies of the Megaphone paper (Hoffmann et al., PVLDB 2019, §4):
+The three strategies of the Megaphone paper (Hoffmann et al., PVLDB 2019, §4) are policies of
+:mod:`megaphone.plans.policy` that need no metrics, run ahead of time into fixed steps:
 
 * ``all-at-once`` -- one step moves every bin: the fewest epochs, the largest latency spike;
 * ``fluid`` -- one bin per step: the smallest spikes, the most epochs;
@@ -10,15 +11,21 @@ The three strategies of the Megaphone paper (Hoffmann et al., PVLDB 2019, §4):
   matchings, ``Δ`` the largest number of bins one worker sends or receives, which no schedule
   with one bin per worker per step can beat; ``per_worker=k`` groups ``k`` of them per step.
 
-Every strategy is deterministic and takes ``gap``: idle epochs between steps.
+Every fixed strategy is deterministic and takes ``gap``: idle epochs between steps.
+
+``deadline`` (Cameo-style, :mod:`megaphone.plans.deadline`) cannot be fixed ahead of time: it
+makes an *adaptive* plan that names the policy, and the operator asks it before every epoch
+how much fits under the latency target.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from typing import Any
 
+from megaphone.plans.matching import hopcroft_karp, matching_rounds
 from megaphone.plans.plan import MigrationPlan, PlanError
+from megaphone.plans.policy import AllAtOnce, Batched, Fluid, MigrationPolicy, drive
 from megaphone.routing.table import Move, RoutingTable
 
 ALL_AT_ONCE = "all-at-once"
@@ -27,127 +34,23 @@ FLUID = "fluid"
 """Strategy name: one move per step."""
 BATCHED = "batched"
 """Strategy name: each step a maximum matching of senders to receivers."""
-STRATEGIES: tuple[str, ...] = (ALL_AT_ONCE, FLUID, BATCHED)
-"""Every strategy name :func:`schedule` accepts."""
+DEADLINE = "deadline"
+"""Strategy name: as much per epoch as the latency target leaves room for (adaptive)."""
+FIXED_STRATEGIES: tuple[str, ...] = (ALL_AT_ONCE, FLUID, BATCHED)
+"""Strategy names :func:`schedule` accepts: fixed ahead of time."""
+STRATEGIES: tuple[str, ...] = (*FIXED_STRATEGIES, DEADLINE)
+"""Every strategy name :func:`make_plan` accepts."""
 
 
-def hopcroft_karp(
-    adj: Sequence[Sequence[int]], n_right: int, match_left: Sequence[int] | None = None
-) -> list[int]:
-    """A maximum matching of a bipartite graph (Hopcroft–Karp, ``O(E sqrt(V))``).
-
-    ``adj[u]`` lists the right vertices adjacent to left vertex ``u``. Returns ``m`` with
-    ``m[u]`` the right vertex matched to ``u`` or ``-1``. Starting from ``match_left`` (a valid
-    matching), augmenting paths only ever add vertices to it, so every vertex it covers stays
-    covered. Iterative, so large graphs do not hit Python's recursion limit.
-    """
-    n_left = len(adj)
-    ml = [-1] * n_left if match_left is None else list(match_left)
-    mr = [-1] * n_right
-    for u, v in enumerate(ml):
-        if v != -1:
-            if mr[v] != -1:
-                raise ValueError(f"initial matching uses right vertex {v} twice")
-            mr[v] = u
-    while True:
-        dist = [-1] * n_left
-        queue = [u for u in range(n_left) if ml[u] == -1]
-        for u in queue:
-            dist[u] = 0
-        found = False
-        head = 0
-        while head < len(queue):
-            u = queue[head]
-            head += 1
-            for v in adj[u]:
-                w = mr[v]
-                if w == -1:
-                    found = True
-                elif dist[w] == -1:
-                    dist[w] = dist[u] + 1
-                    queue.append(w)
-        if not found:
-            return ml
-        nxt = [0] * n_left
-        for root in range(n_left):
-            if ml[root] != -1:
-                continue
-            stack = [root]
-            while stack:
-                u = stack[-1]
-                if nxt[u] == len(adj[u]):
-                    dist[u] = -2  # dead end for the rest of this phase
-                    stack.pop()
-                    continue
-                v = adj[u][nxt[u]]
-                nxt[u] += 1
-                w = mr[v]
-                if w == -1:
-                    for x in stack:  # augment: each stacked vertex takes the edge it followed
-                        y = adj[x][nxt[x] - 1]
-                        ml[x] = y
-                        mr[y] = x
-                    break
-                if dist[w] == dist[u] + 1:
-                    stack.append(w)
-
-
-def matching_rounds(moves: Iterable[Move]) -> list[list[Move]]:
-    """Split ``moves`` into ``Δ`` matchings: in each, a worker sends and receives at most one bin.
-
-    ``Δ`` is the most bins any one worker sends or receives, the fewest rounds possible. Each
-    round is a maximum matching that covers every worker of maximum remaining degree: the
-    multigraph is padded to be ``Δ``-regular (dummy workers and edges), a perfect matching of
-    that is found with Hopcroft–Karp, its real edges are kept and augmented to a maximum
-    matching of the real graph. Pairs with several moves send their lowest bin first.
-    """
-    pending: dict[tuple[int, int], deque[Move]] = {}
-    for m in sorted(Move(*m) for m in moves):
-        pending.setdefault((m.src, m.dst), deque()).append(m)
-    rounds: list[list[Move]] = []
-    while pending:
-        senders = sorted({s for s, _ in pending})
-        receivers = sorted({d for _, d in pending})
-        si = {s: i for i, s in enumerate(senders)}
-        ri = {d: i for i, d in enumerate(receivers)}
-        deg_l = [0] * len(senders)
-        deg_r = [0] * len(receivers)
-        real: list[set[int]] = [set() for _ in senders]
-        for (s, d), q in pending.items():
-            deg_l[si[s]] += len(q)
-            deg_r[ri[d]] += len(q)
-            real[si[s]].add(ri[d])
-        delta = max(max(deg_l), max(deg_r))
-        n = max(len(senders), len(receivers))
-        # Pad to a delta-regular bipartite multigraph: pair up left and right deficits.
-        need_l = [delta - d for d in deg_l] + [delta] * (n - len(senders))
-        need_r = [delta - d for d in deg_r] + [delta] * (n - len(receivers))
-        full: list[set[int]] = [set(r) for r in real] + [set() for _ in range(n - len(senders))]
-        j = 0
-        for i in range(n):
-            while need_l[i] > 0:
-                while need_r[j] == 0:
-                    j += 1
-                take = min(need_l[i], need_r[j])
-                full[i].add(j)
-                need_l[i] -= take
-                need_r[j] -= take
-        perfect = hopcroft_karp([sorted(a) for a in full], n)
-        start = [
-            v if i < len(senders) and v in real[i] else -1
-            for i, v in enumerate(perfect[: len(senders)])
-        ]
-        match = hopcroft_karp([sorted(a) for a in real], len(receivers), start)
-        step = []
-        for i, j in enumerate(match):
-            if j == -1:
-                continue
-            key = (senders[i], receivers[j])
-            step.append(pending[key].popleft())
-            if not pending[key]:
-                del pending[key]
-        rounds.append(sorted(step))
-    return rounds
+def strategy_policy(strategy: str, per_worker: int = 1) -> MigrationPolicy:
+    """The policy of a fixed strategy (``per_worker`` is for ``batched``)."""
+    if strategy == ALL_AT_ONCE:
+        return AllAtOnce()
+    if strategy == FLUID:
+        return Fluid()
+    if strategy == BATCHED:
+        return Batched(per_worker)
+    raise PlanError(f"unknown strategy {strategy!r}; expected one of {', '.join(FIXED_STRATEGIES)}")
 
 
 def schedule(moves: Iterable[Move], strategy: str, per_worker: int = 1) -> list[list[Move]]:
@@ -157,26 +60,16 @@ def schedule(moves: Iterable[Move], strategy: str, per_worker: int = 1) -> list[
     the batched rounds, so consecutive steps rotate over sender/receiver pairs and new workers
     start receiving early. ``batched``: ``ceil(Δ / per_worker)`` steps, each the union of
     ``per_worker`` consecutive matchings from :func:`matching_rounds`, so no worker sends or
-    receives more than ``per_worker`` bins in one step.
+    receives more than ``per_worker`` bins in one step. Each is its policy
+    (:func:`strategy_policy`) driven ahead of time.
     """
-    if strategy not in STRATEGIES:
-        raise PlanError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
     if isinstance(per_worker, bool) or not isinstance(per_worker, int) or per_worker < 1:
         raise PlanError(f"per_worker must be an integer >= 1, got {per_worker!r}")
+    policy = strategy_policy(strategy, per_worker)
     moves = sorted(Move(*m) for m in moves)
     if len({m.bin for m in moves}) != len(moves):
         raise PlanError("a bin may be moved only once per plan")
-    if not moves:
-        return []
-    if strategy == ALL_AT_ONCE:
-        return [moves]
-    rounds = matching_rounds(moves)
-    if strategy == FLUID:
-        return [[m] for r in rounds for m in r]
-    return [
-        sorted(m for r in rounds[i : i + per_worker] for m in r)
-        for i in range(0, len(rounds), per_worker)
-    ]
+    return drive(policy, moves)
 
 
 def make_plan(
@@ -185,24 +78,50 @@ def make_plan(
     strategy: str = FLUID,
     gap: int = 0,
     per_worker: int = 1,
+    target_latency: float | None = None,
+    **deadline: Any,
 ) -> MigrationPlan:
     """A :class:`MigrationPlan` from ``table``'s newest version that performs ``moves``.
 
-    Steps come from :func:`schedule`; step ``i`` takes effect ``i * (gap + 1)`` epochs after the
-    plan starts. The plan is accepted by ``megaphone.migrate`` unchanged.
+    Fixed strategies: steps come from :func:`schedule`; step ``i`` takes effect
+    ``i * (gap + 1)`` epochs after the plan starts. ``deadline`` (needs ``target_latency``
+    in seconds; ``deadline`` keywords such as ``margin`` or ``priority`` go to
+    :class:`~megaphone.plans.deadline.DeadlinePolicy`): an adaptive plan holding every move
+    in one step, which the operator starts bin by bin as the target allows (offline it runs
+    as all at once). The plan is accepted by ``megaphone.migrate`` unchanged.
     """
     if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
         raise PlanError(f"gap must be an integer >= 0 epochs, got {gap!r}")
+    if strategy == DEADLINE:
+        from megaphone.plans.policy import policy_from_spec
+
+        if target_latency is None:
+            raise PlanError("strategy 'deadline' needs a target latency (seconds)")
+        spec = {"name": DEADLINE, "target_latency_s": target_latency, **deadline}
+        policy_from_spec(spec)  # check the parameters now
+        moves = sorted(Move(*m) for m in moves)
+        if len({m.bin for m in moves}) != len(moves):
+            raise PlanError("a bin may be moved only once per plan")
+        steps = [moves] if moves else []
+        plan = MigrationPlan.from_moves(table, steps, 0, DEADLINE)
+        return MigrationPlan(plan.fingerprint, plan.base_version, plan.steps, plan.epochs,
+                             DEADLINE, policy=spec)
+    if target_latency is not None or deadline:
+        raise PlanError(f"target_latency and deadline options are for strategy 'deadline', "
+                        f"not {strategy!r}")
     return MigrationPlan.from_moves(table, schedule(moves, strategy, per_worker), gap, strategy)
 
 
 __all__ = [
     "ALL_AT_ONCE",
     "BATCHED",
+    "DEADLINE",
+    "FIXED_STRATEGIES",
     "FLUID",
     "STRATEGIES",
     "hopcroft_karp",
     "make_plan",
     "matching_rounds",
     "schedule",
+    "strategy_policy",
 ]

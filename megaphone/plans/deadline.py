@@ -1,0 +1,332 @@
+"""Cameo-style migration: a latency target decides how much state moves at each epoch.
+
+Cameo (Xu et al., NSDI 2021) runs work by deadline, ``ddl = t_MF + L - C_OM - C_path``: the
+time the input was complete plus the latency target, minus the cost still ahead. For
+migration, the epoch whose input ended at ``t_MF`` must finish by ``t_MF + L``; it starts
+``lag`` seconds after ``t_MF``. Before each epoch the :class:`DeadlinePolicy` predicts the
+epoch's duration from a :class:`CostModel` learned online from the per-epoch metrics, and
+starts the moves that keep the prediction within the deadline::
+
+    lag + margin * (overhead + max(max_w work_w, sum_w work_w / parallelism)) <= L
+    work_w = processing_w + export of the bins w sends + install (and shipping) of those it gets
+
+So it moves more while there is slack, nothing while the pipeline is behind, and never lets
+a move push an epoch past its deadline by prediction -- except a bin that does not fit even
+into an epoch with full slack, which moves alone after ``patience`` such epochs and says so,
+and, if the pipeline stays behind for ``max_behind`` epochs in a row (the target cannot be
+met even without migrating, e.g. an overloaded pipeline that needs this very rescale), the
+smallest bin alone, so the plan still makes progress; both are logged as warnings.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+from megaphone.plans.plan import PlanError
+from megaphone.plans.policy import EpochView
+from megaphone.routing.table import Move
+
+log = logging.getLogger("megaphone.deadline")
+
+#: Predictions within this many seconds of the budget count as fitting (float rounding).
+EPSILON_S = 1e-9
+PRIORITIES = ("auto", "largest", "smallest", "hottest")
+"""Built-in orders in which the deadline policy tries bins (see :class:`DeadlinePolicy`)."""
+
+
+def _median(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return median(values) if values else None
+
+
+def _processing_s(pw: Mapping[str, Any]) -> float:
+    """A worker's busy time in an epoch apart from installing state."""
+    return max(0.0, float(pw.get("useful_s", 0.0)) - float(pw.get("install_s", 0.0)))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Costs in seconds learned from recent epochs (medians, so one slow epoch does not rule).
+
+    ``overhead_s``: an epoch's time outside the workers (scheduling, shuffle). Per worker:
+    ``per_record_s`` processing per record, ``records`` records per epoch, and per byte of
+    state ``export_s_per_byte`` at the sender and ``install_s_per_byte`` at the receiver;
+    ``ship_s_per_byte`` is what moving epochs took beyond that (the shuffle). Workers never
+    measured get the median of the others.
+    """
+
+    overhead_s: float
+    per_record_s: Mapping[int, float]
+    records: Mapping[int, float]
+    export_s_per_byte: Mapping[int, float]
+    install_s_per_byte: Mapping[int, float]
+    ship_s_per_byte: float
+    epochs_seen: int
+    transfers_seen: int
+
+    @classmethod
+    def fit(cls, history: Iterable[Mapping[str, Any]], parallelism: int = 1,
+            window: int = 20) -> CostModel:
+        """Fit the model to the newest ``window`` epochs of ``history`` (metrics records)."""
+        recent = [m for m in history if m.get("per_worker")][-window:]
+        par = max(1, parallelism)
+        per_record: dict[int, list[float]] = defaultdict(list)
+        records: dict[int, list[float]] = defaultdict(list)
+        export: dict[int, list[float]] = defaultdict(list)
+        install: dict[int, list[float]] = defaultdict(list)
+        for m in recent:
+            for w, pw in m["per_worker"].items():
+                if "useful_s" not in pw:
+                    continue
+                n = int(pw.get("records_in", 0))
+                records[int(w)].append(n)
+                if n:
+                    per_record[int(w)].append(_processing_s(pw) / n)
+                if pw.get("bytes_out") and "export_s" in pw:
+                    export[int(w)].append(pw["export_s"] / pw["bytes_out"])
+                if pw.get("bytes_in") and "install_s" in pw:
+                    install[int(w)].append(pw["install_s"] / pw["bytes_in"])
+
+        def outside(m: Mapping[str, Any]) -> float:
+            work = [_processing_s(pw) + float(pw.get("install_s", 0.0)) +
+                    float(pw.get("export_s", 0.0)) for pw in m["per_worker"].values()]
+            return m["duration_s"] - max(max(work, default=0.0), sum(work) / par)
+
+        quiet = [outside(m) for m in recent if not m.get("bytes_moved")]
+        overhead = max(0.0, _median(quiet) or _median(outside(m) for m in recent) or 0.0)
+        moving = [m for m in recent if m.get("bytes_moved")]
+        ship = _median(max(0.0, outside(m) - overhead) / m["bytes_moved"] for m in moving)
+        return cls(
+            overhead_s=overhead,
+            per_record_s={w: median(v) for w, v in per_record.items()},
+            records={w: median(v) for w, v in records.items()},
+            export_s_per_byte={w: median(v) for w, v in export.items()},
+            install_s_per_byte={w: median(v) for w, v in install.items()},
+            ship_s_per_byte=ship or 0.0,
+            epochs_seen=len(recent),
+            transfers_seen=len(moving),
+        )
+
+    @staticmethod
+    def _of(costs: Mapping[int, float], worker: int) -> float:
+        if worker in costs:
+            return costs[worker]
+        return median(costs.values()) if costs else 0.0
+
+    def processing_s(self, worker: int, extra_records: float = 0.0) -> float:
+        """Predicted processing time of ``worker`` next epoch (plus ``extra_records``)."""
+        return self._of(self.per_record_s, worker) * (self.records.get(worker, 0.0) +
+                                                       extra_records)
+
+    def export_s(self, worker: int, nbytes: float) -> float:
+        """Predicted time for ``worker`` to export ``nbytes`` of state."""
+        return self._of(self.export_s_per_byte, worker) * nbytes
+
+    def install_s(self, worker: int, nbytes: float) -> float:
+        """Predicted time to ship ``nbytes`` of state to ``worker`` and install it there."""
+        return (self._of(self.install_s_per_byte, worker) + self.ship_s_per_byte) * nbytes
+
+    def epoch_s(self, work: Mapping[int, float], parallelism: int = 1) -> float:
+        """Predicted epoch duration when worker ``w`` is busy ``work[w]`` seconds."""
+        values = list(work.values())
+        return self.overhead_s + max(max(values, default=0.0),
+                                     sum(values) / max(1, parallelism))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the deadline policy did before one epoch, and why (see ``DeadlinePolicy.decisions``).
+
+    ``action``: ``warm-up`` (too few epochs measured), ``behind`` (no slack: nothing moves),
+    ``probe`` (no transfer measured yet: the smallest bin alone), ``fit`` (moves that fit),
+    ``wait`` (slack, but no remaining bin fits yet), ``oversized`` (a bin larger than the
+    whole budget, moved alone after ``patience`` waits) or ``stalled`` (behind for
+    ``max_behind`` epochs in a row: the smallest bin alone).
+    """
+
+    epoch: int
+    action: str
+    bins: int
+    bytes: int
+    predicted_s: float
+    budget_s: float
+    note: str = ""
+
+
+Priority = Callable[[Move, EpochView], Any]
+"""A sort key for moves: the deadline policy tries bins in ascending key order."""
+
+
+class DeadlinePolicy:
+    """Start, each epoch, the moves whose predicted cost still meets the latency target.
+
+    ``target_latency_s`` is L; ``margin`` multiplies every prediction (safety); ``priority``
+    orders the bins tried: ``auto`` (largest first while the largest fits, else smallest
+    first to fill small slack), ``largest``, ``smallest``, ``hottest`` (most recent records
+    first) or a callable ``key(move, view)``. ``patience``: epochs with slack but nothing
+    fitting before an oversized bin moves alone. ``max_behind``: epochs behind in a row before
+    the smallest bin moves anyway (``None``: never). ``window``: epochs the cost model learns
+    from; ``min_history``: epochs measured before the first move.
+    """
+
+    def __init__(self, target_latency_s: float, margin: float = 1.2,
+                 priority: str | Priority = "auto", patience: int = 3, window: int = 20,
+                 min_history: int = 2, max_behind: int | None = 20) -> None:
+        def number(name: str, value: Any, low: float, integer: bool = False) -> None:
+            ok = isinstance(value, int if integer else (int, float)) and \
+                not isinstance(value, bool) and math.isfinite(value) and value >= low
+            if not ok:
+                kind = "an integer" if integer else "a number"
+                raise PlanError(f"deadline policy: {name} must be {kind} >= {low}, got {value!r}")
+
+        number("target_latency_s", target_latency_s, 0.0)
+        if target_latency_s <= 0:
+            raise PlanError(f"deadline policy: target_latency_s must be > 0, got "
+                            f"{target_latency_s!r}")
+        number("margin", margin, 1.0)
+        number("patience", patience, 1, integer=True)
+        number("window", window, 1, integer=True)
+        number("min_history", min_history, 1, integer=True)
+        if max_behind is not None:
+            number("max_behind", max_behind, 1, integer=True)
+        if isinstance(priority, str) and priority not in PRIORITIES:
+            raise PlanError(f"deadline policy: unknown priority {priority!r}; expected one of "
+                            f"{', '.join(PRIORITIES)} or a callable")
+        if not isinstance(priority, str) and not callable(priority):
+            raise PlanError(f"deadline policy: priority must be a name or a callable, got "
+                            f"{priority!r}")
+        self.target_latency_s = float(target_latency_s)
+        self.margin = float(margin)
+        self.priority = priority
+        self.patience = patience
+        self.window = window
+        self.min_history = min_history
+        self.max_behind = max_behind
+        self.spec: dict[str, Any] = {
+            "name": "deadline", "target_latency_s": self.target_latency_s, "margin": self.margin,
+            "priority": priority if isinstance(priority, str) else "custom",
+            "patience": patience, "window": window, "min_history": min_history,
+            "max_behind": max_behind,
+        }
+        self.decisions: deque[Decision] = deque(maxlen=10_000)
+        self.model: CostModel | None = None
+        self._starved = 0
+        self._behind = 0
+
+    @classmethod
+    def from_spec(cls, params: Mapping[str, Any]) -> DeadlinePolicy:
+        """The policy of a plan's ``{"name": "deadline", ...}`` (without ``name``)."""
+        known = {"target_latency_s", "margin", "priority", "patience", "window", "min_history",
+                 "max_behind"}
+        unknown = set(params) - known
+        if unknown:
+            raise PlanError(f"deadline policy has unknown fields {sorted(unknown)}")
+        if "target_latency_s" not in params:
+            raise PlanError("deadline policy needs target_latency_s (seconds)")
+        priority = params.get("priority", "auto")
+        if priority == "custom":  # a callable given in process; not stored
+            priority = "auto"
+        if not isinstance(priority, str):
+            raise PlanError(f"deadline policy: priority must be a string, got {priority!r}")
+        return cls(**{**params, "priority": priority})
+
+    def __call__(self, view: EpochView) -> list[Move]:
+        """The moves to start before ``view.epoch``; the reason is appended to ``decisions``."""
+        model = CostModel.fit(view.history, view.parallelism, self.window)
+        self.model = model
+        budget = self.target_latency_s - view.lag_s
+        if model.epochs_seen < self.min_history:
+            return self._decide(view, "warm-up", [], 0.0, budget)
+        par = view.parallelism
+        workers = {int(w) for m in view.history[-self.window:] for w in m.get("per_worker", {})}
+        workers |= {w for m in view.remaining for w in (m.src, m.dst)}
+        base = {w: model.processing_s(w) for w in workers}
+        idle = model.epoch_s(base, par)
+        size = {m: view.bin_bytes.get(m.bin, 0) for m in view.remaining}
+        smallest = min(view.remaining, key=lambda m: (size[m], m))
+        if self.margin * idle > budget + EPSILON_S:
+            self._behind += 1
+            if self.max_behind is None or self._behind < self.max_behind:
+                return self._decide(view, "behind", [], idle, budget,
+                                    f"lag {view.lag_s:.2f} s + predicted {idle:.2f} s leave no "
+                                    "slack")
+            self._behind = 0
+            note = (f"behind for {self.max_behind} epochs in a row (the target is missed even "
+                    f"without migrating); moving the smallest bin {smallest.bin} alone")
+            log.warning("deadline policy, epoch %d: %s", view.epoch, note)
+            work = self._with(model, base, smallest, size[smallest], view)
+            return self._decide(view, "stalled", [smallest], model.epoch_s(work, par), budget,
+                                note)
+        self._behind = 0
+        if model.transfers_seen == 0:
+            work = self._with(model, base, smallest, size[smallest], view)
+            return self._decide(view, "probe", [smallest], model.epoch_s(work, par), budget,
+                                "no transfer measured yet: the smallest bin alone")
+        chosen: list[Move] = []
+        work = dict(base)
+        for move in self._order(view, model, base, size, budget):
+            trial = self._with(model, work, move, size[move], view)
+            if self.margin * model.epoch_s(trial, par) <= budget + EPSILON_S:
+                work = trial
+                chosen.append(move)
+        if chosen:
+            self._starved = 0
+            return self._decide(view, "fit", chosen, model.epoch_s(work, par), budget)
+        self._starved += 1
+        alone = model.epoch_s(self._with(model, base, smallest, size[smallest], view), par)
+        if self._starved < self.patience:
+            return self._decide(view, "wait", [], idle, budget,
+                                f"smallest remaining bin {smallest.bin} needs {alone:.2f} s "
+                                f"(x{self.margin:g} margin); waiting {self._starved}/"
+                                f"{self.patience}")
+        self._starved = 0
+        note = (f"bin {smallest.bin} ({size[smallest]:,} bytes) is predicted to take "
+                f"{alone:.2f} s x{self.margin:g} margin, over the {budget:.2f} s budget even "
+                f"with full slack; moving it alone after {self.patience} epochs")
+        log.warning("deadline policy, epoch %d: %s", view.epoch, note)
+        return self._decide(view, "oversized", [smallest], alone, budget, note)
+
+    def _with(self, model: CostModel, work: Mapping[int, float], move: Move, nbytes: int,
+              view: EpochView) -> dict[int, float]:
+        """``work`` plus moving ``move``: export at the sender, install and records at the
+        receiver (the sender's records are kept: a conservative prediction)."""
+        out = dict(work)
+        out[move.src] = out.get(move.src, 0.0) + model.export_s(move.src, nbytes)
+        records = view.bin_records.get(move.bin, 0.0)
+        per_record = model.processing_s(move.dst, 1.0) - model.processing_s(move.dst)
+        out[move.dst] = out.get(move.dst, 0.0) + model.install_s(move.dst, nbytes) + \
+            per_record * records
+        return out
+
+    def _order(self, view: EpochView, model: CostModel, base: Mapping[int, float],
+               size: Mapping[Move, int], budget: float) -> list[Move]:
+        moves = list(view.remaining)
+        if callable(self.priority):
+            return sorted(moves, key=lambda m: self.priority(m, view))
+        if self.priority == "hottest":
+            return sorted(moves, key=lambda m: (-view.bin_records.get(m.bin, 0.0), -size[m], m))
+        largest_first = sorted(moves, key=lambda m: (-size[m], m))
+        if self.priority == "largest":
+            return largest_first
+        if self.priority == "smallest":
+            return largest_first[::-1]
+        big = largest_first[0]
+        fits = self.margin * model.epoch_s(self._with(model, base, big, size[big], view),
+                                           view.parallelism) <= budget + EPSILON_S
+        return largest_first if fits else largest_first[::-1]
+
+    def _decide(self, view: EpochView, action: str, moves: list[Move], predicted: float,
+                budget: float, note: str = "") -> list[Move]:
+        nbytes = sum(view.bin_bytes.get(m.bin, 0) for m in moves)
+        self.decisions.append(Decision(view.epoch, action, len(moves), nbytes,
+                                       round(predicted, 4), round(budget, 4), note))
+        return moves
+
+
+__all__ = ["PRIORITIES", "CostModel", "DeadlinePolicy", "Decision", "Priority"]

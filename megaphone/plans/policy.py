@@ -1,0 +1,186 @@
+"""Migration policies: at each epoch boundary, which of a plan's remaining moves start now.
+
+A policy is any callable ``policy(view) -> moves`` (:data:`MigrationPolicy`). The operator
+calls it before every epoch of an *adaptive* plan (one whose JSON names a ``policy``) with an
+:class:`EpochView` -- the remaining moves, the bins' sizes and load, recent per-epoch metrics
+and how late the epoch starts -- and applies the moves it returns at that epoch. Returning no
+move lets the epoch run without migration.
+
+The Megaphone strategies are policies too: :class:`AllAtOnce`, :class:`Fluid` and
+:class:`Batched` ignore the metrics, so :func:`drive` can run them ahead of time into the
+fixed steps of an ordinary plan (that is what :func:`megaphone.plans.schedule` does). The
+deadline policy (:class:`megaphone.plans.deadline.DeadlinePolicy`) is the one that reads them.
+
+Policies are named in plans as JSON (``{"name": "deadline", "target_latency_s": 2.0}``), so a
+plan stays data; :func:`policy_from_spec` builds the callable. A user's own callable is
+passed in process (``pipe.migrate(plan, policy=fn)``) and is never stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, ClassVar
+
+from megaphone.plans.matching import iter_rounds
+from megaphone.plans.plan import PlanError
+from megaphone.routing.table import Move
+
+
+@dataclass(frozen=True)
+class EpochView:
+    """What a policy sees before epoch ``epoch``: the work left and how the pipeline runs.
+
+    ``remaining``: moves not started yet, in plan order. ``bin_bytes`` / ``bin_records``:
+    size (keys + values) and recent records per bin, where known. ``history``: the newest
+    per-epoch metrics records (as ``Pipeline.metrics()``), oldest first. ``lag_s``: how long
+    after the end of its input the epoch starts (0 when unknown). ``idle_epochs``: epochs in a
+    row the plan has started no move. ``parallelism``: tasks that can run at once.
+    """
+
+    epoch: int
+    remaining: tuple[Move, ...]
+    bin_bytes: Mapping[int, int] = field(default_factory=dict)
+    bin_records: Mapping[int, float] = field(default_factory=dict)
+    history: tuple[Mapping[str, Any], ...] = ()
+    lag_s: float = 0.0
+    idle_epochs: int = 0
+    parallelism: int = 1
+
+
+MigrationPolicy = Callable[[EpochView], Iterable[Move]]
+"""A policy: given the view before an epoch, the moves (a subset of ``remaining``) to start."""
+
+
+class AllAtOnce:
+    """Start every remaining move at once: the fewest epochs, the largest spike."""
+
+    spec: ClassVar[dict[str, Any]] = {"name": "all-at-once"}
+
+    def __call__(self, view: EpochView) -> list[Move]:
+        """All of ``view.remaining``."""
+        return list(view.remaining)
+
+
+class Fluid:
+    """Start one move per epoch, rotating over sender/receiver pairs (matching-round order)."""
+
+    spec: ClassVar[dict[str, Any]] = {"name": "fluid"}
+
+    def __init__(self) -> None:
+        self._round: list[Move] = []
+
+    def __call__(self, view: EpochView) -> list[Move]:
+        """The next move of the current matching round (a new round once it is used up)."""
+        left = set(view.remaining)
+        self._round = [m for m in self._round if m in left]
+        if not self._round and view.remaining:
+            self._round = next(iter_rounds(view.remaining))
+        return self._round[:1]
+
+
+class Batched:
+    """Start ``per_worker`` matching rounds per epoch: no worker sends or receives more bins."""
+
+    def __init__(self, per_worker: int = 1) -> None:
+        if isinstance(per_worker, bool) or not isinstance(per_worker, int) or per_worker < 1:
+            raise PlanError(f"per_worker must be an integer >= 1, got {per_worker!r}")
+        self.per_worker = per_worker
+        self.spec: dict[str, Any] = {"name": "batched", "per_worker": per_worker}
+
+    def __call__(self, view: EpochView) -> list[Move]:
+        """The union of the next ``per_worker`` matchings of the remaining moves."""
+        rounds = islice(iter_rounds(view.remaining), self.per_worker)
+        return sorted(m for r in rounds for m in r)
+
+
+def drive(policy: MigrationPolicy, moves: Iterable[Move], max_idle: int = 1) -> list[list[Move]]:
+    """Run ``policy`` with no metrics until every move started; return the steps it chose.
+
+    This turns a policy that does not need metrics into the fixed steps of a plan. Raises
+    :class:`PlanError` if it chooses a move that is not left, or no move ``max_idle`` times
+    in a row (it would never finish without live metrics).
+    """
+    remaining = sorted(Move(*m) for m in moves)
+    steps: list[list[Move]] = []
+    idle = 0
+    epoch = 0
+    while remaining:
+        chosen = checked_choice(policy(EpochView(epoch, tuple(remaining), idle_epochs=idle)),
+                                remaining)
+        epoch += 1
+        if not chosen:
+            idle += 1
+            if idle >= max_idle:
+                raise PlanError(f"policy {policy_name(policy)} started no move with "
+                                f"{len(remaining)} left and no live metrics to wait for")
+            continue
+        idle = 0
+        steps.append(sorted(chosen))
+        taken = set(chosen)
+        remaining = [m for m in remaining if m not in taken]
+    return steps
+
+
+def checked_choice(chosen: Iterable[Move], remaining: Iterable[Move]) -> list[Move]:
+    """``chosen`` as a list of moves, or :class:`PlanError` if one is not in ``remaining``."""
+    left = set(remaining)
+    out: list[Move] = []
+    for m in chosen:
+        move = Move(*m)
+        if move not in left:
+            raise PlanError(f"policy chose bin {move.bin} ({move.src} -> {move.dst}), which is "
+                            "not among the plan's remaining moves")
+        left.discard(move)
+        out.append(move)
+    return out
+
+
+def policy_name(policy: MigrationPolicy) -> str:
+    """A short name for messages: the spec's name, else the callable's own name."""
+    spec = getattr(policy, "spec", None)
+    if isinstance(spec, dict) and "name" in spec:
+        return str(spec["name"])
+    return getattr(policy, "__name__", type(policy).__name__)
+
+
+def policy_from_spec(spec: Any) -> MigrationPolicy:
+    """Build the policy a plan names; a malformed spec is a :class:`PlanError`.
+
+    Names: ``all-at-once``, ``fluid``, ``batched`` (``per_worker``) and ``deadline`` (see
+    :class:`~megaphone.plans.deadline.DeadlinePolicy` for its fields). ``custom`` stands for a
+    callable handed to ``migrate`` in process; after a restart it resumes as ``fluid``.
+    """
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise PlanError(f"policy must be an object with a string 'name', got {spec!r}")
+    params = {k: v for k, v in spec.items() if k != "name"}
+    name = spec["name"]
+    if name in ("all-at-once", "fluid", "custom"):
+        if params:
+            raise PlanError(f"policy {name!r} takes no parameters, got {sorted(params)}")
+        return AllAtOnce() if name == "all-at-once" else Fluid()
+    if name == "batched":
+        unknown = set(params) - {"per_worker"}
+        if unknown:
+            raise PlanError(f"policy 'batched' has unknown fields {sorted(unknown)}")
+        return Batched(params.get("per_worker", 1))
+    if name == "deadline":
+        from megaphone.plans.deadline import DeadlinePolicy
+
+        return DeadlinePolicy.from_spec(params)
+    raise PlanError(f"unknown policy {name!r}; expected all-at-once, fluid, batched, deadline "
+                    "or custom")
+
+
+__all__ = [
+    "AllAtOnce",
+    "Batched",
+    "EpochView",
+    "Fluid",
+    "MigrationPolicy",
+    "checked_choice",
+    "drive",
+    "policy_from_spec",
+    "policy_name",
+]

@@ -1,0 +1,289 @@
+"""The deadline (Cameo) policy and the policy interface, with synthetic costs (no Spark)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from megaphone.migrator.controller import PlanQueue, PolicyInputs
+from megaphone.plans import MigrationPlan, PlanError, PlanStep, make_plan, schedule
+from megaphone.plans.deadline import CostModel, DeadlinePolicy
+from megaphone.plans.policy import AllAtOnce, Batched, EpochView, Fluid, drive, policy_from_spec
+from megaphone.routing.fingerprint import Fingerprint
+from megaphone.routing.table import Move, RoutingTable
+
+PROC_S = 0.5  # processing per worker per epoch
+RECORDS = 1000
+OVERHEAD_S = 0.2
+XFER = 1e-7  # seconds per byte, at the sender and again at the receiver
+MB = 1_000_000
+
+
+def epoch(workers=(0, 1, 2, 3), moved: dict[int, tuple[int, int]] | None = None,
+          parallelism: int = 8) -> dict:
+    """A metrics record of the synthetic model: ``moved[w] = (bytes out, bytes in)``."""
+    per_worker = {}
+    for w in workers:
+        out_b, in_b = (moved or {}).get(w, (0, 0))
+        pw = {"records_in": RECORDS, "useful_s": PROC_S + in_b * XFER, "install_s": in_b * XFER,
+              "bytes_in": in_b}
+        if out_b:
+            pw.update(bytes_out=out_b, export_s=out_b * XFER)
+        per_worker[str(w)] = pw
+    work = [pw["useful_s"] + pw.get("export_s", 0.0) for pw in per_worker.values()]
+    duration = OVERHEAD_S + max(max(work), sum(work) / parallelism)
+    total = sum(o for o, _ in (moved or {}).values())
+    return {"duration_s": duration, "per_worker": per_worker, "bytes_moved": total}
+
+
+HISTORY = (epoch(), epoch(), epoch(moved={0: (MB, 0), 1: (0, MB)}), epoch())
+
+
+def view(remaining, sizes, history=HISTORY, lag=0.0, parallelism=8, records=None):
+    return EpochView(10, tuple(remaining), sizes, records or {}, tuple(history), lag, 0,
+                     parallelism)
+
+
+def test_cost_model_recovers_the_synthetic_costs():
+    model = CostModel.fit(HISTORY, parallelism=8)
+    assert model.overhead_s == pytest.approx(OVERHEAD_S)
+    assert model.per_record_s[0] == pytest.approx(PROC_S / RECORDS)
+    assert model.export_s_per_byte[0] == pytest.approx(XFER)
+    assert model.install_s_per_byte[1] == pytest.approx(XFER)
+    assert model.ship_s_per_byte == pytest.approx(0.0, abs=1e-12)
+    assert model.processing_s(7) == pytest.approx(0.0)  # a worker with no records yet
+    assert model.epochs_seen == 4 and model.transfers_seen == 1
+
+
+def test_moves_that_fit_and_stop_where_the_budget_ends():
+    # L = 2: 2 - 0.2 overhead - 0.5 processing = 1.3 s per worker; a 1 MB bin costs 0.1 s at
+    # its sender and 0.1 s at its receiver, so 13 bins from worker 0 to 1 fit, the 14th not.
+    moves = [Move(b, 0, 1) for b in range(20)]
+    policy = DeadlinePolicy(2.0, margin=1.0)
+    chosen = policy(view(moves, dict.fromkeys(range(20), MB)))
+    assert len(chosen) == 13
+    d = policy.decisions[-1]
+    assert d.action == "fit" and d.bins == 13 and d.predicted_s <= 2.0 + 1e-9
+
+
+def test_the_margin_shrinks_what_fits():
+    moves = [Move(b, 0, 1) for b in range(20)]
+    chosen = DeadlinePolicy(2.0, margin=1.25)(view(moves, dict.fromkeys(range(20), MB)))
+    assert len(chosen) == 9  # 1.25 * (0.7 + 0.1 n) <= 2  ->  n <= 9
+
+
+def test_every_worker_involved_is_checked():
+    # Two disjoint pairs fill their own budgets; a third pair's receiver is the busy worker 1.
+    moves = [Move(b, 0, 1) for b in range(10)] + [Move(b, 2, 3) for b in range(10, 20)]
+    moves += [Move(20, 2, 1)]
+    chosen = DeadlinePolicy(1.5, margin=1.0)(view(moves, dict.fromkeys(range(21), MB)))
+    per_pair = {(m.src, m.dst): 0 for m in chosen}
+    for m in chosen:
+        per_pair[m.src, m.dst] += 1
+    # budget 1.5 - 0.7 = 0.8 s per worker: 8 bins for (0, 1) and 8 for (2, 3), none for (2, 1)
+    assert per_pair == {(0, 1): 8, (2, 3): 8}
+
+
+def test_the_whole_machine_is_checked_too():
+    # With 2 task slots the summed work of 4 workers bounds the epoch before any single one.
+    history = [epoch(parallelism=2), epoch(parallelism=2),
+               epoch(moved={0: (MB, 0), 1: (0, MB)}, parallelism=2)]
+    moves = [Move(b, 0, 1) for b in range(20)]
+    policy = DeadlinePolicy(2.0, margin=1.0)
+    chosen = policy(view(moves, dict.fromkeys(range(20), MB), history, parallelism=2))
+    # 0.2 + (4 * 0.5 + 0.2 n) / 2 <= 2  ->  n <= 8
+    assert len(chosen) == 8
+
+
+def test_zero_slack_moves_nothing():
+    moves = [Move(0, 0, 1)]
+    policy = DeadlinePolicy(2.0, margin=1.0, max_behind=None)
+    for _ in range(50):
+        assert policy(view(moves, {0: 1}, lag=1.5)) == []
+    assert {d.action for d in policy.decisions} == {"behind"}
+
+
+def test_a_pipeline_behind_for_long_still_makes_progress_and_says_so(caplog):
+    moves = [Move(0, 0, 1), Move(1, 0, 1)]
+    policy = DeadlinePolicy(2.0, margin=1.0, max_behind=4)
+    with caplog.at_level(logging.WARNING, logger="megaphone.deadline"):
+        chosen = [policy(view(moves, {0: 9, 1: 5}, lag=1.5)) for _ in range(4)]
+    assert chosen == [[], [], [], [Move(1, 0, 1)]]
+    assert policy.decisions[-1].action == "stalled" and "behind for 4 epochs" in caplog.text
+    assert policy(view(moves, {0: 9, 1: 5}, lag=0.0))  # slack again: back to fitting
+    assert policy.decisions[-1].action == "fit"
+
+
+def test_a_bin_larger_than_the_budget_moves_alone_eventually_and_says_so(caplog):
+    moves = [Move(0, 0, 1), Move(1, 0, 1)]
+    sizes = {0: 50 * MB, 1: 80 * MB}  # 5 s and 8 s at each end: never within L = 2
+    policy = DeadlinePolicy(2.0, margin=1.0, patience=3)
+    with caplog.at_level(logging.WARNING, logger="megaphone.deadline"):
+        assert policy(view(moves, sizes)) == []
+        assert policy(view(moves, sizes)) == []
+        assert policy(view(moves, sizes)) == [Move(0, 0, 1)]  # the smaller one first
+    assert [d.action for d in policy.decisions] == ["wait", "wait", "oversized"]
+    assert "bin 0" in policy.decisions[-1].note and "over the" in policy.decisions[-1].note
+    assert "moving it alone" in caplog.text
+
+
+def test_no_transfer_measured_yet_probes_with_the_smallest_bin():
+    history = [epoch(), epoch()]
+    moves = [Move(b, 0, 1) for b in range(3)]
+    policy = DeadlinePolicy(2.0)
+    assert policy(view(moves, {0: 3 * MB, 1: MB, 2: 2 * MB}, history)) == [Move(1, 0, 1)]
+    assert policy.decisions[-1].action == "probe"
+
+
+def test_warm_up_waits_for_metrics():
+    policy = DeadlinePolicy(2.0)
+    assert policy(view([Move(0, 0, 1)], {0: 1}, history=())) == []
+    assert policy.decisions[-1].action == "warm-up"
+
+
+def test_priority_auto_takes_the_largest_with_slack_and_small_ones_in_little_slack():
+    moves = [Move(0, 0, 1), Move(1, 0, 1), Move(2, 0, 1), Move(3, 0, 1)]
+    sizes = {0: 5 * MB, 1: MB, 2: MB, 3: 12 * MB}
+    # Budget 1.3 s: the largest (12 MB = 1.2 s) first, then what still fits (one 1 MB bin).
+    assert DeadlinePolicy(2.0, margin=1.0)(view(moves, sizes)) == [Move(3, 0, 1), Move(1, 0, 1)]
+    # Budget 0.3 s (lag 1.0): the largest does not fit: smallest first, two 1 MB bins.
+    assert sorted(DeadlinePolicy(2.0, margin=1.0)(view(moves, sizes, lag=1.0))) == \
+        [Move(1, 0, 1), Move(2, 0, 1)]
+
+
+def test_priority_hottest_and_custom():
+    moves = [Move(0, 0, 1), Move(1, 0, 1), Move(2, 0, 1)]
+    sizes = dict.fromkeys(range(3), 6 * MB)  # 0.6 s each: two fit in 1.3 s
+    hot = DeadlinePolicy(2.0, margin=1.0, priority="hottest")
+    assert sorted(hot(view(moves, sizes, records={2: 50, 1: 10}))) == [Move(1, 0, 1),
+                                                                        Move(2, 0, 1)]
+    by_bin_desc = DeadlinePolicy(2.0, margin=1.0, priority=lambda m, v: -m.bin)
+    assert sorted(by_bin_desc(view(moves, sizes))) == [Move(1, 0, 1), Move(2, 0, 1)]
+
+
+@given(sizes=st.lists(st.integers(0, 30 * MB), min_size=1, max_size=30),
+       dsts=st.lists(st.integers(1, 5), min_size=30, max_size=30),
+       target=st.floats(0.5, 5.0), lag=st.floats(0.0, 3.0), margin=st.floats(1.0, 2.0),
+       parallelism=st.integers(1, 8))
+def test_chosen_moves_never_push_the_epoch_past_its_deadline_by_prediction(
+        sizes, dsts, target, lag, margin, parallelism):
+    moves = [Move(b, 0, dsts[b]) for b in range(len(sizes))]
+    policy = DeadlinePolicy(target, margin=margin, patience=10**6)
+    history = [epoch(parallelism=parallelism), epoch(parallelism=parallelism),
+               epoch(moved={0: (MB, 0), 1: (0, MB)}, parallelism=parallelism)]
+    chosen = policy(view(moves, dict(enumerate(sizes)), history, lag, parallelism))
+    d = policy.decisions[-1]
+    assert set(chosen) <= set(moves)
+    if chosen:
+        assert d.action == "fit" and lag + margin * d.predicted_s <= target + 1e-9
+    else:
+        assert d.action in ("behind", "wait")  # max_behind=20: the first call is never stalled
+
+
+def test_policy_specs_are_checked():
+    assert isinstance(policy_from_spec({"name": "fluid"}), Fluid)
+    assert isinstance(policy_from_spec({"name": "batched", "per_worker": 2}), Batched)
+    assert isinstance(policy_from_spec({"name": "all-at-once"}), AllAtOnce)
+    assert policy_from_spec({"name": "deadline", "target_latency_s": 1.5}).target_latency_s == 1.5
+    for bad, message in [
+        ({"name": "eager"}, "unknown policy"),
+        ({"name": "deadline"}, "needs target_latency_s"),
+        ({"name": "deadline", "target_latency_s": 0}, "must be > 0"),
+        ({"name": "deadline", "target_latency_s": 1, "margin": 0.5}, "margin"),
+        ({"name": "deadline", "target_latency_s": 1, "speed": 3}, "unknown fields"),
+        ({"name": "deadline", "target_latency_s": 1, "priority": "random"}, "unknown priority"),
+        ({"name": "batched", "per_worker": 0}, "per_worker"),
+        ("deadline", "must be an object"),
+    ]:
+        with pytest.raises(PlanError, match=message):
+            policy_from_spec(bad)
+
+
+def test_fixed_strategies_are_policies_driven_ahead_of_time():
+    moves = [Move(b, b % 3, 3 + b % 2) for b in range(12)]
+    assert drive(Fluid(), moves) == schedule(moves, "fluid")
+    assert drive(Batched(2), moves) == schedule(moves, "batched", 2)
+    assert drive(AllAtOnce(), moves) == [sorted(moves)]
+    with pytest.raises(PlanError, match="started no move"):
+        drive(lambda v: [], moves)
+    with pytest.raises(PlanError, match="not among the plan's remaining moves"):
+        drive(lambda v: [Move(99, 0, 1)], moves)
+
+
+def table(workers: int = 2, bins: int = 8) -> RoutingTable:
+    return RoutingTable.initial(Fingerprint("p", bins, "int64"), workers)
+
+
+def test_deadline_plans_are_adaptive_json_and_validated():
+    t = table()
+    plan = make_plan(t, [Move(0, 0, 1), Move(3, 1, 0)], "deadline", target_latency=2.0)
+    assert plan.adaptive and plan.policy["target_latency_s"] == 2.0
+    assert MigrationPlan.from_json(plan.to_json()) == plan
+    with pytest.raises(PlanError, match="needs a target latency"):
+        make_plan(t, [Move(0, 0, 1)], "deadline")
+    with pytest.raises(PlanError, match="are for strategy 'deadline'"):
+        make_plan(t, [Move(0, 0, 1)], "fluid", target_latency=2.0)
+    twice = MigrationPlan(t.fingerprint, 0, (*plan.steps, PlanStep(1, (Move(0, 1, 0),))),
+                          policy={"name": "fluid"})
+    with pytest.raises(PlanError, match="moves bin 0 more than once"):
+        twice.validate(t)
+    data = plan.to_dict()
+    data["policy"] = {"name": "deadline", "target_latency_s": "soon"}
+    with pytest.raises(PlanError, match="target_latency_s"):
+        MigrationPlan.from_dict(data)
+
+
+def test_queue_asks_the_policy_each_epoch_and_survives_a_restart():
+    t = table(2, 8)
+    moves = [Move(b, b % 2, 2) for b in range(6)]
+    plan = make_plan(t, moves, "deadline", target_latency=2.0)
+    calls: list[EpochView] = []
+
+    def two_per_epoch_after_a_pause(v: EpochView) -> list[Move]:
+        calls.append(v)
+        return [] if v.epoch == 0 else list(v.remaining[:2])
+
+    queue = PlanQueue(t)
+    handle = queue.submit(plan, 0, two_per_epoch_after_a_pause)
+    assert queue.steps_due(0, PolicyInputs(bin_bytes=lambda: {0: 7})) == []
+    queue.committed(0, {})
+    assert calls[0].idle_epochs == 0 and calls[0].bin_bytes == {0: 7}
+    assert queue.steps_due(1) == moves[:2]
+    queue.committed(1, {0: 10, 1: 20})
+    assert calls[1].idle_epochs == 1 and len(calls[1].remaining) == 6
+    assert handle.progress.bins_done == 2 and handle.progress.bytes_moved == 30
+    assert not handle.done
+    # A restart: the routing and the queue come back from their JSON; the in-process policy
+    # is gone, so the remaining moves continue as fluid (one per epoch).
+    saved, routing = queue.to_list(), t.to_dict()
+    queue2 = PlanQueue(RoutingTable.from_dict(routing))
+    (handle2,) = queue2.restore(saved)
+    assert handle2.progress.bins_done == 2
+    for e in range(2, 6):
+        assert len(queue2.steps_due(e)) == 1
+        queue2.committed(e, {})
+    assert handle2.done and queue2.in_flight == []
+    assert queue2.table.owners().tolist() == [2] * 6 + [0, 1]
+
+
+def test_queue_fails_a_plan_whose_policy_misbehaves_and_keeps_going():
+    t = table(2, 8)
+    plan = make_plan(t, [Move(0, 0, 1)], "deadline", target_latency=2.0)
+    queue = PlanQueue(t)
+    handle = queue.submit(plan, 0, lambda v: [Move(5, 1, 0)])
+    assert queue.steps_due(0) == []
+    assert handle.done and "not among the plan's remaining moves" in str(handle.error)
+    assert queue.in_flight == [] and t.version == 0
+    with pytest.raises(PlanError, match="not among"):
+        handle.wait(0)
+
+
+def test_nothing_queues_behind_an_adaptive_plan():
+    t = table(2, 8)
+    queue = PlanQueue(t)
+    queue.submit(make_plan(t, [Move(0, 0, 1)], "deadline", target_latency=2.0), 0)
+    with pytest.raises(PlanError, match="adaptive plan is in flight"):
+        queue.submit(make_plan(t, [Move(1, 1, 0)], "fluid"), 0)
