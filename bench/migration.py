@@ -40,6 +40,7 @@ Outputs under ``--out``: ``<run>.csv`` per run, ``latency.png`` (and ``memory.pn
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -75,7 +76,9 @@ from report import (
     label_phases,
     load_result,
     ms,
+    pct,
     plot_timelines,
+    prediction_ratios,
     rate,
     ratio,
     run_stats,
@@ -368,6 +371,7 @@ class LiveRun:
             self.cfg.warmup + self.cfg.steady_epochs
         self.handle = None
         self.window: Window | None = None
+        self.decisions: list[dict[str, Any]] = []
         self.t0 = 0.0
 
     def run(self) -> RunResult:
@@ -387,7 +391,7 @@ class LiveRun:
                 shutil.rmtree(self.path, ignore_errors=True)
         label_phases(self.rows, self.windows, self.cfg.warmup)
         return RunResult(self.name, self.rows, self.windows, fed, check, self.notes,
-                         (load_before, load_avg()))
+                         (load_before, load_avg()), decisions=self.decisions)
 
     def _loop(self, pipe: Pipeline) -> Pipeline:
         cfg, sampler = self.cfg, self.ctx.sampler
@@ -468,6 +472,8 @@ class LiveRun:
             assert self.window is not None
             if self.handle.plan.adaptive:
                 self.notes.append(adaptive_note(self.window.label, self.handle))
+                self.decisions += [{"reconfiguration": self.window.label, **asdict(d)}
+                                   for d in self.handle.policy.decisions]
             self.window.end_s = row.finished_s
             self.windows.append(self.window)
             self.handle, self.window = None, None
@@ -478,6 +484,21 @@ class LiveRun:
         self.next_start = next_epoch + self.cfg.hold
         if not self.pending:
             self.stop_at = next_epoch + self.cfg.cooldown
+
+
+def write_decisions(path: Path, result: RunResult) -> None:
+    """The deadline policy's decision before each epoch next to what the epoch then took."""
+    rows = {r.epoch: r for r in result.rows}
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["reconfiguration", "epoch", "action", "bins", "bytes", "budget_s",
+                         "predicted_s", "duration_s", "latency_s", "note"])
+        for d in result.decisions:
+            row = rows.get(d["epoch"])
+            writer.writerow([d["reconfiguration"], d["epoch"], d["action"], d["bins"],
+                             d["bytes"], d["budget_s"], d["predicted_s"],
+                             round(row.duration_s, 4) if row else "",
+                             round(row.latency_s, 4) if row else "", d["note"]])
 
 
 def adaptive_note(label: str, handle) -> str:
@@ -835,6 +856,12 @@ def target_table(results: list[RunResult]) -> tuple[str, list[str]]:
                 f"{name}: {mine['over']} epochs over {target:g} s vs {fluid['over']} for fluid "
                 f"(no more: {misses}); migration {secs(mine_s)} s vs {secs(fluid_s)} s for fluid "
                 f"({fmt_x(ratio(fluid_s, mine_s))} faster; faster: {faster})")
+        ratios = prediction_ratios(by_name[name])
+        if ratios:
+            verdicts.append(
+                f"{name}: epoch duration actual / predicted (without the margin) over the "
+                f"{len(ratios)} epochs it moved bins: median {pct(ratios, 50):.2f}, p90 "
+                f"{pct(ratios, 90):.2f}, max {max(ratios):.2f}")
     return "\n".join(lines), verdicts
 
 
@@ -914,6 +941,8 @@ def run_all(cfg: Config, spark, command: str) -> list[RunResult]:
             result = run_one(ctx, name)
             result.command = command
             write_csv(cfg.out / f"{name}.csv", result.rows)
+            if result.decisions:
+                write_decisions(cfg.out / f"{name}-decisions.csv", result)
             save_result(cfg.out / f"{name}.json", result, setup_key(cfg))
             results[name] = result
             s = run_stats(result)

@@ -84,6 +84,14 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     load_avg: tuple[float, float] = (0.0, 0.0)
     command: str = ""
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # adaptive plans' policy
+
+
+def prediction_ratios(result: RunResult) -> list[float]:
+    """Actual over predicted duration of the epochs whose moves the deadline policy chose."""
+    duration = {r.epoch: r.duration_s for r in result.rows}
+    return [duration[d["epoch"]] / d["predicted_s"] for d in result.decisions
+            if d["bins"] and d["predicted_s"] > 0 and d["epoch"] in duration]
 
 
 def save_result(path: Path, result: RunResult, setup: dict[str, Any]) -> None:

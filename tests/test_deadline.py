@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from megaphone.migrator.controller import PlanQueue, PolicyInputs
 from megaphone.plans import MigrationPlan, PlanError, PlanStep, make_plan, schedule
-from megaphone.plans.deadline import CostModel, DeadlinePolicy
+from megaphone.plans.deadline import APPLY, EXPORT, CostModel, DeadlinePolicy, stages_s
 from megaphone.plans.policy import AllAtOnce, Batched, EpochView, Fluid, drive, policy_from_spec
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move, RoutingTable
@@ -33,8 +33,11 @@ def epoch(workers=(0, 1, 2, 3), moved: dict[int, tuple[int, int]] | None = None,
         if out_b:
             pw.update(bytes_out=out_b, export_s=out_b * XFER)
         per_worker[str(w)] = pw
-    work = [pw["useful_s"] + pw.get("export_s", 0.0) for pw in per_worker.values()]
-    duration = OVERHEAD_S + max(max(work), sum(work) / parallelism)
+    work = {}
+    for w, pw in per_worker.items():
+        work[EXPORT, int(w)] = pw.get("export_s", 0.0)
+        work[APPLY, int(w)] = pw["useful_s"]
+    duration = OVERHEAD_S + stages_s(work, parallelism)
     total = sum(o for o, _ in (moved or {}).values())
     return {"duration_s": duration, "per_worker": per_worker, "bytes_moved": total}
 
@@ -59,20 +62,21 @@ def test_cost_model_recovers_the_synthetic_costs():
 
 
 def test_moves_that_fit_and_stop_where_the_budget_ends():
-    # L = 2: 2 - 0.2 overhead - 0.5 processing = 1.3 s per worker; a 1 MB bin costs 0.1 s at
-    # its sender and 0.1 s at its receiver, so 13 bins from worker 0 to 1 fit, the 14th not.
+    # L = 2: 2 - 0.2 overhead - 0.5 processing leaves 1.3 s; a 1 MB bin costs 0.1 s of export
+    # at its sender (first stage) and 0.1 s of install at its receiver (second stage), so 6
+    # bins from worker 0 to 1 fit (0.7 + 0.2 n <= 2), the 7th not.
     moves = [Move(b, 0, 1) for b in range(20)]
     policy = DeadlinePolicy(2.0, margin=1.0)
     chosen = policy(view(moves, dict.fromkeys(range(20), MB)))
-    assert len(chosen) == 13
+    assert len(chosen) == 6
     d = policy.decisions[-1]
-    assert d.action == "fit" and d.bins == 13 and d.predicted_s <= 2.0 + 1e-9
+    assert d.action == "fit" and d.bins == 6 and d.predicted_s <= 2.0 + 1e-9
 
 
 def test_the_margin_shrinks_what_fits():
     moves = [Move(b, 0, 1) for b in range(20)]
     chosen = DeadlinePolicy(2.0, margin=1.25)(view(moves, dict.fromkeys(range(20), MB)))
-    assert len(chosen) == 9  # 1.25 * (0.7 + 0.1 n) <= 2  ->  n <= 9
+    assert len(chosen) == 4  # 1.25 * (0.7 + 0.2 n) <= 2  ->  n <= 4.5
 
 
 def test_every_worker_involved_is_checked():
@@ -83,8 +87,9 @@ def test_every_worker_involved_is_checked():
     per_pair = {(m.src, m.dst): 0 for m in chosen}
     for m in chosen:
         per_pair[m.src, m.dst] += 1
-    # budget 1.5 - 0.7 = 0.8 s per worker: 8 bins for (0, 1) and 8 for (2, 3), none for (2, 1)
-    assert per_pair == {(0, 1): 8, (2, 3): 8}
+    # 0.8 s left: 4 bins of (0, 1) take 0.4 s per stage; (2, 3) runs beside them in both
+    # stages (another sender, another receiver), 4 more; (2, 1) would lengthen both stages.
+    assert per_pair == {(0, 1): 4, (2, 3): 4}
 
 
 def test_the_whole_machine_is_checked_too():
@@ -94,8 +99,8 @@ def test_the_whole_machine_is_checked_too():
     moves = [Move(b, 0, 1) for b in range(20)]
     policy = DeadlinePolicy(2.0, margin=1.0)
     chosen = policy(view(moves, dict.fromkeys(range(20), MB), history, parallelism=2))
-    # 0.2 + (4 * 0.5 + 0.2 n) / 2 <= 2  ->  n <= 8
-    assert len(chosen) == 8
+    # 0.2 + 0.1 n (exports) + (4 * 0.5 + 0.1 n) / 2 (the 2 slots) <= 2  ->  n <= 5
+    assert len(chosen) == 5
 
 
 def test_zero_slack_moves_nothing():
@@ -146,17 +151,17 @@ def test_warm_up_waits_for_metrics():
 
 def test_priority_auto_takes_the_largest_with_slack_and_small_ones_in_little_slack():
     moves = [Move(0, 0, 1), Move(1, 0, 1), Move(2, 0, 1), Move(3, 0, 1)]
-    sizes = {0: 5 * MB, 1: MB, 2: MB, 3: 12 * MB}
-    # Budget 1.3 s: the largest (12 MB = 1.2 s) first, then what still fits (one 1 MB bin).
+    sizes = {0: 5 * MB // 2, 1: MB // 2, 2: MB // 2, 3: 6 * MB}
+    # 1.3 s left: the largest (6 MB = 1.2 s) first, then what still fits (one 0.5 MB bin).
     assert DeadlinePolicy(2.0, margin=1.0)(view(moves, sizes)) == [Move(3, 0, 1), Move(1, 0, 1)]
-    # Budget 0.3 s (lag 1.0): the largest does not fit: smallest first, two 1 MB bins.
+    # 0.3 s left (lag 1.0): the largest does not fit: smallest first, two 0.5 MB bins.
     assert sorted(DeadlinePolicy(2.0, margin=1.0)(view(moves, sizes, lag=1.0))) == \
         [Move(1, 0, 1), Move(2, 0, 1)]
 
 
 def test_priority_hottest_and_custom():
     moves = [Move(0, 0, 1), Move(1, 0, 1), Move(2, 0, 1)]
-    sizes = dict.fromkeys(range(3), 6 * MB)  # 0.6 s each: two fit in 1.3 s
+    sizes = dict.fromkeys(range(3), 3 * MB)  # 0.6 s each: two fit in 1.3 s
     hot = DeadlinePolicy(2.0, margin=1.0, priority="hottest")
     assert sorted(hot(view(moves, sizes, records={2: 50, 1: 10}))) == [Move(1, 0, 1),
                                                                         Move(2, 0, 1)]

@@ -5,10 +5,15 @@ time the input was complete plus the latency target, minus the cost still ahead.
 migration, the epoch whose input ended at ``t_MF`` must finish by ``t_MF + L``; it starts
 ``lag`` seconds after ``t_MF``. Before each epoch the :class:`DeadlinePolicy` predicts the
 epoch's duration from a :class:`CostModel` learned online from the per-epoch metrics, and
-starts the moves that keep the prediction within the deadline::
+starts the moves that keep the prediction within the deadline. An epoch is one Spark job of
+two stages, the senders' exports (map) and then every worker's install and processing
+(reduce), so::
 
-    lag + margin * (overhead + max(max_w work_w, sum_w work_w / parallelism)) <= L
-    work_w = processing_w + export of the bins w sends + install (and shipping) of those it gets
+    lag + margin * (overhead + stage(export_w) + stage(processing_w + install_w)) <= L
+    stage(x) = max(max_w x_w, sum_w x_w / parallelism)
+
+``export_w`` is the export of the bins ``w`` sends, ``install_w`` the shipping and install of
+those it receives, ``processing_w`` its records (plus the records of the bins it receives).
 
 So it moves more while there is slack, nothing while the pipeline is behind, and never lets
 a move push an epoch past its deadline by prediction -- except a bin that does not fit even
@@ -40,6 +45,22 @@ PRIORITIES = ("auto", "largest", "smallest", "hottest")
 """Built-in orders in which the deadline policy tries bins (see :class:`DeadlinePolicy`)."""
 
 
+EXPORT, APPLY = 0, 1
+"""The two stages of an epoch's job: the senders' exports, then installs and processing."""
+Work = Mapping[tuple[int, int], float]
+"""Seconds of work per ``(stage, worker)``."""
+
+
+def stages_s(work: Work, parallelism: int = 1) -> float:
+    """Time of the stages one after the other; a stage takes its busiest worker's time or its
+    total over the task slots, whichever is longer."""
+    total = 0.0
+    for stage in (EXPORT, APPLY):
+        values = [t for (s, _), t in work.items() if s == stage]
+        total += max(max(values, default=0.0), sum(values) / max(1, parallelism))
+    return total
+
+
 def _median(values: Iterable[float]) -> float | None:
     values = list(values)
     return median(values) if values else None
@@ -54,7 +75,8 @@ def _processing_s(pw: Mapping[str, Any]) -> float:
 class CostModel:
     """Costs in seconds learned from recent epochs (medians, so one slow epoch does not rule).
 
-    ``overhead_s``: an epoch's time outside the workers (scheduling, shuffle). Per worker:
+    ``overhead_s``: an epoch's time outside the workers' stages (scheduling, the records'
+    shuffle). Per worker:
     ``per_record_s`` processing per record, ``records`` records per epoch, and per byte of
     state ``export_s_per_byte`` at the sender and ``install_s_per_byte`` at the receiver;
     ``ship_s_per_byte`` is what moving epochs took beyond that (the shuffle). Workers never
@@ -94,9 +116,11 @@ class CostModel:
                     install[int(w)].append(pw["install_s"] / pw["bytes_in"])
 
         def outside(m: Mapping[str, Any]) -> float:
-            work = [_processing_s(pw) + float(pw.get("install_s", 0.0)) +
-                    float(pw.get("export_s", 0.0)) for pw in m["per_worker"].values()]
-            return m["duration_s"] - max(max(work, default=0.0), sum(work) / par)
+            work = {}
+            for w, pw in m["per_worker"].items():
+                work[EXPORT, int(w)] = float(pw.get("export_s", 0.0))
+                work[APPLY, int(w)] = _processing_s(pw) + float(pw.get("install_s", 0.0))
+            return m["duration_s"] - stages_s(work, par)
 
         quiet = [outside(m) for m in recent if not m.get("bytes_moved")]
         overhead = max(0.0, _median(quiet) or _median(outside(m) for m in recent) or 0.0)
@@ -132,11 +156,9 @@ class CostModel:
         """Predicted time to ship ``nbytes`` of state to ``worker`` and install it there."""
         return (self._of(self.install_s_per_byte, worker) + self.ship_s_per_byte) * nbytes
 
-    def epoch_s(self, work: Mapping[int, float], parallelism: int = 1) -> float:
-        """Predicted epoch duration when worker ``w`` is busy ``work[w]`` seconds."""
-        values = list(work.values())
-        return self.overhead_s + max(max(values, default=0.0),
-                                     sum(values) / max(1, parallelism))
+    def epoch_s(self, work: Work, parallelism: int = 1) -> float:
+        """Predicted epoch duration for ``work`` (seconds per stage and worker)."""
+        return self.overhead_s + stages_s(work, parallelism)
 
 
 @dataclass(frozen=True)
@@ -246,7 +268,7 @@ class DeadlinePolicy:
         par = view.parallelism
         workers = {int(w) for m in view.history[-self.window:] for w in m.get("per_worker", {})}
         workers |= {w for m in view.remaining for w in (m.src, m.dst)}
-        base = {w: model.processing_s(w) for w in workers}
+        base = {(APPLY, w): model.processing_s(w) for w in workers}
         idle = model.epoch_s(base, par)
         size = {m: view.bin_bytes.get(m.bin, 0) for m in view.remaining}
         smallest = min(view.remaining, key=lambda m: (size[m], m))
@@ -292,19 +314,19 @@ class DeadlinePolicy:
         log.warning("deadline policy, epoch %d: %s", view.epoch, note)
         return self._decide(view, "oversized", [smallest], alone, budget, note)
 
-    def _with(self, model: CostModel, work: Mapping[int, float], move: Move, nbytes: int,
-              view: EpochView) -> dict[int, float]:
+    def _with(self, model: CostModel, work: Work, move: Move, nbytes: int,
+              view: EpochView) -> dict[tuple[int, int], float]:
         """``work`` plus moving ``move``: export at the sender, install and records at the
         receiver (the sender's records are kept: a conservative prediction)."""
         out = dict(work)
-        out[move.src] = out.get(move.src, 0.0) + model.export_s(move.src, nbytes)
+        src, dst = (EXPORT, move.src), (APPLY, move.dst)
+        out[src] = out.get(src, 0.0) + model.export_s(move.src, nbytes)
         records = view.bin_records.get(move.bin, 0.0)
         per_record = model.processing_s(move.dst, 1.0) - model.processing_s(move.dst)
-        out[move.dst] = out.get(move.dst, 0.0) + model.install_s(move.dst, nbytes) + \
-            per_record * records
+        out[dst] = out.get(dst, 0.0) + model.install_s(move.dst, nbytes) + per_record * records
         return out
 
-    def _order(self, view: EpochView, model: CostModel, base: Mapping[int, float],
+    def _order(self, view: EpochView, model: CostModel, base: Work,
                size: Mapping[Move, int], budget: float) -> list[Move]:
         moves = list(view.remaining)
         if callable(self.priority):
@@ -329,4 +351,5 @@ class DeadlinePolicy:
         return moves
 
 
-__all__ = ["PRIORITIES", "CostModel", "DeadlinePolicy", "Decision", "Priority"]
+__all__ = ["PRIORITIES", "CostModel", "DeadlinePolicy", "Decision", "Priority", "Work",
+           "stages_s"]
