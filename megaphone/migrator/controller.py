@@ -18,7 +18,6 @@ from typing import Any
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.plans.policy import (
     EpochView,
-    Fluid,
     MigrationPolicy,
     checked_choice,
     policy_from_spec,
@@ -303,9 +302,8 @@ class PlanQueue:
                     assert plan.policy is not None
                     active.decided = [[Move(*m) for m in step] for step in item["decided"]]
                     active.idle = item.get("idle", 0)
-                    active.policy = policy_from_spec(plan.policy)
+                    active.policy = policy_from_spec(plan.policy)  # "custom": fluid
                     if plan.policy["name"] == "custom":
-                        active.policy = Fluid()
                         log.warning("plan resumed after a restart: its in-process policy is "
                                     "gone, the remaining moves continue as fluid")
                     active.handle.policy = active.policy

@@ -143,6 +143,7 @@ class Pipeline:
         self._lock = threading.RLock()  # one epoch at a time; guards commit and routing
         self._metrics: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
         self._bin_load = np.zeros(num_bins)  # records per bin per epoch, smoothed
+        self._task_slots: int | None = None
         self._routing_df: tuple[int, DataFrame] | None = None
         self._state: StateDir | None = None
         self._queue: PlanQueue | None = None
@@ -401,10 +402,11 @@ class Pipeline:
             hot = np.flatnonzero(self._bin_load)
             return dict(zip(hot.tolist(), self._bin_load[hot].tolist(), strict=True))
 
+        if self._task_slots is None:  # asked once: a JVM call
+            self._task_slots = self.spark.sparkContext.defaultParallelism
         return PolicyInputs(
             history=lambda: self.metrics(last=POLICY_HISTORY), bin_bytes=sizes,
-            bin_records=load, lag_s=lag_s,
-            parallelism=self.spark.sparkContext.defaultParallelism)
+            bin_records=load, lag_s=lag_s, parallelism=self._task_slots)
 
     def _run_batch(self, batch: DataFrame, batch_id: int, location: str) -> tuple[DataFrame, int]:
         with self._lock:

@@ -15,7 +15,10 @@ two stages, the senders' exports (map) and then every worker's install and proce
 ``export_w`` is the export of the bins ``w`` sends, ``install_w`` the shipping and install of
 those it receives, ``processing_w`` its records (plus the records of the bins it receives).
 
-So it moves more while there is slack, nothing while the pipeline is behind, and never lets
+The model corrects itself: the policy compares the duration it predicted for each epoch it
+moved bins in with the duration measured, and scales later predictions by the 75th percentile
+of that ratio (never below 1). So it moves more while there is slack, nothing while the
+pipeline is behind, and never lets
 a move push an epoch past its deadline by prediction -- except a bin that does not fit even
 into an epoch with full slack, which moves alone after ``patience`` such epochs and says so,
 and, if the pipeline stays behind for ``max_behind`` epochs in a row (the target cannot be
@@ -179,6 +182,7 @@ class Decision:
     predicted_s: float
     budget_s: float
     note: str = ""
+    calibration: float = 1.0
 
 
 Priority = Callable[[Move, EpochView], Any]
@@ -238,6 +242,8 @@ class DeadlinePolicy:
         }
         self.decisions: deque[Decision] = deque(maxlen=10_000)
         self.model: CostModel | None = None
+        self.calibration = 1.0
+        self._predicted: dict[int, float] = {}  # epoch -> uncalibrated prediction, if it moved
         self._starved = 0
         self._behind = 0
 
@@ -260,8 +266,11 @@ class DeadlinePolicy:
 
     def __call__(self, view: EpochView) -> list[Move]:
         """The moves to start before ``view.epoch``; the reason is appended to ``decisions``."""
+        if not view.remaining:
+            return []
         model = CostModel.fit(view.history, view.parallelism, self.window)
         self.model = model
+        self.calibration = self._calibrate(view.history)
         budget = self.target_latency_s - view.lag_s
         if model.epochs_seen < self.min_history:
             return self._decide(view, "warm-up", [], 0.0, budget)
@@ -269,7 +278,7 @@ class DeadlinePolicy:
         workers = {int(w) for m in view.history[-self.window:] for w in m.get("per_worker", {})}
         workers |= {w for m in view.remaining for w in (m.src, m.dst)}
         base = {(APPLY, w): model.processing_s(w) for w in workers}
-        idle = model.epoch_s(base, par)
+        idle = self._predict(model, base, par)
         size = {m: view.bin_bytes.get(m.bin, 0) for m in view.remaining}
         smallest = min(view.remaining, key=lambda m: (size[m], m))
         if self.margin * idle > budget + EPSILON_S:
@@ -283,25 +292,26 @@ class DeadlinePolicy:
                     f"without migrating); moving the smallest bin {smallest.bin} alone")
             log.warning("deadline policy, epoch %d: %s", view.epoch, note)
             work = self._with(model, base, smallest, size[smallest], view)
-            return self._decide(view, "stalled", [smallest], model.epoch_s(work, par), budget,
-                                note)
+            return self._decide(view, "stalled", [smallest], self._predict(model, work, par),
+                                budget, note)
         self._behind = 0
         if model.transfers_seen == 0:
             work = self._with(model, base, smallest, size[smallest], view)
-            return self._decide(view, "probe", [smallest], model.epoch_s(work, par), budget,
-                                "no transfer measured yet: the smallest bin alone")
+            return self._decide(view, "probe", [smallest], self._predict(model, work, par),
+                                budget, "no transfer measured yet: the smallest bin alone")
         chosen: list[Move] = []
         work = dict(base)
         for move in self._order(view, model, base, size, budget):
             trial = self._with(model, work, move, size[move], view)
-            if self.margin * model.epoch_s(trial, par) <= budget + EPSILON_S:
+            if self.margin * self._predict(model, trial, par) <= budget + EPSILON_S:
                 work = trial
                 chosen.append(move)
         if chosen:
             self._starved = 0
-            return self._decide(view, "fit", chosen, model.epoch_s(work, par), budget)
+            return self._decide(view, "fit", chosen, self._predict(model, work, par), budget)
         self._starved += 1
-        alone = model.epoch_s(self._with(model, base, smallest, size[smallest], view), par)
+        alone = self._predict(model, self._with(model, base, smallest, size[smallest], view),
+                              par)
         if self._starved < self.patience:
             return self._decide(view, "wait", [], idle, budget,
                                 f"smallest remaining bin {smallest.bin} needs {alone:.2f} s "
@@ -313,6 +323,21 @@ class DeadlinePolicy:
                 f"with full slack; moving it alone after {self.patience} epochs")
         log.warning("deadline policy, epoch %d: %s", view.epoch, note)
         return self._decide(view, "oversized", [smallest], alone, budget, note)
+
+    def _calibrate(self, history: Iterable[Mapping[str, Any]]) -> float:
+        """The 75th percentile of measured / predicted duration over the newest ``window``
+        epochs this policy moved bins in (1 before any; never below 1)."""
+        ratios = [m["duration_s"] / self._predicted[m["epoch"]] for m in history
+                  if m.get("epoch") in self._predicted and self._predicted[m["epoch"]] > 0]
+        ratios = ratios[-self.window:]
+        if not ratios:
+            return 1.0
+        ratios.sort()
+        return max(1.0, ratios[min(len(ratios) - 1, int(0.75 * len(ratios)))])
+
+    def _predict(self, model: CostModel, work: Work, parallelism: int) -> float:
+        """The model's epoch duration for ``work``, calibrated by its measured error."""
+        return self.calibration * model.epoch_s(work, parallelism)
 
     def _with(self, model: CostModel, work: Work, move: Move, nbytes: int,
               view: EpochView) -> dict[tuple[int, int], float]:
@@ -339,15 +364,20 @@ class DeadlinePolicy:
         if self.priority == "smallest":
             return largest_first[::-1]
         big = largest_first[0]
-        fits = self.margin * model.epoch_s(self._with(model, base, big, size[big], view),
+        fits = self.margin * self._predict(model, self._with(model, base, big, size[big], view),
                                            view.parallelism) <= budget + EPSILON_S
         return largest_first if fits else largest_first[::-1]
 
     def _decide(self, view: EpochView, action: str, moves: list[Move], predicted: float,
                 budget: float, note: str = "") -> list[Move]:
         nbytes = sum(view.bin_bytes.get(m.bin, 0) for m in moves)
+        if moves:
+            self._predicted[view.epoch] = predicted / self.calibration
+            if len(self._predicted) > 4 * self.window:
+                del self._predicted[min(self._predicted)]
         self.decisions.append(Decision(view.epoch, action, len(moves), nbytes,
-                                       round(predicted, 4), round(budget, 4), note))
+                                       round(predicted, 4), round(budget, 4), note,
+                                       round(self.calibration, 3)))
         return moves
 
 
