@@ -77,19 +77,18 @@ def test_predictions_are_calibrated_by_the_measured_error():
     moves = [Move(b, 0, 1) for b in range(20)]
     sizes = dict.fromkeys(range(20), MB)
     policy = DeadlinePolicy(2.0, margin=1.0)
-    first = policy(view(moves, sizes))
-    assert len(first) == 6 and policy.decisions[-1].calibration == 1.0
-    # That epoch (10) then took twice the prediction: later predictions double,
-    # 2 * (0.7 + 0.2 n) <= 2  ->  n <= 1.5.
-    took = {**epoch(), "epoch": 10, "duration_s": 2 * policy.decisions[-1].predicted_s}
-    left = [m for m in moves if m not in first]
-    second = policy(view(left, sizes, (*HISTORY, took)))
-    assert len(second) == 1 and policy.decisions[-1].calibration == pytest.approx(2.0)
-    # A faster epoch than predicted never makes the policy bolder than its model.
-    fast = {**took, "epoch": 11, "duration_s": 0.1}
-    policy._predicted = {11: 1.0}
-    assert len(policy(view(left, sizes, (*HISTORY, fast)))) == 6
-    assert policy.decisions[-1].calibration == 1.0
+    assert len(policy(view(moves, sizes))) == 6  # the model replays HISTORY exactly
+    assert policy.calibration == 1.0
+    # A moving epoch that took twice what the model makes of it: predictions grow.
+    slow = epoch(moved={0: (MB, 0), 1: (0, MB)})
+    slow["duration_s"] *= 2
+    assert 1 <= len(policy(view(moves, sizes, (*HISTORY, slow)))) < 6
+    assert policy.calibration > 1.2 and policy.decisions[-1].calibration > 1.2
+    # A faster one never makes the policy bolder than its model.
+    fast = epoch(moved={0: (MB, 0), 1: (0, MB)})
+    fast["duration_s"] /= 2
+    assert len(policy(view(moves, sizes, (*HISTORY, fast)))) == 6
+    assert policy.calibration == 1.0
 
 
 def test_the_margin_shrinks_what_fits():

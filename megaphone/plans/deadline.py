@@ -15,11 +15,14 @@ two stages, the senders' exports (map) and then every worker's install and proce
 ``export_w`` is the export of the bins ``w`` sends, ``install_w`` the shipping and install of
 those it receives, ``processing_w`` its records (plus the records of the bins it receives).
 
-The model corrects itself: the policy compares the duration it predicted for each epoch it
-moved bins in with the duration measured, and scales later predictions by the 75th percentile
-of that ratio (never below 1). So it moves more while there is slack, nothing while the
-pipeline is behind, and never lets
-a move push an epoch past its deadline by prediction -- except a bin that does not fit even
+The model checks itself: for the recent epochs that moved state it predicts each one's
+duration from what the epoch did (records, bytes sent and received per worker) and scales its
+predictions by the 75th percentile of measured / predicted (never below 1), so a model that
+underestimates large moves corrects itself, also for a new plan or after a restart.
+
+So the policy moves more while there is slack, nothing while the pipeline is behind, and
+never lets a move push an epoch past its deadline by prediction -- except a bin that does not
+fit even
 into an epoch with full slack, which moves alone after ``patience`` such epochs and says so,
 and, if the pipeline stays behind for ``max_behind`` epochs in a row (the target cannot be
 met even without migrating, e.g. an overloaded pipeline that needs this very rescale), the
@@ -31,7 +34,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import median
 from typing import Any
@@ -163,6 +166,17 @@ class CostModel:
         """Predicted epoch duration for ``work`` (seconds per stage and worker)."""
         return self.overhead_s + stages_s(work, parallelism)
 
+    def replay_s(self, record: Mapping[str, Any], parallelism: int = 1) -> float:
+        """The duration this model predicts for a recorded epoch, from its records and the
+        bytes each worker sent and received."""
+        work: dict[tuple[int, int], float] = {}
+        for w, pw in record.get("per_worker", {}).items():
+            w = int(w)
+            work[EXPORT, w] = self.export_s(w, pw.get("bytes_out", 0))
+            work[APPLY, w] = self._of(self.per_record_s, w) * pw.get("records_in", 0) + \
+                self.install_s(w, pw.get("bytes_in", 0))
+        return self.epoch_s(work, parallelism)
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -243,7 +257,6 @@ class DeadlinePolicy:
         self.decisions: deque[Decision] = deque(maxlen=10_000)
         self.model: CostModel | None = None
         self.calibration = 1.0
-        self._predicted: dict[int, float] = {}  # epoch -> uncalibrated prediction, if it moved
         self._starved = 0
         self._behind = 0
 
@@ -270,7 +283,7 @@ class DeadlinePolicy:
             return []
         model = CostModel.fit(view.history, view.parallelism, self.window)
         self.model = model
-        self.calibration = self._calibrate(view.history)
+        self.calibration = self._calibrate(model, view.history, view.parallelism)
         budget = self.target_latency_s - view.lag_s
         if model.epochs_seen < self.min_history:
             return self._decide(view, "warm-up", [], 0.0, budget)
@@ -324,12 +337,16 @@ class DeadlinePolicy:
         log.warning("deadline policy, epoch %d: %s", view.epoch, note)
         return self._decide(view, "oversized", [smallest], alone, budget, note)
 
-    def _calibrate(self, history: Iterable[Mapping[str, Any]]) -> float:
-        """The 75th percentile of measured / predicted duration over the newest ``window``
-        epochs this policy moved bins in (1 before any; never below 1)."""
-        ratios = [m["duration_s"] / self._predicted[m["epoch"]] for m in history
-                  if m.get("epoch") in self._predicted and self._predicted[m["epoch"]] > 0]
-        ratios = ratios[-self.window:]
+    def _calibrate(self, model: CostModel, history: Sequence[Mapping[str, Any]],
+                   parallelism: int) -> float:
+        """The 75th percentile of measured / replayed duration over the epochs of the newest
+        ``window`` that moved state (1 without any; never below 1)."""
+        ratios = []
+        for m in history[-self.window:]:
+            if m.get("bytes_moved") and m.get("per_worker"):
+                predicted = model.replay_s(m, parallelism)
+                if predicted > 0:
+                    ratios.append(m["duration_s"] / predicted)
         if not ratios:
             return 1.0
         ratios.sort()
@@ -371,10 +388,6 @@ class DeadlinePolicy:
     def _decide(self, view: EpochView, action: str, moves: list[Move], predicted: float,
                 budget: float, note: str = "") -> list[Move]:
         nbytes = sum(view.bin_bytes.get(m.bin, 0) for m in moves)
-        if moves:
-            self._predicted[view.epoch] = predicted / self.calibration
-            if len(self._predicted) > 4 * self.window:
-                del self._predicted[min(self._predicted)]
         self.decisions.append(Decision(view.epoch, action, len(moves), nbytes,
                                        round(predicted, 4), round(budget, 4), note,
                                        round(self.calibration, 3)))
