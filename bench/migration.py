@@ -859,9 +859,9 @@ def target_table(results: list[RunResult]) -> tuple[str, list[str]]:
         ratios = prediction_ratios(by_name[name])
         if ratios:
             verdicts.append(
-                f"{name}: epoch duration actual / predicted (without the margin) over the "
-                f"{len(ratios)} epochs it moved bins: median {pct(ratios, 50):.2f}, p90 "
-                f"{pct(ratios, 90):.2f}, max {max(ratios):.2f}")
+                f"{name}: epoch duration measured / predicted (calibrated, without the "
+                f"margin) over the {len(ratios)} epochs it moved bins: median "
+                f"{pct(ratios, 50):.2f}, p90 {pct(ratios, 90):.2f}, max {max(ratios):.2f}")
     return "\n".join(lines), verdicts
 
 
