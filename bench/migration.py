@@ -954,7 +954,8 @@ def run_all(cfg: Config, spark, command: str) -> list[RunResult]:
     results = [results[name] for name in run_order(list(results))]
     steady = next((run_stats(r) for r in results if r.name == "steady"), None)
     ref = 1.5 * steady["steady_p99"] if steady else math.nan
-    plot_timelines(cfg.out / "latency.png", results, "latency", ref)
+    targets = {r.name: deadline_target(r.name) for r in results if deadline_target(r.name)}
+    plot_timelines(cfg.out / "latency.png", results, "latency", ref, targets)
     plot_timelines(cfg.out / "memory.png", results, "rss")
     info = {"command": command, "machine": machine(), "loaded": loaded}
     print(write_summary(ctx, results, info), flush=True)

@@ -253,11 +253,12 @@ def stats_table(stats: Sequence[dict[str, Any]], ref_p99: float) -> str:
 
 
 def plot_timelines(path: Path, results: Sequence[RunResult], what: str = "latency",
-                   ref: float = math.nan) -> None:
+                   ref: float = math.nan, targets: dict[str, float] | None = None) -> None:
     """One panel per run over the time epochs completed, reconfigurations shaded.
 
     ``what`` is ``"latency"`` (seconds, log scale, with a dashed line at ``ref`` when given,
-    e.g. 1.5x the steady-state p99) or ``"rss"`` (MiB of driver + JVM + workers).
+    e.g. 1.5x the steady-state p99, and a dotted one at a run's latency target in
+    ``targets``) or ``"rss"`` (MiB of driver + JVM + workers).
     """
     import matplotlib
 
@@ -279,6 +280,9 @@ def plot_timelines(path: Path, results: Sequence[RunResult], what: str = "latenc
             ax.set_ylabel("latency s")
             if math.isfinite(ref):
                 ax.axhline(ref, color="tab:red", linestyle="--", linewidth=0.8)
+            if targets and result.name in targets:
+                ax.axhline(targets[result.name], color="tab:green", linestyle=":",
+                           linewidth=1.2)
         else:
             ys = [r.rss_total_mb for r in rows]
             ax.set_ylabel("RSS MiB")
@@ -291,6 +295,8 @@ def plot_timelines(path: Path, results: Sequence[RunResult], what: str = "latenc
         ax.set_title(result.name, fontsize=9, loc="left")
         ax.grid(True, which="major", alpha=0.3)
     note = "; dashed: 1.5x steady p99" if what == "latency" and math.isfinite(ref) else ""
+    if what == "latency" and targets:
+        note += "; dotted: latency target"
     axes[-1, 0].set_xlabel("time the epoch completed (s since the run started); migration "
                            f"shaded, backlog drain lightly shaded{note}")
     fig.tight_layout()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-RUNS = ("steady", "all-at-once", "fluid", "batched", "pause-restart", "native")
+RUNS = ("steady", "all-at-once", "fluid", "batched", "deadline@30", "pause-restart", "native")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,8 @@ def migration():
 @pytest.mark.slow
 def test_smoke_run_writes_every_output(spark, migration, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    assert migration.main(["--keys", "1e5", "--out", str(out), "--no-progress"], spark=spark) == 0
+    assert migration.main(["--keys", "1e5", "--out", str(out), "--no-progress", "--runs",
+                           ",".join(RUNS)], spark=spark) == 0
     for run in RUNS:
         with open(out / f"{run}.csv", newline="") as fh:
             rows = list(csv.DictReader(fh))
@@ -51,7 +52,16 @@ def test_smoke_run_writes_every_output(spark, migration, tmp_path: Path) -> None
     moved = {name: r["keys_moved"] for name, r in data["runs"].items()}
     assert moved["steady"] == moved["native"] == 0
     # out and back: every migrating run moves the same bins twice.
-    assert moved["all-at-once"] == moved["fluid"] == moved["batched"] == moved["pause-restart"] > 0
+    assert moved["all-at-once"] == moved["fluid"] == moved["batched"] == moved["pause-restart"] \
+        == moved["deadline@30"] > 0
+    # The deadline run: its policy's decisions and the latency-target table.
+    with open(out / "deadline@30-decisions.csv", newline="") as fh:
+        decisions = list(csv.DictReader(fh))
+    assert {d["reconfiguration"] for d in decisions} == {"out", "back"}
+    assert sum(int(d["bins"]) for d in decisions) == 2 * len(migration.reconfigurations(
+        migration.resolve(migration.parser().parse_args(["--keys", "1e5"])))[0][1])
+    assert "| 30 | deadline@30 |" in summary and "| 30 | fluid |" in summary
+    assert "deadline@30: " in summary and "epochs over 30 s" in summary
 
 
 def test_profiles_and_scenario_targets(migration) -> None:
@@ -67,6 +77,15 @@ def test_profiles_and_scenario_targets(migration) -> None:
     full = migration.resolve(migration.parser().parse_args(["--keys", "1e7", "--scenario",
                                                              "scale-out"]))
     assert migration.reconfigurations(full) == [("scale-out", 2 * full.workers)]
+    half = migration.resolve(migration.parser().parse_args(["--keys", "1e5", "--scenario",
+                                                             "half-out"]))
+    assert migration.reconfigurations(half) == [("out", out)]
+    assert migration.run_order(["native", "deadline@4", "fluid", "deadline@1.5", "steady"]) == \
+        ["steady", "fluid", "deadline@1.5", "deadline@4", "native"]
+    assert migration.deadline_target("deadline@2.5") == 2.5
+    assert migration.deadline_target("deadline@0") is None
+    with pytest.raises(SystemExit, match="unknown runs"):
+        migration.resolve(migration.parser().parse_args(["--runs", "fluid,deadline@soon"]))
 
 
 def test_workload_matches_spark(spark, migration) -> None:

@@ -230,6 +230,12 @@ def test_fixed_strategies_are_policies_driven_ahead_of_time():
     assert drive(Fluid(), moves) == schedule(moves, "fluid")
     assert drive(Batched(2), moves) == schedule(moves, "batched", 2)
     assert drive(AllAtOnce(), moves) == [sorted(moves)]
+    # Moves removed behind a policy's back: it starts its rounds again from what is left.
+    for policy in (Fluid(), Batched(2)):
+        first = policy(EpochView(0, tuple(moves)))
+        left = [m for m in moves if m not in first][3:]
+        again = policy(EpochView(1, tuple(left)))
+        assert again and set(again) <= set(left)
     with pytest.raises(PlanError, match="started no move"):
         drive(lambda v: [], moves)
     with pytest.raises(PlanError, match="not among the plan's remaining moves"):

@@ -252,7 +252,7 @@ class PlanQueue:
         view = EpochView(epoch, tuple(remaining), active.sizes, inputs.bin_records(),
                          tuple(inputs.history()), inputs.lag_s, active.idle, inputs.parallelism)
         try:
-            chosen = checked_choice(active.policy(view), remaining)
+            chosen = checked_choice(active.policy(view), set(remaining))
             if chosen:
                 self.table.check_step(chosen, epoch)
         except Exception as exc:  # a user's policy: fail its plan, keep the pipeline running

@@ -18,7 +18,7 @@ passed in process (``pipe.migrate(plan, policy=fn)``) and is never stored.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, ClassVar
@@ -63,36 +63,59 @@ class AllAtOnce:
         return list(view.remaining)
 
 
-class Fluid:
+class _Rounds:
+    """Matching rounds of the remaining moves, computed one at a time and kept between calls.
+
+    The rounds continue as long as the moves left are the ones this policy has not handed
+    out yet (checked by count); otherwise they start again from what is left.
+    """
+
+    def __init__(self) -> None:
+        self._rounds: Iterator[list[Move]] | None = None
+        self._left = -1
+        self._round: list[Move] = []
+
+    def _sync(self, view: EpochView) -> None:
+        if self._rounds is None or len(view.remaining) != self._left:
+            self._rounds = iter_rounds(view.remaining)
+            self._left = len(view.remaining)
+            self._round = []
+
+    def _handed_out(self, moves: list[Move]) -> list[Move]:
+        self._left -= len(moves)
+        return moves
+
+
+class Fluid(_Rounds):
     """Start one move per epoch, rotating over sender/receiver pairs (matching-round order)."""
 
     spec: ClassVar[dict[str, Any]] = {"name": "fluid"}
 
-    def __init__(self) -> None:
-        self._round: list[Move] = []
-
     def __call__(self, view: EpochView) -> list[Move]:
         """The next move of the current matching round (a new round once it is used up)."""
-        left = set(view.remaining)
-        self._round = [m for m in self._round if m in left]
-        if not self._round and view.remaining:
-            self._round = next(iter_rounds(view.remaining))
-        return self._round[:1]
+        self._sync(view)
+        assert self._rounds is not None
+        if not self._round:
+            self._round = next(self._rounds, [])
+        return self._handed_out([self._round.pop(0)] if self._round else [])
 
 
-class Batched:
+class Batched(_Rounds):
     """Start ``per_worker`` matching rounds per epoch: no worker sends or receives more bins."""
 
     def __init__(self, per_worker: int = 1) -> None:
         if isinstance(per_worker, bool) or not isinstance(per_worker, int) or per_worker < 1:
             raise PlanError(f"per_worker must be an integer >= 1, got {per_worker!r}")
+        super().__init__()
         self.per_worker = per_worker
         self.spec: dict[str, Any] = {"name": "batched", "per_worker": per_worker}
 
     def __call__(self, view: EpochView) -> list[Move]:
         """The union of the next ``per_worker`` matchings of the remaining moves."""
-        rounds = islice(iter_rounds(view.remaining), self.per_worker)
-        return sorted(m for r in rounds for m in r)
+        self._sync(view)
+        assert self._rounds is not None
+        rounds = islice(self._rounds, self.per_worker)
+        return self._handed_out(sorted(m for r in rounds for m in r))
 
 
 def drive(policy: MigrationPolicy, moves: Iterable[Move], max_idle: int = 1) -> list[list[Move]]:
@@ -102,7 +125,7 @@ def drive(policy: MigrationPolicy, moves: Iterable[Move], max_idle: int = 1) -> 
     :class:`PlanError` if it chooses a move that is not left, or no move ``max_idle`` times
     in a row (it would never finish without live metrics).
     """
-    remaining = sorted(Move(*m) for m in moves)
+    remaining = dict.fromkeys(sorted(Move(*m) for m in moves))  # ordered, O(1) removal
     steps: list[list[Move]] = []
     idle = 0
     epoch = 0
@@ -118,21 +141,22 @@ def drive(policy: MigrationPolicy, moves: Iterable[Move], max_idle: int = 1) -> 
             continue
         idle = 0
         steps.append(sorted(chosen))
-        taken = set(chosen)
-        remaining = [m for m in remaining if m not in taken]
+        for m in chosen:
+            del remaining[m]
     return steps
 
 
-def checked_choice(chosen: Iterable[Move], remaining: Iterable[Move]) -> list[Move]:
-    """``chosen`` as a list of moves, or :class:`PlanError` if one is not in ``remaining``."""
-    left = set(remaining)
+def checked_choice(chosen: Iterable[Move], remaining: Collection[Move]) -> list[Move]:
+    """``chosen`` as a list of moves, or :class:`PlanError` if one is not in ``remaining``
+    (a set or dict: membership is tested per move) or is chosen twice."""
     out: list[Move] = []
+    seen: set[Move] = set()
     for m in chosen:
         move = Move(*m)
-        if move not in left:
+        if move not in remaining or move in seen:
             raise PlanError(f"policy chose bin {move.bin} ({move.src} -> {move.dst}), which is "
                             "not among the plan's remaining moves")
-        left.discard(move)
+        seen.add(move)
         out.append(move)
     return out
 
