@@ -33,7 +33,14 @@ from megaphone.state_backends import (
     unpack_value,
     unpack_values,
 )
-from megaphone.state_backends.encoding import MAX_BINS, bin_prefix, bin_runs, bins_of_raw
+from megaphone.state_backends.encoding import (
+    MAX_BINS,
+    bin_prefix,
+    bin_runs,
+    bins_of_raw,
+    decode_int_keys,
+    unpack_ints,
+)
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 TEXT = st.text(max_size=12)
@@ -433,3 +440,27 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError):
         list(be.export_bins([-1]))
     assert isinstance(be, StateBackend)
+
+
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=60))
+def test_unpack_ints_decodes_every_msgpack_integer_format(values):
+    arr = pa.array([pack_value(v) for v in values], pa.binary())
+    assert unpack_ints(arr).tolist() == values
+    assert unpack_ints(arr.slice(1)).tolist() == values[1:]  # offsets of a sliced array
+
+
+@pytest.mark.parametrize("other", [1.5, "a", None, [1], 2**64 - 1, True])
+def test_unpack_ints_leaves_anything_else_to_the_caller(other):
+    arr = pa.array([pack_value(3), pack_value(other)], pa.binary())
+    assert unpack_ints(arr) is None
+
+
+@given(st.lists(st.tuples(st.integers(0, 4095), st.integers(-(2**63), 2**63 - 1)), max_size=40))
+def test_decode_int_keys_matches_the_per_key_decoder(pairs):
+    bins = np.array([b for b, _ in pairs], np.int64)
+    keys = np.array([k for _, k in pairs], np.int64)
+    raw = encode_keys(bins, keys, "int64")
+    got = decode_int_keys(pa.array(raw, pa.binary()))
+    assert got is not None
+    assert got[0].tolist() == bins.tolist() and got[1].tolist() == keys.tolist()
+    assert decode_int_keys(pa.array([b"\x00\x00\x00\x01abc"], pa.binary())) is None  # str key

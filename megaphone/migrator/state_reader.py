@@ -12,9 +12,13 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
 from megaphone.state_backends import open_backend
-from megaphone.state_backends.encoding import pack_value
-
-BATCH_ROWS = 65_536
+from megaphone.state_backends.common import kv_columns
+from megaphone.state_backends.encoding import (
+    decode_int_keys,
+    decode_keys,
+    unpack_ints,
+    unpack_values,
+)
 
 
 def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, owners: np.ndarray,
@@ -38,15 +42,9 @@ def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, own
                     continue
                 state = open_backend(backend, path, key_type, num_bins, read_only=True)
                 try:
-                    keys, values = [], []
-                    for _, k, v in state.items(bins_of[w]):
-                        keys.append(k)
-                        values.append(v if decoded else pack_value(v))
-                        if len(keys) >= BATCH_ROWS:
-                            yield _batch(arrow_schema, keys, values)
-                            keys, values = [], []
-                    if keys:
-                        yield _batch(arrow_schema, keys, values)
+                    for chunk in state.export_bins(bins_of[w]):
+                        k, v = kv_columns(chunk)
+                        yield _batch(arrow_schema, key_type, k, v, decoded)
                 finally:
                     state.close()
 
@@ -54,8 +52,21 @@ def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, own
     return ids.repartition(max(1, len(workers))).mapInArrow(read, schema)
 
 
-def _batch(schema: pa.Schema, keys: list, values: list) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array(keys, schema.field(0).type), pa.array(values, schema.field(1).type)],
-        schema=schema,
-    )
+def _batch(schema: pa.Schema, key_type: str, k: pa.Array, v: pa.Array,
+           decoded: bool) -> pa.RecordBatch:
+    """One exported chunk as ``(key, state)`` rows: int keys and int states are decoded
+    without Python objects (others per key); undecoded states stay msgpack bytes."""
+    ints = decode_int_keys(k) if key_type == "int64" else None
+    if ints is not None:
+        keys = pa.array(ints[1], schema.field(0).type)
+    else:
+        _, raw_keys = decode_keys(k.to_pylist(), key_type)
+        keys = pa.array(raw_keys.tolist() if isinstance(raw_keys, np.ndarray) else raw_keys,
+                        schema.field(0).type)
+    if not decoded:
+        values = v.cast(schema.field(1).type)
+    else:
+        nums = unpack_ints(v)
+        values = pa.array(nums if nums is not None else unpack_values(v.to_pylist()),
+                          schema.field(1).type)
+    return pa.RecordBatch.from_arrays([keys, values], schema=schema)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,9 +134,9 @@ class MigrationPlan:
                 owners[b] = dst
             live = {int(w) for w in np.unique(owners)}
         if self.adaptive:
-            bins = [m.bin for m in self.moves]
-            if len(set(bins)) != len(bins):
-                twice = sorted({b for b in bins if bins.count(b) > 1})[0]
+            counts = Counter(m.bin for m in self.moves)
+            if len(counts) != len(self.moves):
+                twice = min(b for b, n in counts.items() if n > 1)
                 raise PlanError(f"adaptive plan moves bin {twice} more than once; its policy "
                                 "orders the moves, so each bin may appear only once")
 

@@ -238,6 +238,63 @@ def decode_keys(raw: Sequence[bytes], key_type: str) -> tuple[np.ndarray, list[A
     raise ValueError(f"unknown key_type {key_type!r}; expected one of {KEY_TYPES}")
 
 
+def decode_int_keys(raw: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(bins, keys)`` of a binary Arrow array of int64 raw keys without Python objects, or
+    None unless every key is a 12-byte int64 raw key (the caller then decodes per key)."""
+    data, offsets = binary_parts(raw)
+    n = len(offsets) - 1
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if not np.array_equal(np.diff(offsets), np.full(n, 12)):
+        return None
+    rec = np.frombuffer(data[offsets[0]:offsets[-1]].tobytes(), dtype=_INT_KEY)
+    return rec["b"].astype(np.int64), (rec["k"].astype(np.uint64) ^ _SIGN).view(np.int64)
+
+
+#: msgpack integer formats: first byte -> (payload bytes, signed).
+_MSGPACK_INTS = {0xCC: (1, False), 0xCD: (2, False), 0xCE: (4, False), 0xCF: (8, False),
+                 0xD0: (1, True), 0xD1: (2, True), 0xD2: (4, True), 0xD3: (8, True)}
+
+
+def unpack_ints(values: pa.Array) -> np.ndarray | None:
+    """Vectorized msgpack decode of a binary Arrow array of integers (int64 result), or None
+    if any value is not a msgpack integer that fits int64 (the caller decodes per value)."""
+    data, offsets = binary_parts(values)
+    n = len(offsets) - 1
+    lengths = np.diff(offsets)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    if int(lengths.min()) < 1:
+        return None
+    starts = offsets[:-1]
+    first = data[starts].astype(np.int64)
+    out = np.full(n, np.iinfo(np.int64).min, np.int64)
+    done = np.zeros(n, bool)
+    fix = lengths == 1
+    pos = fix & (first < 0x80)
+    neg = fix & (first >= 0xE0)
+    out[pos], out[neg] = first[pos], first[neg] - 256
+    done |= pos | neg
+    for tag, (width, signed) in _MSGPACK_INTS.items():
+        sel = np.flatnonzero((first == tag) & (lengths == width + 1))
+        if not len(sel):
+            continue
+        acc = np.zeros(len(sel), np.uint64)
+        for i in range(width):
+            acc = (acc << np.uint64(8)) | data[starts[sel] + 1 + i].astype(np.uint64)
+        if signed:
+            bits = 8 * width
+            vals = acc.astype(np.int64) if width == 8 else \
+                (acc.astype(np.int64) ^ (1 << (bits - 1))) - (1 << (bits - 1))
+        else:
+            if width == 8 and int(acc.max()) >= 1 << 63:
+                return None
+            vals = acc.astype(np.int64)
+        out[sel] = vals
+        done[sel] = True
+    return out if bool(done.all()) else None
+
+
 # --------------------------------------------------------------------------- values
 
 
