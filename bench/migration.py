@@ -900,8 +900,7 @@ def write_summary(ctx: Context, results: list[RunResult], info: dict[str, Any]) 
         *[f"- {line}" for line in findings(stats, ctx.backend_rates)],
         *[f"- {line}" for line in targets[1]],
         "",
-        *([targets[0], ""] if targets[1] or any(deadline_target(r.name) for r in results)
-          else []),
+        *([targets[0], ""] if any(deadline_target(r.name) for r in results) else []),
         "Run notes:",
         "",
         *[f"- {r.name}: load average {r.load_avg[0]:.1f} at the start, {r.load_avg[1]:.1f} at "

@@ -149,10 +149,13 @@ class CostModel:
             return costs[worker]
         return median(costs.values()) if costs else 0.0
 
-    def processing_s(self, worker: int, extra_records: float = 0.0) -> float:
-        """Predicted processing time of ``worker`` next epoch (plus ``extra_records``)."""
-        return self._of(self.per_record_s, worker) * (self.records.get(worker, 0.0) +
-                                                       extra_records)
+    def record_s(self, worker: int) -> float:
+        """Predicted processing time of one record at ``worker``."""
+        return self._of(self.per_record_s, worker)
+
+    def processing_s(self, worker: int) -> float:
+        """Predicted processing time of ``worker``'s records next epoch."""
+        return self.record_s(worker) * self.records.get(worker, 0.0)
 
     def export_s(self, worker: int, nbytes: float) -> float:
         """Predicted time for ``worker`` to export ``nbytes`` of state."""
@@ -173,7 +176,7 @@ class CostModel:
         for w, pw in record.get("per_worker", {}).items():
             w = int(w)
             work[EXPORT, w] = self.export_s(w, pw.get("bytes_out", 0))
-            work[APPLY, w] = self._of(self.per_record_s, w) * pw.get("records_in", 0) + \
+            work[APPLY, w] = self.record_s(w) * pw.get("records_in", 0) + \
                 self.install_s(w, pw.get("bytes_in", 0))
         return self.epoch_s(work, parallelism)
 
@@ -294,7 +297,7 @@ class DeadlinePolicy:
         idle = self._predict(model, base, par)
         size = {m: view.bin_bytes.get(m.bin, 0) for m in view.remaining}
         smallest = min(view.remaining, key=lambda m: (size[m], m))
-        if self.margin * idle > budget + EPSILON_S:
+        if not self._fits(idle, budget):
             self._behind += 1
             if self.max_behind is None or self._behind < self.max_behind:
                 return self._decide(view, "behind", [], idle, budget,
@@ -316,7 +319,7 @@ class DeadlinePolicy:
         work = dict(base)
         for move in self._order(view, model, base, size, budget):
             trial = self._with(model, work, move, size[move], view)
-            if self.margin * self._predict(model, trial, par) <= budget + EPSILON_S:
+            if self._fits(self._predict(model, trial, par), budget):
                 work = trial
                 chosen.append(move)
         if chosen:
@@ -352,6 +355,10 @@ class DeadlinePolicy:
         ratios.sort()
         return max(1.0, ratios[min(len(ratios) - 1, int(0.75 * len(ratios)))])
 
+    def _fits(self, predicted: float, budget: float) -> bool:
+        """Whether ``predicted`` seconds, with the margin, stay within ``budget``."""
+        return self.margin * predicted <= budget + EPSILON_S
+
     def _predict(self, model: CostModel, work: Work, parallelism: int) -> float:
         """The model's epoch duration for ``work``, calibrated by its measured error."""
         return self.calibration * model.epoch_s(work, parallelism)
@@ -364,8 +371,8 @@ class DeadlinePolicy:
         src, dst = (EXPORT, move.src), (APPLY, move.dst)
         out[src] = out.get(src, 0.0) + model.export_s(move.src, nbytes)
         records = view.bin_records.get(move.bin, 0.0)
-        per_record = model.processing_s(move.dst, 1.0) - model.processing_s(move.dst)
-        out[dst] = out.get(dst, 0.0) + model.install_s(move.dst, nbytes) + per_record * records
+        out[dst] = out.get(dst, 0.0) + model.install_s(move.dst, nbytes) + \
+            model.record_s(move.dst) * records
         return out
 
     def _order(self, view: EpochView, model: CostModel, base: Work,
@@ -381,9 +388,9 @@ class DeadlinePolicy:
         if self.priority == "smallest":
             return largest_first[::-1]
         big = largest_first[0]
-        fits = self.margin * self._predict(model, self._with(model, base, big, size[big], view),
-                                           view.parallelism) <= budget + EPSILON_S
-        return largest_first if fits else largest_first[::-1]
+        alone = self._predict(model, self._with(model, base, big, size[big], view),
+                              view.parallelism)
+        return largest_first if self._fits(alone, budget) else largest_first[::-1]
 
     def _decide(self, view: EpochView, action: str, moves: list[Move], predicted: float,
                 budget: float, note: str = "") -> list[Move]:

@@ -20,12 +20,13 @@ how much fits under the latency target.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
 from megaphone.plans.matching import hopcroft_karp, matching_rounds
 from megaphone.plans.plan import MigrationPlan, PlanError
-from megaphone.plans.policy import AllAtOnce, Batched, Fluid, MigrationPolicy, drive
+from megaphone.plans.policy import MigrationPolicy, drive, policy_from_spec
 from megaphone.routing.table import Move, RoutingTable
 
 ALL_AT_ONCE = "all-at-once"
@@ -44,13 +45,19 @@ STRATEGIES: tuple[str, ...] = (*FIXED_STRATEGIES, DEADLINE)
 
 def strategy_policy(strategy: str, per_worker: int = 1) -> MigrationPolicy:
     """The policy of a fixed strategy (``per_worker`` is for ``batched``)."""
-    if strategy == ALL_AT_ONCE:
-        return AllAtOnce()
-    if strategy == FLUID:
-        return Fluid()
-    if strategy == BATCHED:
-        return Batched(per_worker)
-    raise PlanError(f"unknown strategy {strategy!r}; expected one of {', '.join(FIXED_STRATEGIES)}")
+    if strategy not in FIXED_STRATEGIES:
+        raise PlanError(f"unknown strategy {strategy!r}; expected one of "
+                        f"{', '.join(FIXED_STRATEGIES)}")
+    return policy_from_spec({"name": strategy,
+                             **({"per_worker": per_worker} if strategy == BATCHED else {})})
+
+
+def _each_bin_once(moves: Iterable[Move]) -> list[Move]:
+    """``moves`` sorted, or :class:`PlanError` if one bin is moved twice."""
+    out = sorted(Move(*m) for m in moves)
+    if len({m.bin for m in out}) != len(out):
+        raise PlanError("a bin may be moved only once per plan")
+    return out
 
 
 def schedule(moves: Iterable[Move], strategy: str, per_worker: int = 1) -> list[list[Move]]:
@@ -66,10 +73,7 @@ def schedule(moves: Iterable[Move], strategy: str, per_worker: int = 1) -> list[
     if isinstance(per_worker, bool) or not isinstance(per_worker, int) or per_worker < 1:
         raise PlanError(f"per_worker must be an integer >= 1, got {per_worker!r}")
     policy = strategy_policy(strategy, per_worker)
-    moves = sorted(Move(*m) for m in moves)
-    if len({m.bin for m in moves}) != len(moves):
-        raise PlanError("a bin may be moved only once per plan")
-    return drive(policy, moves)
+    return drive(policy, _each_bin_once(moves))
 
 
 def make_plan(
@@ -93,19 +97,13 @@ def make_plan(
     if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
         raise PlanError(f"gap must be an integer >= 0 epochs, got {gap!r}")
     if strategy == DEADLINE:
-        from megaphone.plans.policy import policy_from_spec
-
         if target_latency is None:
             raise PlanError("strategy 'deadline' needs a target latency (seconds)")
         spec = {"name": DEADLINE, "target_latency_s": target_latency, **deadline}
         policy_from_spec(spec)  # check the parameters now
-        moves = sorted(Move(*m) for m in moves)
-        if len({m.bin for m in moves}) != len(moves):
-            raise PlanError("a bin may be moved only once per plan")
-        steps = [moves] if moves else []
-        plan = MigrationPlan.from_moves(table, steps, 0, DEADLINE)
-        return MigrationPlan(plan.fingerprint, plan.base_version, plan.steps, plan.epochs,
-                             DEADLINE, policy=spec)
+        moves = _each_bin_once(moves)
+        plan = MigrationPlan.from_moves(table, [moves] if moves else [], 0, DEADLINE)
+        return dataclasses.replace(plan, policy=spec)
     if target_latency is not None or deadline:
         raise PlanError(f"target_latency and deadline options are for strategy 'deadline', "
                         f"not {strategy!r}")

@@ -229,9 +229,7 @@ def decode_keys(raw: Sequence[bytes], key_type: str) -> tuple[np.ndarray, list[A
         joined = b"".join(raw)
         if len(joined) != 12 * len(raw):
             raise ValueError("int64 raw keys must be exactly 12 bytes")
-        rec = np.frombuffer(joined, dtype=_INT_KEY)
-        keys = (rec["k"].astype(np.uint64) ^ _SIGN).view(np.int64)
-        return rec["b"].astype(np.int64), keys
+        return _split_int_keys(joined)
     if key_type == "str":
         bins = bins_of_raw(raw)
         return bins, [r[BIN_PREFIX_LEN:].decode("utf-8") for r in raw]
@@ -247,7 +245,12 @@ def decode_int_keys(raw: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     if not np.array_equal(np.diff(offsets), np.full(n, 12)):
         return None
-    rec = np.frombuffer(data[offsets[0]:offsets[-1]].tobytes(), dtype=_INT_KEY)
+    return _split_int_keys(data[offsets[0]:offsets[-1]].tobytes())
+
+
+def _split_int_keys(joined: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """``(bins, keys)`` of concatenated 12-byte int64 raw keys."""
+    rec = np.frombuffer(joined, dtype=_INT_KEY)
     return rec["b"].astype(np.int64), (rec["k"].astype(np.uint64) ^ _SIGN).view(np.int64)
 
 
