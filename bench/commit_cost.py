@@ -2,13 +2,16 @@
 
 An epoch of ``--touched`` random existing keys is applied to one RocksDB worker holding
 ``--keys`` keys, once with the commit metadata megaphone writes (marker, outputs, undo record)
-and once with plain puts, and ``commit.json`` is written (fsynced) as the driver does. Prints
-the medians of ``--epochs`` epochs in milliseconds.
+and once with plain puts, and ``commit.json`` is written (fsynced) as the driver does. Also
+times the per-bin load bookkeeping every epoch carries: the worker counts its records per bin
+and ships the non-zero counts in its JSON metrics row, the driver folds them into the smoothed
+``Pipeline.bin_load()``. Prints the medians of ``--epochs`` epochs in milliseconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import struct
 import tempfile
@@ -19,7 +22,9 @@ import msgpack
 import numpy as np
 from tqdm import tqdm
 
+from megaphone.migrator.pipeline import LOAD_SMOOTHING
 from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.migrator.worker import pack_bin_counts, unpack_bin_counts
 from megaphone.routing.bins import bin_of
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.state_backends import open_backend
@@ -44,10 +49,12 @@ def main() -> None:
             raw = encode_keys(bin_of(keys, BINS), keys, "int64")
             db.write_raw(raw, [one] * len(raw), [None] * len(raw))
         state = StateDir.create(Path(tmp) / "s", Fingerprint("bench", BINS, "int64"), 2, {})
-        plain, full, commit = [], [], []
+        plain, full, commit, load = [], [], [], []
+        bin_load = np.zeros(BINS)
         for epoch in range(args.epochs):
             keys = rng.choice(args.keys, args.touched, replace=False).astype(np.int64)
-            raw = encode_keys(bin_of(keys, BINS), keys, "int64")
+            bins = bin_of(keys, BINS)  # the worker gets these from the shuffle (``_bin``)
+            raw = encode_keys(bins, keys, "int64")
             old = db.get_raw(raw)
             new = [msgpack.packb(msgpack.unpackb(v) + 1) for v in old]
             t0 = time.perf_counter()
@@ -60,17 +67,27 @@ def main() -> None:
             t2 = time.perf_counter()
             state.write_commit(Commit(epoch=epoch, state_version=0))
             t3 = time.perf_counter()
+            # Per-bin load, as apply_worker, epoch_metrics and Pipeline._track_load do it.
+            row = json.dumps({"records_by_bin": pack_bin_counts(bins)})
+            hot, counts = unpack_bin_counts(json.loads(row)["records_by_bin"])
+            epoch_counts = np.bincount(hot, weights=counts, minlength=BINS)
+            bin_load *= 1.0 - LOAD_SMOOTHING
+            bin_load += LOAD_SMOOTHING * epoch_counts
+            t4 = time.perf_counter()
+            load.append((t4 - t3) * 1e3)
             plain.append((t1 - t0) * 1e3)
             full.append((t2 - t1) * 1e3)
             commit.append((t3 - t2) * 1e3)
         db.close()
-    mp, mf, mc = (statistics.median(x) for x in (plain, full, commit))
+    mp, mf, mc, ml = (statistics.median(x) for x in (plain, full, commit, load))
     print(f"keys {args.keys:,}, {args.touched:,} keys written per epoch, median of {args.epochs}")
     print(f"  worker write, plain puts          {mp:8.1f} ms")
     print(f"  worker write, + marker/outputs/undo {mf:6.1f} ms "
           f"(commit metadata {mf - mp:+.1f} ms)")
     print(f"  commit.json (fsync + rename)      {mc:8.1f} ms")
     print(f"  commit cost per epoch             {mf - mp + mc:8.1f} ms")
+    print(f"  per-bin load bookkeeping          {ml:8.1f} ms ({args.touched:,} records, "
+          f"{BINS} bins)")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 
+import numpy as np
 import pytest
 from pyspark.sql import functions as F
 
@@ -213,4 +214,19 @@ def test_deadline_plan_probes_then_moves_what_fits(spark, tmp_path):
     assert handle.progress.steps_done == 2 and handle.progress.bins_done == len(plan.moves)
     assert sorted(set(pipe.routing.owners().tolist())) == [0, 1, 2, 3]
     assert counts(pipe) == {k: epochs * (4 if k < 97 else 3) for k in range(101)}
+    pipe.close()
+
+
+def test_bin_load_is_the_smoothed_records_per_bin(spark, tmp_path):
+    from megaphone.migrator.pipeline import LOAD_SMOOTHING
+    from megaphone.routing.bins import bin_of
+
+    pipe = make(spark, tmp_path, workers=2)
+    keys = np.arange(500, dtype=np.int64) % 37
+    batch = spark.createDataFrame([(int(k),) for k in keys], "k long")
+    for _ in range(2):
+        pipe.process(batch)
+    per_bin = np.bincount(bin_of(keys, 16), minlength=16)
+    expected = LOAD_SMOOTHING * per_bin * (1 + (1 - LOAD_SMOOTHING))
+    assert np.allclose(pipe.bin_load(), expected) and pipe.bin_load().sum() > 0
     pipe.close()

@@ -495,7 +495,7 @@ class Pipeline:
             record = epoch_metrics(layout, started, finished, state.scratch_path(epoch), rows,
                                    stream.get("batch_id") if stream else None)
             bytes_by_bin = record.pop("bytes_by_bin")
-            self._track_load(record.pop("records_by_bin"))
+            self._track_load(*record.pop("records_by_bin"))
             if input_end is not None and record["latency_s"] is None:
                 record["latency_s"] = finished - input_end
             with queue.lock:
@@ -514,10 +514,8 @@ class Pipeline:
             state.prune_outputs(epoch - self.keep_outputs + 1)
             return self._read_outputs(epoch)
 
-    def _track_load(self, records_by_bin: dict[int, int]) -> None:
-        counts = np.zeros_like(self._bin_load)
-        if records_by_bin:
-            counts[list(records_by_bin)] = list(records_by_bin.values())
+    def _track_load(self, bins: np.ndarray, records: np.ndarray) -> None:
+        counts = np.bincount(bins, weights=records, minlength=len(self._bin_load))
         self._bin_load *= 1.0 - LOAD_SMOOTHING
         self._bin_load += LOAD_SMOOTHING * counts
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
@@ -23,7 +24,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_type
 
 from megaphone.migrator.layout import EpochLayout
-from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker
+from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker, unpack_bin_counts
 from megaphone.routing.bins import bin_column
 
 
@@ -83,19 +84,21 @@ def epoch_metrics(layout: EpochLayout, started: float, finished: float, scratch:
     """One epoch's metrics record from the workers' rows and the exporters' scratch files.
 
     Its ``bytes_by_bin`` entry (bytes shipped per moved bin, for plan progress) and
-    ``records_by_bin`` entry (records applied per bin, for per-bin load) are for the driver;
-    the caller removes them before the record is stored.
+    ``records_by_bin`` entry (``(bins, counts)`` arrays: records applied per bin) are for
+    the driver; the caller removes them before the record is stored.
     """
     exports = [json.loads(p.read_text()) for p in scratch.glob("export-*.json")] \
         if scratch.exists() else []
     per_worker: dict[int, dict[str, Any]] = {}
     bytes_by_bin: dict[int, int] = {}
-    records_by_bin: dict[int, int] = {}
+    load_bins, load_counts = [np.zeros(0, np.int32)], [np.zeros(0, np.int32)]
     for data in exports + [json.loads(row) for row in worker_rows]:
         for b, n in data.pop("bytes_by_bin", {}).items():
             bytes_by_bin[int(b)] = n
-        for b, n in data.pop("records_by_bin", []):
-            records_by_bin[int(b)] = int(n)
+        if data.get("records_by_bin"):
+            bins, counts = unpack_bin_counts(data.pop("records_by_bin"))
+            load_bins.append(bins)
+            load_counts.append(counts)
         per_worker.setdefault(int(data.pop("worker")), {}).update(data)
     event_times = [m["max_event_time"] for m in per_worker.values()
                    if m.get("max_event_time") is not None]
@@ -119,5 +122,5 @@ def epoch_metrics(layout: EpochLayout, started: float, finished: float, scratch:
         "bytes_moved": sum(bytes_by_bin.values()),
         "per_worker": {str(w): m for w, m in sorted(per_worker.items())},
         "bytes_by_bin": bytes_by_bin,
-        "records_by_bin": records_by_bin,
+        "records_by_bin": (np.concatenate(load_bins), np.concatenate(load_counts)),
     }
