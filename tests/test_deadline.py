@@ -316,3 +316,24 @@ def test_nothing_queues_behind_an_adaptive_plan():
     queue.submit(make_plan(t, [Move(0, 0, 1)], "deadline", target_latency=2.0), 0)
     with pytest.raises(PlanError, match="adaptive plan is in flight"):
         queue.submit(make_plan(t, [Move(1, 1, 0)], "fluid"), 0)
+
+
+def test_no_bins_go_to_a_worker_that_owes_compaction():
+    # Worker 1's store owes 2 GiB of compaction at the newest epoch: the bins bound for it
+    # wait, the ones for worker 2 still move; once only worker 1's are left, nothing moves.
+    last = epoch()
+    last["per_worker"]["1"]["pending_compaction_bytes"] = 2 << 30
+    history = (*HISTORY, last)
+    moves = [Move(0, 0, 1), Move(1, 0, 2), Move(2, 0, 1)]
+    sizes = dict.fromkeys(range(3), MB)
+    policy = DeadlinePolicy(10.0, margin=1.0)
+    assert policy(view(moves, sizes, history)) == [Move(1, 0, 2)]
+    only_to_1 = [Move(0, 0, 1), Move(2, 0, 1)]
+    assert policy(view(only_to_1, sizes, history)) == []
+    assert policy.decisions[-1].action == "compaction"
+    # Without a limit, or once the debt is paid, they move.
+    assert len(DeadlinePolicy(10.0, margin=1.0, max_compaction_debt=None)(
+        view(only_to_1, sizes, history))) == 2
+    assert len(policy(view(only_to_1, sizes))) == 2
+    with pytest.raises(PlanError, match="max_compaction_debt"):
+        DeadlinePolicy(1.0, max_compaction_debt=-1)

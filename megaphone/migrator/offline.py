@@ -7,16 +7,16 @@ moving its bins worker to worker in bounded chunks and committing before the nex
 from __future__ import annotations
 
 import shutil
-import struct
 from collections.abc import Callable
 
 from megaphone.migrator.controller import MigrationHandle
 from megaphone.migrator.recovery import check_and_recover
 from megaphone.migrator.statedir import StateDir
-from megaphone.migrator.worker import EPOCH_META, worker_epoch
 from megaphone.plans.plan import MigrationPlan, PlanError
-from megaphone.state_backends import DEFAULT_CHUNK_BYTES, StateBackend, open_backend
+from megaphone.state_backends import DEFAULT_CHUNK_BYTES
 from megaphone.state_backends.encoding import payload_bytes
+from megaphone.state_backends.remote import default_local_dir, release_stores
+from megaphone.state_backends.worker_store import WorkerStore
 
 
 def migrate_offline(
@@ -31,6 +31,7 @@ def migrate_offline(
     ``on_step(step_index, bytes_moved)`` is called after each committed step (progress bars).
     """
     state = StateDir.open(state_dir).lock()
+    release_stores(default_local_dir(), str(state.path))  # a crashed pipeline's, if still open
     try:
         return _migrate_locked(state, plan, chunk_bytes, on_step)
     finally:
@@ -62,30 +63,27 @@ def _migrate_locked(
     handle = MigrationHandle(plan)
     epoch = max(commit.epoch + 1, table.latest_epoch)
 
-    def open_worker(worker: int, cache: dict[int, StateBackend]) -> StateBackend:
+    def open_worker(worker: int, cache: dict[int, WorkerStore]) -> WorkerStore:
         if worker not in cache:
-            cache[worker] = open_backend(kind, state.worker_path(worker), key_type, num_bins)
+            cache[worker] = WorkerStore.open(kind, state.worker_path(worker), key_type, num_bins)
         return cache[worker]
 
     _drop(state, commit.pending_drops, open_worker)
     commit.pending_drops = []
     for i, step in enumerate(plan.steps):
-        opened: dict[int, StateBackend] = {}
+        opened: dict[int, WorkerStore] = {}
         moved = 0
         try:
             for m in step.moves:
                 src, dst = open_worker(m.src, opened), open_worker(m.dst, opened)
                 dst.drop_bins([m.bin])
-                for chunk in src.export_bins([m.bin], chunk_bytes):
+                for chunk in src.backend.export_bins([m.bin], chunk_bytes):
                     moved += payload_bytes(chunk)
-                    dst.import_chunk(chunk)
-                if worker_epoch(dst) < commit.epoch:  # a new worker joins at the commit
-                    dst.put_meta(EPOCH_META, struct.pack(">q", commit.epoch))
-            for backend in opened.values():
-                backend.flush()
+                    dst.backend.import_chunk(chunk)
+                dst.join(commit.epoch)  # a new worker joins at the commit
         finally:
-            for backend in opened.values():
-                backend.close()
+            for store in opened.values():
+                store.close()
         table.apply_step(step.moves, epoch)
         table.save(state.routing_path)
         commit.state_version = table.version
@@ -108,11 +106,11 @@ def _drop(state: StateDir, pending: list[list[int]], open_worker) -> None:
     by_worker: dict[int, list[int]] = {}
     for b, w in pending:
         by_worker.setdefault(w, []).append(b)
-    opened: dict[int, StateBackend] = {}
+    opened: dict[int, WorkerStore] = {}
     try:
         for w, bins in by_worker.items():
             if state.worker_path(w).exists():
                 open_worker(w, opened).drop_bins(bins)
     finally:
-        for backend in opened.values():
-            backend.close()
+        for store in opened.values():
+            store.close()

@@ -11,7 +11,6 @@ the epoch. The driver holds only metadata: routing, plans and metrics.
 from __future__ import annotations
 
 import collections
-import shutil
 import threading
 import time
 import uuid
@@ -28,11 +27,9 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
 from megaphone.migrator.controller import MigrationHandle, PlanQueue, PolicyInputs
-from megaphone.migrator.faults import crash_point
-from megaphone.migrator.inbox import take_plans
-from megaphone.migrator.layout import EpochLayout, epoch_layout
+from megaphone.migrator.epoch import EpochRun
+from megaphone.migrator.layout import EpochLayout
 from megaphone.migrator.recovery import RecoveryReport, check_and_recover
-from megaphone.migrator.spark_job import epoch_job, epoch_metrics, routing_frame
 from megaphone.migrator.state_reader import read_state
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import AGGREGATIONS, Update, UpdateFn, make_update
@@ -42,6 +39,7 @@ from megaphone.plans.policy import MigrationPolicy
 from megaphone.routing.bins import validate_num_bins
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.state_backends import BACKENDS, DEFAULT_CHUNK_BYTES
+from megaphone.state_backends.remote import default_local_dir, release_stores
 
 #: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
 LOAD_SMOOTHING = 0.3
@@ -112,6 +110,7 @@ class Pipeline:
         output_type: str = "string",
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         keep_outputs: int = 8,
+        local_dir: str | None = None,
     ) -> None:
         validate_num_bins(num_bins)
         if backend not in BACKENDS:
@@ -128,6 +127,7 @@ class Pipeline:
         self.event_time = event_time
         self.chunk_bytes = chunk_bytes
         self.keep_outputs = max(1, keep_outputs)
+        self.local_dir = str(Path(local_dir or default_local_dir()).absolute())
         self._update_arg = update
         self._output_type = T._parse_datatype_string(output_type)  # once: it asks the JVM
         self._settings = {
@@ -144,7 +144,8 @@ class Pipeline:
         self._metrics: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
         self._bin_load = np.zeros(num_bins)  # records per bin per epoch, smoothed
         self._task_slots: int | None = None
-        self._routing_df: tuple[int, DataFrame] | None = None
+        # The epoch job's map side, kept while the routing version and columns hold.
+        self._projection: tuple[tuple, tuple[Column, list[Column]]] | None = None
         self._state: StateDir | None = None
         self._queue: PlanQueue | None = None
         self._commit = Commit()
@@ -185,6 +186,9 @@ class Pipeline:
                 + "; ".join(mismatches)
             )
         state.lock()
+        # A crashed run's stores may still be open in the store service: it closes them before
+        # recovery opens them here (and the next epoch's tasks open them there again).
+        release_stores(self.local_dir, str(state.path))
         commit = state.read_commit()
         self.recovery = check_and_recover(state, commit)
         self._state = state
@@ -348,6 +352,7 @@ class Pipeline:
             self._autoscaler.stop()
         self.stop()
         if self._state is not None:
+            release_stores(self.local_dir, str(self._state.path))
             self._state.unlock()
             if _PIPELINES.get(self._state.fingerprint.pipeline_id) is self:
                 del _PIPELINES[self._state.fingerprint.pipeline_id]
@@ -434,7 +439,9 @@ class Pipeline:
             name = "output"
         return T.StructType([T.StructField(self.key, key_spark), T.StructField(name, value)])
 
-    def _prepare(self, batch: DataFrame) -> tuple[DataFrame, Update]:
+    def _prepare(self, batch: DataFrame) -> tuple[dict[str, Column], Update]:
+        """Check ``batch`` against the pipeline and return its record columns (``key``, and
+        ``value`` and ``_t`` where used) and the update; creates the state dir on first use."""
         schema = batch.schema
         for column in (self.key, self.value, self.event_time):
             if column is not None and column not in schema.names:
@@ -453,66 +460,22 @@ class Pipeline:
                 self.state_dir.manifest.get("value_kind") is None:
             self.state_dir.set_manifest("value_kind", update.value_kind)  # fixed from now on
         key_cast = "long" if key_type == "int64" else "string"
-        cols: list[Column] = [F.col(self.key).cast(key_cast).alias("key")]
+        cols: dict[str, Column] = {"key": F.col(self.key).cast(key_cast)}
         if self.value:
             if update.is_builtin:
                 vcast = "long" if update.value_kind == "int" else "double"
-                cols.append(F.col(self.value).cast(vcast).alias("value"))
+                cols["value"] = F.col(self.value).cast(vcast)
             else:
-                cols.append(F.col(self.value).alias("value"))
+                cols["value"] = F.col(self.value)
         if self.event_time:
-            cols.append(F.unix_micros(F.col(self.event_time).cast("timestamp")).alias("_t"))
-        records = batch.select(*cols).where(F.col("key").isNotNull())
-        return records, update
+            cols["_t"] = F.unix_micros(F.col(self.event_time).cast("timestamp"))
+        return cols, update
 
     def _run_epoch(self, batch: DataFrame, stream: dict[str, Any] | None,
                    input_end: float | None = None) -> DataFrame:
-        """Run one epoch end to end: plan it, run its job, commit it, return its outputs."""
+        """Run one epoch end to end (:class:`~megaphone.migrator.epoch.EpochRun`)."""
         with self._lock:
-            records, update = self._prepare(batch)
-            state, queue = self.state_dir, self._queue
-            assert queue is not None
-            epoch = self._commit.epoch + 1
-            started = time.time()
-            take_plans(state, self.migrate)  # plans posted by `megaphone migrate` elsewhere
-            lag = max(0.0, started - input_end) if input_end is not None else 0.0
-            with queue.lock:
-                # saved before the job, so a re-run routes alike
-                if queue.steps_due(epoch, self._policy_inputs(lag)):
-                    self.routing.save(state.routing_path)
-                layout = epoch_layout(self.routing, self._commit, epoch, state.worker_ids())
-            spec = self._spec(batch, update, layout)
-            for path in (state.scratch_path(epoch), state.outputs_path(epoch)):
-                shutil.rmtree(path, ignore_errors=True)
-            state.outputs_path(epoch).mkdir(parents=True)
-            if self._routing_df is None or self._routing_df[0] != layout.version:
-                self._routing_df = (layout.version,
-                                    routing_frame(self.spark, self.routing.owners(epoch)))
-            job = epoch_job(self.spark, records, self._routing_df[1], spec, layout.partitions)
-            rows = [row.metrics for row in job.collect()]
-            finished = time.time()
-            crash_point("applied", epoch)
-            record = epoch_metrics(layout, started, finished, state.scratch_path(epoch), rows,
-                                   stream.get("batch_id") if stream else None)
-            bytes_by_bin = record.pop("bytes_by_bin")
-            self._track_load(*record.pop("records_by_bin"))
-            if input_end is not None and record["latency_s"] is None:
-                record["latency_s"] = finished - input_end
-            with queue.lock:
-                queue.committed(epoch, bytes_by_bin)
-                self._commit = Commit(
-                    epoch=epoch,
-                    state_version=layout.version,
-                    pending_drops=[[m.bin, m.src] for m in layout.moves],
-                    stream=stream if stream is not None else self._commit.stream,
-                    plans=queue.to_list(),
-                )
-                state.write_commit(self._commit)  # the commit point of the epoch
-            state.append_metrics(record)
-            self._metrics.append(record)
-            shutil.rmtree(state.scratch_path(epoch), ignore_errors=True)
-            state.prune_outputs(epoch - self.keep_outputs + 1)
-            return self._read_outputs(epoch)
+            return EpochRun(self, batch, stream, input_end).run()
 
     def _track_load(self, bins: np.ndarray, records: np.ndarray) -> None:
         counts = np.bincount(bins, weights=records, minlength=len(self._bin_load))
@@ -529,7 +492,7 @@ class Pipeline:
         out = self._output_spark_schema()
         return EpochSpec(
             epoch=layout.epoch,
-            state_dir=str(self.state_dir.path),
+            state_dir=str(self.state_dir.path.absolute()),
             backend=self._settings["backend"],
             key_type=self._key_type,
             num_bins=self._num_bins,
@@ -542,6 +505,7 @@ class Pipeline:
             live=layout.live,
             has_event_time=self.event_time is not None,
             shuffle_schema=shuffle_schema(key_arrow, value_arrow, self.event_time is not None),
+            local_dir=self.local_dir,
         )
 
 

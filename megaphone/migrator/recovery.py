@@ -13,8 +13,7 @@ import shutil
 from dataclasses import dataclass, field
 
 from megaphone.migrator.statedir import Commit, StateDir
-from megaphone.migrator.worker import rollback_worker, worker_epoch
-from megaphone.state_backends import open_backend
+from megaphone.state_backends.worker_store import WorkerStore
 
 
 class StateMismatch(ValueError):
@@ -62,11 +61,8 @@ def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
     shutil.rmtree(state.path / "scratch", ignore_errors=True)
     kind, fp = state.manifest["backend"], state.fingerprint
     for worker in ahead:
-        backend = open_backend(kind, state.worker_path(worker), fp.key_type, fp.num_bins)
-        try:
-            rollback_worker(backend, commit.epoch + 1)
-        finally:
-            backend.close()
+        with WorkerStore.open(kind, state.worker_path(worker), fp.key_type, fp.num_bins) as store:
+            store.rollback(commit.epoch + 1)
         report.workers_rolled_back.append(worker)
     return report
 
@@ -84,12 +80,9 @@ def _check_workers(state: StateDir, commit: Commit, table) -> list[int]:
     kind, fp = state.manifest["backend"], state.fingerprint
     ahead = []
     for worker in sorted(present):
-        backend = open_backend(kind, state.worker_path(worker), fp.key_type, fp.num_bins,
-                               read_only=True)
-        try:
-            at = worker_epoch(backend)
-        finally:
-            backend.close()
+        with WorkerStore.open(kind, state.worker_path(worker), fp.key_type, fp.num_bins,
+                              read_only=True) as store:
+            at = store.epoch
         if at == commit.epoch + 1:
             ahead.append(worker)
         elif at > commit.epoch + 1:

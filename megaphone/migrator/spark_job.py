@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_type
@@ -28,26 +28,54 @@ from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker, un
 from megaphone.routing.bins import bin_column
 
 
-def routing_frame(spark: SparkSession, owners) -> DataFrame:
-    """A small ``(_bin, _w)`` DataFrame of one routing version, for a broadcast join."""
-    table = pa.table({"_bin": pa.array(range(len(owners)), pa.int32()),
-                      "_w": pa.array(owners, pa.int32())})
-    return spark.createDataFrame(table)
+def owner_column(owners: np.ndarray, bin_: Column) -> Column:
+    """The worker of bin ``bin_`` under one routing version, as a Spark expression.
+
+    The owners are one string literal split into an ``array<int>``, which Spark's optimizer
+    folds into a constant: a lookup per record, with no broadcast join (and no extra job) per
+    epoch, and one expression however many bins there are.
+    """
+    text = ",".join(str(int(w)) for w in owners)
+    table = F.split(F.lit(text), ",").cast("array<int>")
+    return F.element_at(table, bin_ + 1)
 
 
-def epoch_job(spark: SparkSession, records: DataFrame, routing: DataFrame, spec: EpochSpec,
-              partitions: int) -> DataFrame:
-    """The epoch's job; collecting it runs the epoch and yields one metrics row per worker."""
+def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSpec
+                   ) -> tuple[Column, list[Column]]:
+    """The map side of an epoch: the records' filter (a key) and their shuffle columns.
+
+    ``columns`` are the batch's record columns by name (``key`` and, where used, ``value``,
+    ``_t``); ``owners`` the routing version's worker of every bin. Every call costs the driver
+    a few hundred JVM calls, so the pipeline keeps the result for as long as the routing
+    version holds.
+    """
     shuffle = spec.shuffle_schema
     assert shuffle is not None
-    spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type)) for f in shuffle])
-    routed = records.withColumn(
-        "_bin", bin_column(F.col("key"), spec.num_bins, spec.key_type)
-    ).join(F.broadcast(routing), "_bin")
-    routed = routed.select(*[
-        F.col(f.name) if f.name in routed.columns else F.lit(None).cast(f.dataType).alias(f.name)
-        for f in spark_shuffle
-    ])
+    key = columns["key"]
+    bin_ = bin_column(key, spec.num_bins, spec.key_type)
+    exprs = []
+    for f in shuffle:
+        if f.name == "_bin":
+            exprs.append(bin_.alias("_bin"))
+        elif f.name == "_w":
+            exprs.append(owner_column(owners, bin_).alias("_w"))
+        elif f.name in columns:
+            exprs.append(columns[f.name].alias(f.name))
+        else:
+            exprs.append(F.lit(None).cast(from_arrow_type(f.type)).alias(f.name))
+    return key.isNotNull(), exprs
+
+
+def epoch_job(spark: SparkSession, batch: DataFrame, projection: tuple[Column, list[Column]],
+              spec: EpochSpec, partitions: int) -> DataFrame:
+    """The epoch's job; collecting it runs the epoch and yields one metrics row per worker.
+
+    The map side is ``projection`` (:func:`map_projection`): one filter and one projection,
+    since each DataFrame operation costs the driver an analysis.
+    """
+    shuffle = spec.shuffle_schema
+    assert shuffle is not None
+    routed = batch.where(projection[0]).select(*projection[1])
     senders = sorted(spec.outgoing)
     if senders:
 
@@ -56,6 +84,8 @@ def epoch_job(spark: SparkSession, records: DataFrame, routing: DataFrame, spec:
                 for i in batch.column("id").to_pylist():
                     yield from export_worker(spec, senders[i], shuffle)
 
+        spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
+                                      for f in shuffle])
         exports = spark.range(0, len(senders), 1, len(senders)).mapInArrow(export, spark_shuffle)
         routed = routed.unionByName(exports)
 

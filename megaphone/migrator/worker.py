@@ -4,8 +4,13 @@ Engine-agnostic: the Spark runtime calls :func:`export_worker` in the tasks that
 out of old owners and :func:`apply_worker` in the task of each worker (one partition per
 worker). Both take plain iterators of arrow batches and an :class:`EpochSpec` of metadata.
 
+The workers' stores stay open across epochs in the host's store service
+(:mod:`megaphone.state_backends.service`); a task reaches its worker's store through a
+:class:`~megaphone.state_backends.remote.RemoteStore`.
+
 Exactly once: a worker's records, its outputs and the epoch marker are written in one atomic
-write. A task that finds the marker already at its epoch (a Spark task retry or a re-executed
+write (:meth:`~megaphone.state_backends.worker_store.WorkerStore.commit`). A task that finds the
+store already at its epoch (a Spark task retry, a re-run of the epoch's job, a re-executed
 micro-batch) applies nothing and re-emits the stored outputs. Bins that leave a worker are
 deleted there only in the next epoch, so a re-run of the epoch can export them again.
 """
@@ -14,14 +19,12 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
-import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,13 +38,9 @@ from megaphone.migrator.updates import (
     group_values,
     partial_aggregates,
 )
-from megaphone.state_backends import open_backend
 from megaphone.state_backends.encoding import encode_keys, payload_bytes
+from megaphone.state_backends.remote import RemoteStore, default_local_dir
 
-EPOCH_META = "epoch"
-OUTPUTS_META = "outputs"
-#: The epoch's undo record: old values of the keys it wrote and the bins it installed.
-UNDO_META = "undo"
 #: What each worker's task returns to the driver: one row of JSON metrics.
 METRICS_SCHEMA = pa.schema([("metrics", pa.string())])
 
@@ -52,7 +51,8 @@ class EpochSpec:
 
     ``incoming``: worker -> bins it installs at this epoch; ``outgoing``: old owner ->
     ``(bin, new owner)`` pairs it exports; ``drops``: worker -> bins that left it last epoch;
-    ``live``: workers owning bins at this epoch.
+    ``live``: workers owning bins at this epoch; ``local_dir``: the host-local directory of
+    the store service that keeps the workers' stores open across epochs.
     """
 
     epoch: int
@@ -69,6 +69,7 @@ class EpochSpec:
     live: frozenset[int] = frozenset()
     has_event_time: bool = False
     shuffle_schema: pa.Schema | None = None
+    local_dir: str = field(default_factory=default_local_dir)
 
     def worker_path(self, worker: int) -> Path:
         """The state backend directory of ``worker`` (same layout as ``StateDir``)."""
@@ -133,10 +134,16 @@ class _TimedInput:
             yield batch
 
 
+def _store(spec: EpochSpec, worker: int) -> RemoteStore:
+    return RemoteStore(spec.local_dir, str(spec.worker_path(worker)), spec.backend,
+                       spec.key_type, spec.num_bins)
+
+
 def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """Stream the state of the bins leaving ``sender`` as shuffle rows bound for their new owners.
 
-    The source is opened read-only and left unchanged. Memory stays bounded by the chunk size.
+    The sender's live store (in the store service) is read, not changed. Memory stays bounded by
+    the chunk size.
     """
     started = time.perf_counter()
     moves = spec.outgoing.get(sender, ())
@@ -145,23 +152,16 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
         by_dst.setdefault(dst, []).append(b)
     bytes_by_bin: dict[int, int] = {}
     keys_out = 0
-    path = spec.worker_path(sender)
-    if moves and path.exists():
-        backend = open_backend(spec.backend, path, spec.key_type, spec.num_bins, read_only=True)
-        try:
-            for dst, bins in sorted(by_dst.items()):
-                for b in sorted(bins):
-                    for chunk in backend.export_bins([b], spec.chunk_bytes):
-                        n = chunk.num_rows
-                        if n == 0:
-                            continue
-                        keys_out += n
-                        nbytes = payload_bytes(chunk)
-                        bytes_by_bin[b] = bytes_by_bin.get(b, 0) + nbytes
-                        yield _state_rows(schema, dst, b, chunk)
-                        crash_point("export", spec.epoch)
-        finally:
-            backend.close()
+    if moves and spec.worker_path(sender).exists():
+        store = _store(spec, sender)
+        for dst, bins in sorted(by_dst.items()):
+            for b in sorted(bins):
+                for chunk in store.export([b], spec.chunk_bytes):
+                    keys_out += chunk.num_rows
+                    nbytes = payload_bytes(chunk)
+                    bytes_by_bin[b] = bytes_by_bin.get(b, 0) + nbytes
+                    yield _state_rows(schema, dst, b, chunk)
+                    crash_point("export", spec.epoch, spec.local_dir)
     _write_metrics(spec.scratch(f"export-w{sender:05d}.json"), {
         "worker": sender, "bins_out": len(moves), "keys_out": keys_out,
         "bytes_out": sum(bytes_by_bin.values()), "bytes_by_bin": bytes_by_bin,
@@ -191,73 +191,75 @@ def apply_worker(
 ) -> Iterator[pa.RecordBatch]:
     """Run ``worker``'s part of an epoch: drop departed bins, install arrivals, apply records.
 
-    Yields the epoch's outputs of this worker. The input mixes state chunks and records in any
-    order; state is installed as it streams in, records are applied after the last chunk.
+    Yields one row of metrics; the outputs go to the epoch's outputs file. The input mixes
+    state chunks and records in any order; state is installed as it streams in, records are
+    applied after the last chunk. The store's version decides: an epoch applied already (a
+    retry) re-emits its stored outputs and changes nothing.
     """
     started = time.perf_counter()
     timed = _TimedInput(batches)
     incoming = spec.incoming.get(worker, ())
     drops = spec.drops.get(worker, ())
-    path = spec.worker_path(worker)
     if worker not in spec.live and not incoming:
         for _ in timed:  # no records can be routed to a worker without bins
             pass
-        if path.exists() and worker not in spec.outgoing:
+        if spec.worker_path(worker).exists() and worker not in spec.outgoing:
             # Scale in: its last bins left in an earlier, committed epoch; release its storage.
-            shutil.rmtree(path)
+            _store(spec, worker).destroy()
         return
-    crash_point("exported", spec.epoch)
-    backend = open_backend(spec.backend, path, spec.key_type, spec.num_bins)
-    metrics = {"worker": worker, "records_in": 0, "records_out": 0, "bins_in": len(incoming),
-               "keys_in": 0, "bytes_in": 0, "replayed": False, "max_event_time": None}
-    try:
-        done_epoch = worker_epoch(backend)
-        if done_epoch > spec.epoch:
-            raise RuntimeError(
-                f"worker {worker} state is at epoch {done_epoch}, ahead of epoch {spec.epoch}"
-            )
-        if done_epoch == spec.epoch:
-            for _ in timed:
-                pass
-            metrics["replayed"] = True
-            stored = backend.get_meta(OUTPUTS_META)
-            outputs = pa.ipc.open_stream(stored).read_all() if stored else \
-                spec.output_schema.empty_table()
-        else:
-            if drops or incoming:
-                backend.drop_bins(sorted(set(drops) | set(incoming)))
-            records: list[pa.RecordBatch] = []
+    store = _store(spec, worker)
+    metrics: dict[str, Any] = {
+        "worker": worker, "records_in": 0, "records_out": 0, "bins_in": len(incoming),
+        "keys_in": 0, "bytes_in": 0, "replayed": False, "max_event_time": None}
+    t0 = time.perf_counter()
+    apply, stored = store.begin(spec.epoch)
+    metrics["begin_s"] = time.perf_counter() - t0
+    if not apply:
+        for _ in timed:
+            pass
+        metrics["replayed"] = True
+        outputs = pa.ipc.open_stream(stored).read_all() if stored else \
+            spec.output_schema.empty_table()
+    else:
+        store.drop_bins(sorted(set(drops) | set(incoming)))
+        records: list[pa.RecordBatch] = []
 
-            def state_chunks() -> Iterator[pa.RecordBatch]:
-                for batch in timed:
-                    is_state = pc.is_valid(batch.column("_sk"))
-                    n_state = pc.sum(is_state).as_py() or 0
-                    if n_state < batch.num_rows:
-                        records.append(batch.filter(pc.invert(is_state)) if n_state else batch)
-                    if n_state:
-                        chunk = batch.filter(is_state)
-                        metrics["keys_in"] += chunk.num_rows
-                        kv = pa.RecordBatch.from_arrays(
-                            [chunk.column("_sk"), chunk.column("_sv")], names=["k", "v"]
-                        )
-                        metrics["bytes_in"] += payload_bytes(kv)
-                        yield kv
+        def state_chunks() -> Iterator[pa.RecordBatch]:
+            for batch in timed:
+                is_state = pc.is_valid(batch.column("_sk"))
+                n_state = pc.sum(is_state).as_py() or 0
+                if n_state < batch.num_rows:
+                    records.append(batch.filter(pc.invert(is_state)) if n_state else batch)
+                if n_state:
+                    chunk = batch.filter(is_state)
+                    metrics["keys_in"] += chunk.num_rows
+                    kv = pa.RecordBatch.from_arrays(
+                        [chunk.column("_sk"), chunk.column("_sv")], names=["k", "v"])
+                    metrics["bytes_in"] += payload_bytes(kv)
+                    yield kv
 
-            t0, waited = time.perf_counter(), timed.waiting
-            backend.import_bins(state_chunks(), method="auto")
-            metrics["install_s"] = time.perf_counter() - t0 - (timed.waiting - waited)
-            crash_point("installed", spec.epoch)
-            table = pa.Table.from_batches(records) if records else \
-                spec.shuffle_schema.empty_table()
-            metrics["records_in"] = table.num_rows
-            if table.num_rows:
-                metrics["records_by_bin"] = pack_bin_counts(table.column("_bin").to_numpy())
-            if spec.has_event_time and table.num_rows:
-                metrics["max_event_time"] = pc.max(table.column("_t")).as_py()
-            outputs = _apply_records(spec, backend, table, incoming)
-        metrics["records_out"] = outputs.num_rows
-    finally:
-        backend.close()
+        t0, waited = time.perf_counter(), timed.waiting
+        installed = store.install(state_chunks())
+        metrics["install_s"] = time.perf_counter() - t0 - (timed.waiting - waited)
+        metrics["install_method"] = installed["method"]
+        crash_point("install", spec.epoch, spec.local_dir)
+        t0 = time.perf_counter()
+        table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
+        metrics["records_in"] = table.num_rows
+        if table.num_rows:
+            metrics["records_by_bin"] = pack_bin_counts(table.column("_bin").to_numpy())
+        if spec.has_event_time and table.num_rows:
+            metrics["max_event_time"] = pc.max(table.column("_t")).as_py()
+        outputs, keys, values, old = _apply_records(spec, store, table)
+        metrics["apply_s"] = time.perf_counter() - t0
+        crash_point("apply", spec.epoch, spec.local_dir)
+        t0 = time.perf_counter()
+        health = store.commit(spec.epoch, keys, values, old, _ipc(outputs), incoming)
+        metrics["commit_s"] = time.perf_counter() - t0
+        metrics["store_commit_s"] = health["seconds"]
+        for name in ("stall_s", "pending_compaction_bytes", "l0_files"):
+            metrics[name] = health[name]
+    metrics["records_out"] = outputs.num_rows
     write_outputs(spec, worker, outputs)
     metrics["useful_s"] = time.perf_counter() - started - timed.waiting
     yield pa.RecordBatch.from_arrays([pa.array([json.dumps(metrics)])], schema=METRICS_SCHEMA)
@@ -277,32 +279,23 @@ def write_outputs(spec: EpochSpec, worker: int, outputs: pa.Table) -> None:
     tmp.replace(path)
 
 
-def _apply_records(spec: EpochSpec, backend, table: pa.Table, incoming: tuple[int, ...]
-                   ) -> pa.Table:
-    """Apply one epoch's records to ``backend``.
+def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table
+                   ) -> tuple[pa.Table, list[bytes], list[bytes | None], list[bytes | None]]:
+    """One epoch's records applied to the current state: ``(outputs, keys, new, old)``.
 
-    State, outputs, the epoch marker and the undo record go in one atomic write.
+    Nothing is written here; the caller commits the new values with the outputs.
     """
     update = spec.update
     schema = spec.output_schema
-
-    def meta(outputs: pa.Table, keys: list[bytes], old: list[bytes | None]) -> dict[str, bytes]:
-        undo = msgpack.packb({"epoch": spec.epoch, "bins": list(incoming), "keys": keys,
-                              "old": old})
-        return {EPOCH_META: struct.pack(">q", spec.epoch), OUTPUTS_META: _ipc(outputs),
-                UNDO_META: undo}
-
     if table.num_rows == 0:
-        outputs = schema.empty_table()
-        backend.write_raw([], [], [], meta=meta(outputs, [], []))
-        return outputs
+        return schema.empty_table(), [], [], []
     if "value" not in table.column_names:
         table = table.append_column("value", pa.nulls(table.num_rows))
     grouped = partial_aggregates(update, table) if update.is_builtin else group_values(table)
     bins = grouped.column("_bin").to_numpy()
     keys = grouped.column("key")
     raw_keys = encode_keys(bins, keys.to_numpy(zero_copy_only=False), spec.key_type)
-    old = backend.get_raw(raw_keys)
+    old = store.read(raw_keys)
     if update.is_builtin:
         new_raw, new_values = apply_builtin(update, grouped, old)
         outputs = pa.Table.from_arrays([keys, new_values], schema=schema) if len(keys) else \
@@ -313,35 +306,7 @@ def _apply_records(spec: EpochSpec, backend, table: pa.Table, incoming: tuple[in
             [pa.array(out_keys, schema.field(0).type), pa.array(out_values, schema.field(1).type)],
             schema=schema,
         )
-    backend.write_raw(raw_keys, new_raw, old, meta=meta(outputs, raw_keys, old))
-    return outputs
-
-
-def worker_epoch(backend) -> int:
-    """The last epoch a worker's state has applied (-1 if none)."""
-    marker = backend.get_meta(EPOCH_META)
-    return struct.unpack(">q", marker)[0] if marker else -1
-
-
-def rollback_worker(backend, epoch: int) -> None:
-    """Undo a worker's epoch ``epoch`` (applied but never committed) using its undo record.
-
-    Restores the old values of the keys the epoch wrote (deleting keys it created), deletes the
-    bins it installed, and sets the marker back to ``epoch - 1``.
-    """
-    raw = backend.get_meta(UNDO_META)
-    undo = msgpack.unpackb(raw) if raw else None
-    if undo is None or undo["epoch"] != epoch:
-        raise RuntimeError(
-            f"worker state at {backend.path} has no undo record for epoch {epoch}; "
-            "it cannot be rolled back to the last committed epoch"
-        )
-    # Each write is idempotent and the marker moves last: a crash here rolls back again.
-    backend.write_raw(undo["keys"], undo["old"])
-    if undo["bins"]:
-        backend.drop_bins(undo["bins"])
-    backend.write_raw([], [], [], meta={EPOCH_META: struct.pack(">q", epoch - 1),
-                                        OUTPUTS_META: b"", UNDO_META: msgpack.packb(None)})
+    return outputs, list(raw_keys), list(new_raw), list(old)
 
 
 def _ipc(table: pa.Table) -> bytes:

@@ -35,7 +35,7 @@ import logging
 import math
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import median
 from typing import Any
 
@@ -47,6 +47,8 @@ log = logging.getLogger("megaphone.deadline")
 
 #: Predictions within this many seconds of the budget count as fitting (float rounding).
 EPSILON_S = 1e-9
+#: Pending compaction bytes above which a worker receives no more bins for now.
+DEFAULT_COMPACTION_DEBT = 1 << 30
 PRIORITIES = ("auto", "largest", "smallest", "hottest")
 """Built-in orders in which the deadline policy tries bins (see :class:`DeadlinePolicy`)."""
 
@@ -189,7 +191,9 @@ class Decision:
     ``probe`` (no transfer measured yet: the smallest bin alone), ``fit`` (moves that fit),
     ``wait`` (slack, but no remaining bin fits yet), ``oversized`` (a bin larger than the
     whole budget, moved alone after ``patience`` waits) or ``stalled`` (behind for
-    ``max_behind`` epochs in a row: the smallest bin alone).
+    ``max_behind`` epochs in a row: the smallest bin alone) or ``compaction`` (every remaining
+    move goes to a worker whose store still owes more than ``max_compaction_debt`` bytes of
+    compaction: nothing moves until it catches up).
     """
 
     epoch: int
@@ -215,12 +219,16 @@ class DeadlinePolicy:
     first) or a callable ``key(move, view)``. ``patience``: epochs with slack but nothing
     fitting before an oversized bin moves alone. ``max_behind``: epochs behind in a row before
     the smallest bin moves anyway (``None``: never). ``window``: epochs the cost model learns
-    from; ``min_history``: epochs measured before the first move.
+    from; ``min_history``: epochs measured before the first move. ``max_compaction_debt``:
+    a worker whose store reports more pending compaction bytes than this receives no bins until
+    its background compactions catch up (``None``: no limit), so installs never pile work onto a
+    store whose compactions would then compete with the epochs for the CPU.
     """
 
     def __init__(self, target_latency_s: float, margin: float = 1.2,
                  priority: str | Priority = "auto", patience: int = 3, window: int = 20,
-                 min_history: int = 2, max_behind: int | None = 20) -> None:
+                 min_history: int = 2, max_behind: int | None = 20,
+                 max_compaction_debt: int | None = DEFAULT_COMPACTION_DEBT) -> None:
         def number(name: str, value: Any, low: float, integer: bool = False) -> None:
             ok = isinstance(value, int if integer else (int, float)) and \
                 not isinstance(value, bool) and math.isfinite(value) and value >= low
@@ -238,6 +246,8 @@ class DeadlinePolicy:
         number("min_history", min_history, 1, integer=True)
         if max_behind is not None:
             number("max_behind", max_behind, 1, integer=True)
+        if max_compaction_debt is not None:
+            number("max_compaction_debt", max_compaction_debt, 0, integer=True)
         if isinstance(priority, str) and priority not in PRIORITIES:
             raise PlanError(f"deadline policy: unknown priority {priority!r}; expected one of "
                             f"{', '.join(PRIORITIES)} or a callable")
@@ -251,11 +261,12 @@ class DeadlinePolicy:
         self.window = window
         self.min_history = min_history
         self.max_behind = max_behind
+        self.max_compaction_debt = max_compaction_debt
         self.spec: dict[str, Any] = {
             "name": "deadline", "target_latency_s": self.target_latency_s, "margin": self.margin,
             "priority": priority if isinstance(priority, str) else "custom",
             "patience": patience, "window": window, "min_history": min_history,
-            "max_behind": max_behind,
+            "max_behind": max_behind, "max_compaction_debt": max_compaction_debt,
         }
         self.decisions: deque[Decision] = deque(maxlen=10_000)
         self.model: CostModel | None = None
@@ -267,7 +278,7 @@ class DeadlinePolicy:
     def from_spec(cls, params: Mapping[str, Any]) -> DeadlinePolicy:
         """The policy of a plan's ``{"name": "deadline", ...}`` (without ``name``)."""
         known = {"target_latency_s", "margin", "priority", "patience", "window", "min_history",
-                 "max_behind"}
+                 "max_behind", "max_compaction_debt"}
         unknown = set(params) - known
         if unknown:
             raise PlanError(f"deadline policy has unknown fields {sorted(unknown)}")
@@ -291,6 +302,14 @@ class DeadlinePolicy:
         if model.epochs_seen < self.min_history:
             return self._decide(view, "warm-up", [], 0.0, budget)
         par = view.parallelism
+        indebted = self._indebted(view.history)
+        movable = [m for m in view.remaining if m.dst not in indebted]
+        if not movable:
+            return self._decide(view, "compaction", [], 0.0, budget,
+                                f"workers {sorted(indebted)} owe more than "
+                                f"{self.max_compaction_debt:,} bytes of compaction")
+        if len(movable) < len(view.remaining):
+            view = replace(view, remaining=tuple(movable))
         workers = {int(w) for m in view.history[-self.window:] for w in m.get("per_worker", {})}
         workers |= {w for m in view.remaining for w in (m.src, m.dst)}
         base = {(APPLY, w): model.processing_s(w) for w in workers}
@@ -339,6 +358,13 @@ class DeadlinePolicy:
                 f"with full slack; moving it alone after {self.patience} epochs")
         log.warning("deadline policy, epoch %d: %s", view.epoch, note)
         return self._decide(view, "oversized", [smallest], alone, budget, note)
+
+    def _indebted(self, history: Sequence[Mapping[str, Any]]) -> set[int]:
+        """Workers whose store owed more compaction than allowed at the newest epoch."""
+        if self.max_compaction_debt is None or not history:
+            return set()
+        return {int(w) for w, pw in history[-1].get("per_worker", {}).items()
+                if pw.get("pending_compaction_bytes", 0) > self.max_compaction_debt}
 
     def _calibrate(self, model: CostModel, history: Sequence[Mapping[str, Any]],
                    parallelism: int) -> float:

@@ -205,6 +205,14 @@ class BackendBase:
         """Make writes durable (see :class:`StateBackend`)."""
         raise NotImplementedError
 
+    def flush_if_volatile(self) -> None:
+        """Make the last write durable if the backend has no log of its own (memory: write the
+        state file); a RocksDB write is already durable through its write-ahead log."""
+
+    def property(self, name: str) -> str | None:
+        """A storage-engine property (RocksDB's ``rocksdb.*``), ``None`` where there is none."""
+        return None
+
     def close(self) -> None:
         """Release the store (see :class:`StateBackend`)."""
         raise NotImplementedError

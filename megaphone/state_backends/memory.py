@@ -182,6 +182,10 @@ class MemoryBackend(BackendBase):
             self._write_file(self.path)
         self._dirty = False
 
+    def flush_if_volatile(self) -> None:
+        """Write the state file: the memory backend has no log, so each commit rewrites it."""
+        self.flush()
+
     def close(self) -> None:
         """Flush (when persistent) and drop the in-memory state."""
         if self._closed:

@@ -30,6 +30,7 @@ from rocksdict import (
     ReadOptions,
     SstFileWriter,
     WriteBatch,
+    WriteOptions,
 )
 
 from megaphone.state_backends.base import ImportStats
@@ -61,6 +62,8 @@ INGEST_DIR_PREFIX = ".megaphone-ingest-"
 """Prefix of the temporary directory (inside the DB dir) that holds SST files being ingested."""
 
 _CACHE: Cache | None = None
+_SYNCED = WriteOptions()
+_SYNCED.sync = True
 
 
 def _block_cache() -> Cache:
@@ -119,6 +122,10 @@ class RocksDBBackend(BackendBase):
         exists = os.path.exists(os.path.join(self.path, "CURRENT"))
         if read_only and not exists:
             raise FileNotFoundError(f"no RocksDB state store at {self.path}")
+        if exists and not read_only:  # SST files of an ingestion a crash interrupted
+            for name in os.listdir(self.path):
+                if name.startswith(INGEST_DIR_PREFIX):
+                    shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
         self._options = db_options()
         access = AccessType.read_only(False) if read_only else AccessType.read_write()
         self._db = Rdict(self.path, self._options, access_type=access)
@@ -184,7 +191,10 @@ class RocksDBBackend(BackendBase):
             put(meta_key(name), bytes(value))
         if counters is not None:
             put(meta_key(STATS_META), counters.to_bytes())
-        self._db.write(wb)
+        # A write with metadata is a commit point (an epoch's marker): it is synced to the
+        # write-ahead log's disk (about 0.4 ms here) so it survives a power loss, not only a
+        # process crash. Other writes reach the log unsynced and become durable with it.
+        self._db.write(wb, _SYNCED if meta else None)
         if counters is not None:
             self._counters = counters
 
@@ -268,6 +278,10 @@ class RocksDBBackend(BackendBase):
         """Flush the memtable to an SST file (no-op when read-only)."""
         if not self.read_only:
             self._db.flush()
+
+    def property(self, name: str) -> str | None:
+        """A RocksDB property such as ``rocksdb.estimate-pending-compaction-bytes``."""
+        return self._db.property_value(name) if self._db is not None else None
 
     def close(self) -> None:
         """Flush and close the DB; safe to call twice."""

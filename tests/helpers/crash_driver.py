@@ -43,7 +43,8 @@ def main(state_dir: str, strategy: str, out: str) -> None:
     state = {row[0]: row[1] for row in pipe.state().collect()}
     with open(out, "w") as fh:
         json.dump({"outputs": outputs, "state": state, "workers": pipe.routing.workers(),
-                   "rolled_back": pipe.recovery.workers_rolled_back}, fh)
+                   "rolled_back": pipe.recovery.workers_rolled_back,
+                   "job_attempts": sum(m.get("job_attempts", 1) for m in pipe.metrics())}, fh)
     pipe.close()
     spark.stop()
 

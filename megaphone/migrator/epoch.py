@@ -1,0 +1,146 @@
+"""One epoch's lifecycle on the driver, in named phases that are timed and can be crash-tested.
+
+``admit`` (take plans handed over, ask adaptive policies, save the routing) → ``layout`` (who
+owns, ships and installs what) → ``launch`` (build the epoch's Spark job) → ``collect`` (run it:
+exports, shuffle, every worker's install, apply and commit; the job is run again if the store
+service died under it) → ``commit`` (the driver's commit record: the epoch's commit point) →
+``cleanup`` (metrics, old outputs). The workers' phases ``export``, ``install`` and ``apply``
+run inside ``collect``. Each phase's seconds go to the epoch's metrics (``phases_s``) and each
+phase is a crash-injection point of the same name (:mod:`megaphone.migrator.faults`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import DataFrame
+
+from megaphone.migrator.faults import crash_point
+from megaphone.migrator.inbox import take_plans
+from megaphone.migrator.layout import EpochLayout, epoch_layout
+from megaphone.migrator.spark_job import epoch_job, epoch_metrics, map_projection
+from megaphone.migrator.statedir import Commit
+
+if TYPE_CHECKING:
+    from megaphone.migrator.pipeline import Pipeline
+
+log = logging.getLogger("megaphone.epoch")
+
+#: The driver's phases of an epoch, in order.
+DRIVER_PHASES = ("admit", "layout", "launch", "collect", "commit", "cleanup")
+#: The workers' phases, inside ``collect``.
+WORKER_PHASES = ("export", "install", "apply")
+#: Every phase name: crash points and timings use these.
+PHASES = DRIVER_PHASES + WORKER_PHASES
+#: Runs of an epoch's job before its error is raised, when the store service died under it.
+JOB_ATTEMPTS = 3
+#: What a failure of the store service looks like in a Spark error (the epoch is rerun).
+_RETRYABLE = ("StoreUnavailable", "LeaseLost")
+
+
+class EpochRun:
+    """Runs one epoch of ``pipe`` through :data:`DRIVER_PHASES` (call :meth:`run` once)."""
+
+    def __init__(self, pipe: Pipeline, batch: DataFrame, stream: dict[str, Any] | None,
+                 input_end: float | None) -> None:
+        self.pipe = pipe
+        self.batch = batch
+        self.stream = stream
+        self.input_end = input_end
+        self.epoch = pipe.epoch + 1
+        self.phases: dict[str, float] = {}
+        self.attempts = 0
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time phase ``name`` into :attr:`phases` and pass its crash point at its end."""
+        started = time.perf_counter()
+        yield
+        self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - started
+        if name != "commit":  # the commit's crash point is inside its write (before rename)
+            crash_point(name, self.epoch, self.pipe.local_dir)
+
+    def run(self) -> DataFrame:
+        """Run the epoch end to end and return its outputs."""
+        pipe, epoch = self.pipe, self.epoch
+        started = time.time()
+        with self.phase("admit"):
+            columns, update = pipe._prepare(self.batch)  # creates the state dir on first use
+            state, queue = pipe.state_dir, pipe._queue
+            assert queue is not None
+            take_plans(state, pipe.migrate)  # plans posted by `megaphone migrate` elsewhere
+            lag = max(0.0, started - self.input_end) if self.input_end is not None else 0.0
+            with queue.lock:
+                # saved before the job, so a re-run routes alike
+                if queue.steps_due(epoch, pipe._policy_inputs(lag)):
+                    pipe.routing.save(state.routing_path)
+        with self.phase("layout"):
+            with queue.lock:
+                layout = epoch_layout(pipe.routing, pipe._commit, epoch, state.worker_ids())
+            spec = pipe._spec(self.batch, update, layout)
+            for path in (state.scratch_path(epoch), state.outputs_path(epoch)):
+                shutil.rmtree(path, ignore_errors=True)
+            state.outputs_path(epoch).mkdir(parents=True)
+        with self.phase("launch"):
+            shape = (layout.version, spec.shuffle_schema, tuple(columns))
+            if pipe._projection is None or pipe._projection[0] != shape:
+                pipe._projection = (shape, map_projection(columns, pipe.routing.owners(epoch),
+                                                          spec))
+            projection = pipe._projection[1]
+
+            def job() -> DataFrame:
+                return epoch_job(pipe.spark, self.batch, projection, spec, layout.partitions)
+
+            first = job()
+        with self.phase("collect"):
+            rows = self._collect(first, job)
+        finished = time.time()
+        with self.phase("commit"):
+            record = epoch_metrics(layout, started, finished, state.scratch_path(epoch), rows,
+                                   self.stream.get("batch_id") if self.stream else None)
+            bytes_by_bin = record.pop("bytes_by_bin")
+            pipe._track_load(*record.pop("records_by_bin"))
+            if self.input_end is not None and record["latency_s"] is None:
+                record["latency_s"] = finished - self.input_end
+            with queue.lock:
+                queue.committed(epoch, bytes_by_bin)
+                pipe._commit = self._commit_record(layout, queue.to_list())
+                state.write_commit(pipe._commit)  # the commit point of the epoch
+        with self.phase("cleanup"):
+            shutil.rmtree(state.scratch_path(epoch), ignore_errors=True)
+            state.prune_outputs(epoch - pipe.keep_outputs + 1)
+            outputs = pipe._read_outputs(epoch)
+        record["job_attempts"] = self.attempts
+        record["phases_s"] = dict(self.phases)
+        state.append_metrics(record)  # a crash before this line loses the line, not the epoch
+        pipe._metrics.append(record)
+        return outputs
+
+    def _collect(self, job: DataFrame, rebuild: Callable[[], DataFrame]) -> list[str]:
+        """Run the job; again if the store service died under it (the epoch is idempotent:
+        workers that committed replay their outputs, the others apply). A rerun is a new
+        DataFrame: adaptive execution keeps a failed stage's error in the old one's plan."""
+        while True:
+            self.attempts += 1
+            if self.attempts > 1:
+                job = rebuild()
+            try:
+                return [row.metrics for row in job.collect()]
+            except Exception as exc:
+                text = str(exc)
+                if self.attempts >= JOB_ATTEMPTS or not any(m in text for m in _RETRYABLE):
+                    raise
+                log.warning("epoch %d: the store service failed (%s); running the epoch's job "
+                            "again (attempt %d)", self.epoch, text.splitlines()[0][:200],
+                            self.attempts + 1)
+
+    def _commit_record(self, layout: EpochLayout, plans: list[dict[str, Any]]) -> Commit:
+        stream = self.stream if self.stream is not None else self.pipe._commit.stream
+        return Commit(epoch=self.epoch, state_version=layout.version,
+                      pending_drops=[[m.bin, m.src] for m in layout.moves], stream=stream,
+                      plans=plans)

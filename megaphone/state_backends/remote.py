@@ -1,0 +1,311 @@
+"""The task side of the store service: find or start it, and a handle on one worker's store.
+
+:func:`connect` returns this host's service connection for a local directory, starting the
+service (:mod:`megaphone.state_backends.service`) if none runs; Python workers that Spark reuses
+keep their connection from epoch to epoch. :class:`RemoteStore` is what an epoch's task uses:
+``begin`` an epoch, drop, install, read, ``commit``, or ``export`` bins.
+
+A service that dies (killed, out of memory) surfaces as :class:`StoreUnavailable`; the driver
+runs the epoch's job again, which starts a new service that reopens the stores from their
+write-ahead logs (an epoch a worker committed is then replayed, not applied twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from megaphone.state_backends.service import (
+    batch_to_ipc,
+    ipc_to_batches,
+    pid_file,
+    recv_frame,
+    send_frame,
+    socket_path,
+)
+
+#: How long a task waits for a service it started to listen.
+START_TIMEOUT_S = 60.0
+_CONNECTIONS: dict[str, _Connection] = {}
+
+
+class StoreUnavailable(RuntimeError):
+    """The store service could not be reached or died during a request (the epoch is retried)."""
+
+
+class StoreError(RuntimeError):
+    """The store service refused or failed an operation; the message names the cause."""
+
+
+def default_local_dir() -> str:
+    """Host-local directory for the store service: ``$MEGAPHONE_LOCAL_DIR`` or a temp dir."""
+    return os.environ.get("MEGAPHONE_LOCAL_DIR") or \
+        os.path.join(tempfile.gettempdir(), f"megaphone-{os.getuid()}")
+
+
+def executor_pid() -> int | None:
+    """The JVM this process descends from (the Spark executor; the driver in local mode)."""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/comm") as fh:
+                if fh.read().strip() == "java":
+                    return pid
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read()
+            pid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+class _Connection:
+    """One socket to the service, used by one task at a time."""
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock = sock
+        self.pid = pid  # the service's
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        """One request, one answer."""
+        try:
+            send_frame(self.sock, {"op": op, **fields})
+            reply = recv_frame(self.sock)
+        except OSError as exc:
+            raise StoreUnavailable(f"StoreUnavailable: the store service died: {exc}") from exc
+        return _checked(reply)
+
+    def send_stream(self, op: str, frames: Iterable[dict[str, Any]], **fields: Any
+                    ) -> dict[str, Any]:
+        """A request followed by a stream of frames, then one answer."""
+        try:
+            send_frame(self.sock, {"op": op, **fields})
+            for frame in frames:
+                send_frame(self.sock, frame)
+            send_frame(self.sock, {"end": True})
+            reply = recv_frame(self.sock)
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # the service may have said why it stopped
+                self.sock.settimeout(0.5)
+                reply = recv_frame(self.sock)
+                if reply is not None and not reply.get("ok"):
+                    _checked(reply)
+            raise StoreUnavailable(f"StoreUnavailable: the store service died: {exc}") from exc
+        return _checked(reply)
+
+    def receive_stream(self, op: str, **fields: Any) -> Iterator[dict[str, Any]]:
+        """A request answered by a stream of frames (until one with ``end``)."""
+        try:
+            send_frame(self.sock, {"op": op, **fields})
+            while True:
+                frame = _checked(recv_frame(self.sock))
+                if frame.get("end"):
+                    return
+                yield frame
+        except OSError as exc:
+            raise StoreUnavailable(f"StoreUnavailable: the store service died: {exc}") from exc
+
+    def alive(self) -> bool:
+        """False if the service closed this connection (it stopped or died) while it was idle."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True  # nothing to read: open and idle, as it should be
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        """Close the socket."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def _checked(reply: dict[str, Any] | None) -> dict[str, Any]:
+    if reply is None:
+        raise StoreUnavailable("StoreUnavailable: the store service closed the connection")
+    if reply.get("ok") is False:
+        raise StoreError(f"{reply.get('error')}: {reply.get('message')}")
+    return reply
+
+
+def _dial(local_dir: str) -> _Connection | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(socket_path(local_dir))
+    except OSError:
+        sock.close()
+        return None
+    conn = _Connection(sock, 0)
+    try:
+        conn.pid = conn.call("hello", watch=executor_pid())["pid"]
+    except (StoreUnavailable, StoreError):
+        conn.close()
+        return None
+    return conn
+
+
+def connect(local_dir: str, start: bool = True) -> _Connection | None:
+    """This process's connection to the service of ``local_dir``; starts one if none runs
+    (unless ``start`` is False, then ``None``)."""
+    conn = _CONNECTIONS.get(local_dir)
+    if conn is not None and conn.alive():
+        return conn
+    forget(local_dir)  # the service it reached has gone since (killed, or idle and exited)
+    conn = _dial(local_dir)
+    if conn is None and start:
+        conn = _start(local_dir)
+    if conn is not None:
+        _CONNECTIONS[local_dir] = conn
+    return conn
+
+
+def forget(local_dir: str) -> None:
+    """Drop this process's connection (after an error left it in an unknown state)."""
+    conn = _CONNECTIONS.pop(local_dir, None)
+    if conn is not None:
+        conn.close()
+
+
+def _start(local_dir: str) -> _Connection:
+    os.makedirs(local_dir, mode=0o700, exist_ok=True)
+    with open(os.path.join(local_dir, "store-service.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per host; the others then connect
+        conn = _dial(local_dir)
+        if conn is not None:
+            return conn
+        log_path = os.path.join(local_dir, "store-service.log")
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "from megaphone.state_backends.service import main; main()",
+                 local_dir],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                close_fds=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            conn = _dial(local_dir)
+            if conn is not None:
+                return conn
+            if proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        with open(log_path, "rb") as fh:
+            tail = fh.read()[-2000:].decode(errors="replace")
+        raise StoreUnavailable(f"StoreUnavailable: the store service in {local_dir} did not "
+                               f"start (exit {proc.poll()}); its log ends with:\n{tail}")
+
+
+def service_pid(local_dir: str) -> int | None:
+    """The pid of the service of ``local_dir`` if one runs."""
+    try:
+        with open(pid_file(local_dir)) as fh:
+            pid = int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if os.path.exists(f"/proc/{pid}") else None
+
+
+def release_stores(local_dir: str, prefix: str) -> list[str]:
+    """Ask this host's service (if one runs) to close every store under ``prefix``.
+
+    A pipeline does this when it opens a state directory (before recovery opens the stores
+    itself) and when it closes; it returns the stores that were open.
+    """
+    conn = _dial(local_dir)
+    if conn is None:
+        return []
+    try:
+        return conn.call("release", prefix=os.path.abspath(prefix))["closed"]
+    finally:
+        conn.close()
+
+
+class RemoteStore:
+    """A task's handle on one worker's store in the service (see :class:`WorkerStore`)."""
+
+    def __init__(self, local_dir: str, path: str, kind: str, key_type: str,
+                 num_bins: int) -> None:
+        self.local_dir = local_dir
+        self.conn = connect(local_dir)
+        assert self.conn is not None
+        self._id = {"path": os.path.abspath(path), "kind": kind, "key_type": key_type,
+                    "num_bins": num_bins}
+        self.lease: int | None = None
+
+    @property
+    def service_pid(self) -> int:
+        """The pid of the service holding the store."""
+        return self.conn.pid
+
+    def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+        try:
+            return self.conn.call(op, **self._id, **fields)
+        except StoreUnavailable:
+            forget(self.local_dir)
+            raise
+
+    def begin(self, epoch: int) -> tuple[bool, bytes]:
+        """Start this attempt of ``epoch``: ``(True, b"")`` to apply it, ``(False, outputs)``
+        if the store already applied it (a retry: re-emit the stored outputs)."""
+        try:
+            reply = self._call("begin", epoch=epoch)
+        except StoreUnavailable:  # a service that died since the last epoch: nothing changed
+            self.conn = connect(self.local_dir)  # yet, so start or reach a new one once
+            assert self.conn is not None
+            reply = self._call("begin", epoch=epoch)
+        self.lease = reply["lease"]
+        return reply["apply"], reply["outputs"]
+
+    def drop_bins(self, bins: Sequence[int]) -> None:
+        """Delete ``bins`` here."""
+        if bins:
+            self._call("drop", lease=self.lease, bins=list(bins))
+
+    def install(self, chunks: Iterable[pa.RecordBatch]) -> dict[str, Any]:
+        """Install exported ``(k, v)`` chunks; returns the path taken, keys, bytes, seconds."""
+        try:
+            return self.conn.send_stream(
+                "install", ({"chunk": batch_to_ipc(c)} for c in chunks if c.num_rows),
+                **self._id, lease=self.lease)
+        except (StoreUnavailable, StoreError):
+            forget(self.local_dir)  # the stream was cut: the connection is out of step
+            raise
+
+    def read(self, raw_keys: Sequence[bytes]) -> list[bytes | None]:
+        """Current values of ``raw_keys``."""
+        if not raw_keys:
+            return []
+        return self._call("read", keys=list(raw_keys))["values"]
+
+    def commit(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes | None],
+               old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int]
+               ) -> dict[str, Any]:
+        """The epoch's atomic write; returns its duration and the store's health figures."""
+        return self._call("commit", lease=self.lease, epoch=epoch, keys=list(keys),
+                          values=list(values), old=list(old), outputs=outputs,
+                          installed=list(installed))
+
+    def export(self, bins: Sequence[int], chunk_bytes: int) -> Iterator[pa.RecordBatch]:
+        """Stream the state of ``bins`` as ``(k, v)`` chunks (read-only)."""
+        finished = False
+        try:
+            for frame in self.conn.receive_stream("export", **self._id, bins=list(bins),
+                                                  chunk_bytes=chunk_bytes):
+                yield from ipc_to_batches(frame["chunk"])
+            finished = True
+        finally:
+            if not finished:  # abandoned or failed mid-stream: the connection is out of step
+                forget(self.local_dir)
+
+    def destroy(self) -> None:
+        """Close the store and delete its directory (a worker left without bins)."""
+        self._call("destroy")

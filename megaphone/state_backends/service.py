@@ -1,0 +1,401 @@
+"""The store service: a long-lived process per host that keeps workers' stores open across epochs.
+
+PySpark reuses Python worker processes but does not pin a partition to one, and a RocksDB can
+be opened read-write by one process only. So the worker stores of a host live in one process of
+their own, started on demand by the first task that needs one (``start_new_session``: it
+outlives the task), and every task of every epoch reaches it over a Unix socket. The task keeps
+the computation (grouping, the update function, outputs); the service does the storage
+operations: the epoch's version check, drops, installs, reads, the commit, exports. Opening a
+store, flushing its memtable and compacting no longer happen inside an epoch: the memtable
+lives on, RocksDB compacts in its background threads, and a maintenance thread flushes idle
+stores between epochs (``bench/RESULTS.md`` has the numbers that chose this design).
+
+Lifecycle: the service closes a store when the executor JVM that last used it is gone (a killed
+driver in local mode, a lost executor), when a driver asks (``release`` on opening or closing a
+pipeline) or after :data:`STORE_IDLE_CLOSE_S` unused; it exits once it has no store open and no
+connection for ``idle_exit_s``, or on ``shutdown``. It never leaves a lock behind: a killed
+service releases its RocksDB locks with its process, and its WAL brings every synced commit
+back when the next service opens the store.
+
+Wire format: each frame is a 4-byte big-endian length and a msgpack map (never pickle). Arrow
+data travels as IPC stream bytes. An epoch's writes carry the *lease* its ``begin`` returned,
+so a zombie task of an earlier attempt cannot change a store after a retry has begun.
+
+Run as ``python -m megaphone.state_backends.service DIR`` (the client does this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import socketserver
+import struct
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import pyarrow as pa
+
+from megaphone.state_backends.worker_store import WorkerStore
+
+log = logging.getLogger("megaphone.store_service")
+
+#: A store nobody used for this long is closed (its memtable flushed) and reopened on demand.
+STORE_IDLE_CLOSE_S = 600.0
+#: The service exits after this long with no store open and no connection.
+IDLE_EXIT_S = 30.0
+#: Between epochs, a store whose memtable holds this much is flushed by the maintenance thread.
+MAINTENANCE_MEMTABLE_BYTES = 16 << 20
+#: A store is "between epochs" once no operation touched it for this long.
+MAINTENANCE_QUIET_S = 0.3
+_LEN = struct.Struct(">I")
+
+
+# -- wire ---------------------------------------------------------------------------------------
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+    """Send one msgpack frame."""
+    body = msgpack.packb(message, use_bin_type=True)
+    sock.sendall(_LEN.pack(len(body)) + body)
+
+
+def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
+    """Receive one frame; ``None`` if the peer closed the connection before it."""
+    head = _recv_exact(sock, 4)
+    if head is None:
+        return None
+    body = _recv_exact(sock, _LEN.unpack(head)[0])
+    if body is None:
+        raise ConnectionError("connection closed in the middle of a frame")
+    return msgpack.unpackb(body, raw=False)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        part = sock.recv(min(n - len(buf), 1 << 20))
+        if not part:
+            if buf:
+                raise ConnectionError("connection closed in the middle of a frame")
+            return None
+        buf += part
+    return bytes(buf)
+
+
+def batch_to_ipc(batch: pa.RecordBatch) -> bytes:
+    """One record batch as Arrow IPC stream bytes."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def ipc_to_batches(data: bytes) -> list[pa.RecordBatch]:
+    """The record batches of Arrow IPC stream bytes."""
+    return list(pa.ipc.open_stream(pa.py_buffer(data)))
+
+
+def process_start(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot), ``None`` if it does not exist.
+
+    A pid together with its start time names one process even after the pid is reused.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
+# -- the service --------------------------------------------------------------------------------
+
+
+class LeaseLost(RuntimeError):
+    """A newer attempt of the epoch has begun at this store; this attempt may not write."""
+
+
+@dataclass
+class _Entry:
+    """One open store and who may write to it."""
+
+    store: WorkerStore
+    kind: str
+    key_type: str
+    num_bins: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    lease: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    owners: set[tuple[int, int]] = field(default_factory=set)  # (jvm pid, start time)
+
+
+class StoreService:
+    """The stores open in this process and the operations tasks run on them."""
+
+    def __init__(self, idle_exit_s: float = IDLE_EXIT_S) -> None:
+        self.idle_exit_s = idle_exit_s
+        self.stores: dict[str, _Entry] = {}
+        self._lock = threading.Lock()  # guards ``stores``
+        self.connections = 0
+        self.last_activity = time.monotonic()
+        self.stopping = threading.Event()
+        self.orphaned = False  # stores were closed because their executor is gone
+
+    # -- stores -------------------------------------------------------------------------------
+
+    def entry(self, req: dict[str, Any], owner: tuple[int, int] | None) -> _Entry:
+        """The open store ``req["path"]``, opened now if needed; settings must match."""
+        path = req["path"]
+        with self._lock:
+            entry = self.stores.get(path)
+            if entry is None:
+                store = WorkerStore.open(req["kind"], path, req["key_type"], req["num_bins"])
+                entry = self.stores[path] = _Entry(store, req["kind"], req["key_type"],
+                                                   req["num_bins"])
+            elif (entry.kind, entry.key_type, entry.num_bins) != \
+                    (req["kind"], req["key_type"], req["num_bins"]):
+                raise ValueError(
+                    f"store {path} is open as {entry.kind}/{entry.key_type}/{entry.num_bins} "
+                    f"bins, not {req['kind']}/{req['key_type']}/{req['num_bins']}")
+            if owner is not None:
+                entry.owners.add(owner)
+            entry.last_used = time.monotonic()
+            return entry
+
+    def close_stores(self, which, why: str) -> list[str]:
+        """Close (flushing) every open store whose path satisfies ``which``; return them."""
+        with self._lock:
+            chosen = [(p, e) for p, e in self.stores.items() if which(p, e)]
+            for path, _ in chosen:
+                del self.stores[path]
+        for path, entry in chosen:
+            with entry.lock:
+                try:
+                    entry.store.close()
+                except Exception as exc:  # a store whose directory is gone: nothing to keep
+                    log.warning("closing %s failed: %s", path, exc)
+            log.info("closed %s (%s)", path, why)
+        return [p for p, _ in chosen]
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def serve(self, sock: socket.socket) -> None:
+        """Answer one connection's requests until it closes."""
+        owner: tuple[int, int] | None = None
+        with self._lock:
+            self.connections += 1
+        try:
+            while not self.stopping.is_set():
+                req = recv_frame(sock)
+                if req is None:
+                    return
+                self.last_activity = time.monotonic()
+                op = req.get("op")
+                try:
+                    if op == "hello":
+                        pid = req.get("watch")
+                        start = process_start(pid) if pid else None
+                        owner = (pid, start) if start is not None else None
+                        send_frame(sock, {"ok": True, "pid": os.getpid()})
+                    elif op == "export":
+                        self._export(sock, req, owner)
+                    elif op == "install":
+                        self._install(sock, req, owner)
+                    else:
+                        handler = getattr(self, f"op_{op}", None)
+                        if handler is None:
+                            raise ValueError(f"unknown store service operation {op!r}")
+                        send_frame(sock, {"ok": True, **(handler(req, owner) or {})})
+                except Exception as exc:
+                    log.info("%s failed: %r", op, exc)
+                    send_frame(sock, {"ok": False, "error": type(exc).__name__,
+                                      "message": str(exc)})
+                    if op in ("export", "install"):
+                        return  # the stream's remaining frames are unread: drop the connection
+        except (ConnectionError, OSError):
+            return
+        finally:
+            with self._lock:
+                self.connections -= 1
+            self.last_activity = time.monotonic()
+
+    def _leased(self, req: dict[str, Any], owner) -> _Entry:
+        entry = self.entry(req, owner)
+        if req.get("lease") != entry.lease:
+            raise LeaseLost(f"store {req['path']}: a newer attempt of the epoch has begun")
+        return entry
+
+    def op_begin(self, req: dict[str, Any], owner) -> dict[str, Any]:
+        """Start an epoch's attempt: version check, a new lease, the stored outputs on replay."""
+        entry = self.entry(req, owner)
+        with entry.lock:
+            apply = entry.store.check_can_apply(req["epoch"])
+            entry.lease += 1
+            return {"lease": entry.lease, "apply": apply,
+                    "outputs": b"" if apply else entry.store.stored_outputs()}
+
+    def op_drop(self, req: dict[str, Any], owner) -> None:
+        """Delete bins (departed ones, or a half-installed arrival of a failed attempt)."""
+        entry = self._leased(req, owner)
+        with entry.lock:
+            entry.store.drop_bins(req["bins"])
+
+    def _install(self, sock: socket.socket, req: dict[str, Any], owner) -> None:
+        entry = self._leased(req, owner)
+
+        def chunks() -> Iterator[pa.RecordBatch]:
+            while True:
+                frame = recv_frame(sock)
+                if frame is None:
+                    raise ConnectionError("install stream ended without its last frame")
+                if frame.get("end"):
+                    return
+                yield from ipc_to_batches(frame["chunk"])
+
+        with entry.lock:
+            started = time.perf_counter()
+            stats = entry.store.install(chunks())
+            seconds = time.perf_counter() - started
+        send_frame(sock, {"ok": True, "method": stats.method, "keys": stats.keys,
+                          "bytes": stats.bytes, "seconds": seconds})
+
+    def op_read(self, req: dict[str, Any], owner) -> dict[str, Any]:
+        """Current values of raw keys."""
+        entry = self.entry(req, owner)
+        with entry.lock:
+            return {"values": entry.store.read(req["keys"])}
+
+    def op_commit(self, req: dict[str, Any], owner) -> dict[str, Any]:
+        """The epoch's atomic write (state, outputs, marker, undo); returns the store's health."""
+        entry = self._leased(req, owner)
+        with entry.lock:
+            started = time.perf_counter()
+            entry.store.commit(req["epoch"], req["keys"], req["values"], req["old"],
+                               req["outputs"], req["installed"])
+            seconds = time.perf_counter() - started
+            return {"seconds": seconds, **entry.store.health()}
+
+    def _export(self, sock: socket.socket, req: dict[str, Any], owner) -> None:
+        entry = self.entry(req, owner)
+        with entry.lock:
+            for chunk in entry.store.backend.export_bins(req["bins"], req["chunk_bytes"]):
+                if chunk.num_rows:
+                    send_frame(sock, {"chunk": batch_to_ipc(chunk)})
+            entry.last_used = time.monotonic()
+        send_frame(sock, {"ok": True, "end": True})
+
+    def op_destroy(self, req: dict[str, Any], owner) -> None:
+        """Close a store and delete its directory (a worker left without bins)."""
+        path = req["path"]
+        self.close_stores(lambda p, e: p == path, "destroyed")
+        shutil.rmtree(path, ignore_errors=True)
+
+    def op_release(self, req: dict[str, Any], owner) -> dict[str, Any]:
+        """Close every store under a directory (a pipeline opening or closing)."""
+        prefix = os.path.join(req["prefix"], "")
+        return {"closed": self.close_stores(lambda p, e: p.startswith(prefix), "released")}
+
+    def op_shutdown(self, req: dict[str, Any], owner) -> None:
+        """Close every store and stop the service."""
+        self.stopping.set()
+
+    # -- housekeeping -------------------------------------------------------------------------
+
+    def housekeeping(self) -> bool:
+        """One round of the maintenance thread; False once the service should exit."""
+        now = time.monotonic()
+        gone = self.close_stores(
+            lambda p, e: bool(e.owners) and all(process_start(pid) != start
+                                                for pid, start in e.owners),
+            "its executor is gone")
+        if gone:
+            self.orphaned = True
+        self.close_stores(lambda p, e: now - e.last_used > STORE_IDLE_CLOSE_S, "idle")
+        with self._lock:
+            entries = list(self.stores.values())
+            idle = not self.stores and self.connections == 0
+        for entry in entries:
+            if now - entry.last_used > MAINTENANCE_QUIET_S and entry.lock.acquire(blocking=False):
+                try:
+                    entry.store.maintenance(MAINTENANCE_MEMTABLE_BYTES)
+                except Exception as exc:
+                    log.warning("maintenance of %s failed: %s", entry.store.backend.path, exc)
+                finally:
+                    entry.lock.release()
+        # Exit once idle: at once if the executors using it are gone, else after idle_exit_s.
+        return not self.stopping.is_set() and \
+            not (idle and (self.orphaned or now - self.last_activity > self.idle_exit_s))
+
+
+def socket_path(local_dir: str) -> str:
+    """Where the service of ``local_dir`` listens (a short path: Unix sockets allow ~107 bytes)."""
+    path = os.path.join(local_dir, "store.sock")
+    if len(path.encode()) < 100:
+        return path
+    import hashlib
+
+    digest = hashlib.sha256(os.path.abspath(local_dir).encode()).hexdigest()[:16]
+    return os.path.join("/tmp", f"megaphone-{digest}.sock")
+
+
+def pid_file(local_dir: str) -> str:
+    """The file holding the running service's pid."""
+    return os.path.join(local_dir, "store-service.pid")
+
+
+def run(local_dir: str, idle_exit_s: float = IDLE_EXIT_S) -> None:
+    """Serve ``local_dir``'s socket until shut down, idle, or the executors using it are gone."""
+    service = StoreService(idle_exit_s)
+    path = socket_path(local_dir)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # the caller holds the start lock: no live service owns it
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            service.serve(self.request)
+
+    class Server(socketserver.ThreadingUnixStreamServer):
+        daemon_threads = True
+        request_queue_size = 64
+
+    server = Server(path, Handler)
+    os.chmod(path, 0o600)
+    with open(pid_file(local_dir) + ".tmp", "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(pid_file(local_dir) + ".tmp", pid_file(local_dir))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                     daemon=True).start()
+    log.info("store service %d listening on %s", os.getpid(), path)
+    try:
+        while service.housekeeping():
+            service.stopping.wait(0.5)
+    finally:
+        server.shutdown()
+        service.close_stores(lambda p, e: True, "service stopping")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        log.info("store service %d stopped", os.getpid())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry of the service process (started by the client)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("local_dir")
+    parser.add_argument("--idle-exit", type=float, default=IDLE_EXIT_S)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(levelname)s %(message)s")
+    run(args.local_dir, args.idle_exit)
+
+
+if __name__ == "__main__":
+    main()

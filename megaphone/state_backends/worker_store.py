@@ -1,0 +1,197 @@
+"""One worker's keyed state with a versioned lifecycle: the epoch it is at, and how it moves on.
+
+A :class:`WorkerStore` wraps a :class:`~megaphone.state_backends.base.StateBackend` and is the
+only code that knows the three metadata entries an epoch leaves in it:
+
+* the **epoch marker** (the last epoch the worker applied, ``-1`` before the first);
+* the **stored outputs** of that epoch (Arrow IPC bytes), re-emitted when the epoch runs again
+  (a Spark task retry, a re-executed micro-batch);
+* the **undo record** of that epoch (the old values of the keys it wrote and the bins it
+  installed), so an epoch applied but never committed by the driver can be rolled back.
+
+The lifecycle is ``open`` → per epoch ``drop_bins`` / ``install`` / ``read`` → ``commit``
+(state, outputs, marker and undo record in one atomic, synced write) → … → ``close``;
+``rollback`` undoes the last epoch; ``maintenance`` runs between epochs. Nothing here flushes
+or compacts inside an epoch: a long-lived store (the store service) keeps the memtable and lets
+RocksDB's background threads do that work.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgpack
+import pyarrow as pa
+
+from megaphone.state_backends.base import ImportStats, StateBackend
+
+EPOCH_META = "epoch"
+OUTPUTS_META = "outputs"
+UNDO_META = "undo"
+
+_STALL = re.compile(r"Cumulative stall: (\d+):(\d+):([\d.]+) H:M:S")
+
+
+def pack_epoch(epoch: int) -> bytes:
+    """The epoch marker's bytes (8-byte big-endian signed)."""
+    return struct.pack(">q", epoch)
+
+
+def unpack_epoch(raw: bytes | None) -> int:
+    """The epoch a marker holds; ``-1`` for no marker."""
+    return struct.unpack(">q", raw)[0] if raw else -1
+
+
+class StoreVersionError(RuntimeError):
+    """A worker's state is at an epoch that the requested step cannot follow from."""
+
+
+class WorkerStore:
+    """A worker's state backend plus its epoch marker, stored outputs and undo record.
+
+    Used by one thread at a time. Context-managed: ``with WorkerStore.open(...) as s:``.
+    """
+
+    def __init__(self, backend: StateBackend) -> None:
+        self.backend = backend
+        self._stall_at_begin = 0.0
+
+    @classmethod
+    def open(cls, kind: str, path: str | os.PathLike[str], key_type: str, num_bins: int,
+             read_only: bool = False) -> WorkerStore:
+        """Open (creating if needed, unless ``read_only``) the ``kind`` store at ``path``."""
+        from megaphone.state_backends import open_backend
+
+        return cls(open_backend(kind, path, key_type, num_bins, read_only=read_only))
+
+    # -- version ---------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The last epoch this worker applied (-1 if none)."""
+        return unpack_epoch(self.backend.get_meta(EPOCH_META))
+
+    def stored_outputs(self) -> bytes:
+        """The outputs (Arrow IPC stream) of epoch :attr:`epoch`, empty bytes if none."""
+        return self.backend.get_meta(OUTPUTS_META) or b""
+
+    def check_can_apply(self, epoch: int) -> bool:
+        """True if ``epoch`` is new here, False if it was applied already (a replay).
+
+        Raises :class:`StoreVersionError` if the state is past ``epoch``.
+        """
+        at = self.epoch
+        if at > epoch:
+            raise StoreVersionError(
+                f"worker state at {self.backend.path} is at epoch {at}, ahead of epoch {epoch}")
+        self._stall_at_begin = self.stall_seconds()
+        return at < epoch
+
+    # -- one epoch's changes ---------------------------------------------------------------
+
+    def drop_bins(self, bins: Iterable[int]) -> None:
+        """Delete every key of ``bins`` (bins that left, or a half-installed arrival)."""
+        bins = sorted(set(bins))
+        if bins:
+            self.backend.drop_bins(bins)
+
+    def install(self, chunks: Iterable[pa.RecordBatch]) -> ImportStats:
+        """Install arriving bins' exported ``(k, v)`` chunks (chunk puts or SST ingestion)."""
+        return self.backend.import_bins(chunks, method="auto")
+
+    def read(self, raw_keys: Sequence[bytes]) -> list[bytes | None]:
+        """Current values of ``raw_keys`` (``None`` where absent)."""
+        return self.backend.get_raw(raw_keys)
+
+    def commit(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes | None],
+               old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int]) -> None:
+        """Write epoch ``epoch``'s state, outputs, marker and undo record in one atomic write.
+
+        ``old`` are the values ``keys`` had before the epoch (``None`` = absent); ``installed``
+        the bins the epoch installed. The write is synced: once this returns the epoch is
+        durable at this worker even if the machine loses power.
+        """
+        at = self.epoch
+        if at >= epoch:
+            raise StoreVersionError(
+                f"worker state at {self.backend.path} is at epoch {at}; cannot commit {epoch}")
+        undo = msgpack.packb({"epoch": epoch, "bins": list(installed), "keys": list(keys),
+                              "old": list(old)})
+        self.backend.write_raw(keys, values, old, meta={
+            EPOCH_META: pack_epoch(epoch), OUTPUTS_META: outputs, UNDO_META: undo})
+        self.backend.flush_if_volatile()
+
+    def join(self, epoch: int) -> None:
+        """Mark a worker that receives its first bins offline as being at ``epoch``."""
+        if self.epoch < epoch:
+            self.backend.write_raw([], [], [], meta={EPOCH_META: pack_epoch(epoch)})
+            self.backend.flush_if_volatile()
+
+    def rollback(self, epoch: int) -> None:
+        """Undo epoch ``epoch`` (applied here but never committed by the driver).
+
+        Restores the old values of the keys it wrote (deleting keys it created), deletes the
+        bins it installed, and sets the marker back to ``epoch - 1``. Each write is idempotent
+        and the marker moves last, so a crash in here rolls back again.
+        """
+        raw = self.backend.get_meta(UNDO_META)
+        undo = msgpack.unpackb(raw) if raw else None
+        if undo is None or undo["epoch"] != epoch:
+            raise StoreVersionError(
+                f"worker state at {self.backend.path} has no undo record for epoch {epoch}; "
+                "it cannot be rolled back to the last committed epoch")
+        self.backend.write_raw(undo["keys"], undo["old"])
+        if undo["bins"]:
+            self.backend.drop_bins(undo["bins"])
+        self.backend.write_raw([], [], [], meta={
+            EPOCH_META: pack_epoch(epoch - 1), OUTPUTS_META: b"", UNDO_META: msgpack.packb(None)})
+        self.backend.flush_if_volatile()
+
+    # -- maintenance and health --------------------------------------------------------------
+
+    def stall_seconds(self) -> float:
+        """Total time writes to this store have been stalled by flushes and compactions."""
+        text = self.backend.property("rocksdb.stats")
+        match = _STALL.search(text) if text else None
+        if not match:
+            return 0.0
+        h, m, s = match.groups()
+        return int(h) * 3600 + int(m) * 60 + float(s)
+
+    def health(self) -> dict[str, Any]:
+        """Maintenance figures for an epoch's metrics: write stalls since :meth:`check_can_apply`
+        (``stall_s``, time flushes and compactions held this epoch's writes up) and the
+        compaction work RocksDB still owes (``pending_compaction_bytes``)."""
+        return {
+            "stall_s": max(0.0, self.stall_seconds() - self._stall_at_begin),
+            "pending_compaction_bytes": int(
+                self.backend.property("rocksdb.estimate-pending-compaction-bytes") or 0),
+            "l0_files": int(self.backend.property("rocksdb.num-files-at-level0") or 0),
+        }
+
+    def maintenance(self, memtable_bytes: int) -> float:
+        """Between epochs: flush the memtable once it holds ``memtable_bytes`` or more, so
+        RocksDB never has to flush it in the middle of an epoch. Returns the seconds spent."""
+        size = int(self.backend.property("rocksdb.cur-size-active-mem-table") or 0)
+        if size < memtable_bytes:
+            return 0.0
+        started = time.perf_counter()
+        self.backend.flush()
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        """Flush and release the store."""
+        self.backend.close()
+
+    def __enter__(self) -> WorkerStore:
+        """Context-manager entry: the store itself."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Context-manager exit: :meth:`close`."""
+        self.close()

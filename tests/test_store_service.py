@@ -1,0 +1,134 @@
+"""The worker store's lifecycle and the store service that keeps stores open across epochs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import msgpack
+import pytest
+
+from megaphone.routing.bins import bin_of
+from megaphone.state_backends.encoding import encode_keys
+from megaphone.state_backends.remote import RemoteStore, StoreError, release_stores, service_pid
+from megaphone.state_backends.service import StoreService, process_start
+from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
+
+BINS = 16
+
+
+def raw(keys) -> list[bytes]:
+    import numpy as np
+
+    k = np.asarray(keys, dtype=np.int64)
+    return list(encode_keys(bin_of(k, BINS), k, "int64"))
+
+
+def one_epoch(store, epoch: int, keys, installed=()) -> None:
+    """Add one to ``keys`` and commit ``epoch`` (a RemoteStore after ``begin``)."""
+    rk = raw(keys)
+    old = store.read(rk)
+    new = [msgpack.packb((msgpack.unpackb(v) if v else 0) + 1) for v in old]
+    store.commit(epoch, rk, new, old, f"out{epoch}".encode(), list(installed))
+
+
+def counts(store, keys) -> list[int | None]:
+    return [msgpack.unpackb(v) if v else None for v in store.read(raw(keys))]
+
+
+@pytest.fixture
+def local(tmp_path):
+    """A store service of this test's own; stopped at the end."""
+    directory = str(tmp_path / "local")
+    yield directory
+    pid = service_pid(directory)
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+def test_commit_replay_and_rollback_of_a_worker_store(tmp_path, kind):
+    with WorkerStore.open(kind, tmp_path / "w", "int64", BINS) as store:
+        assert store.epoch == -1 and store.check_can_apply(0)
+        one_epoch(store, 0, [1, 2])
+        one_epoch(store, 1, [2, 3])
+        assert store.epoch == 1 and store.stored_outputs() == b"out1"
+        assert not store.check_can_apply(1)  # a retry of epoch 1: replay
+        with pytest.raises(StoreVersionError, match="ahead of epoch 0"):
+            store.check_can_apply(0)
+        with pytest.raises(StoreVersionError, match="cannot commit 1"):
+            one_epoch(store, 1, [9])
+        store.rollback(1)
+        assert store.epoch == 0 and counts(store, [1, 2, 3]) == [1, 1, None]
+        with pytest.raises(StoreVersionError, match="no undo record for epoch 1"):
+            store.rollback(1)
+    with WorkerStore.open(kind, tmp_path / "w", "int64", BINS, read_only=True) as again:
+        assert again.epoch == 0 and counts(again, [1, 2, 3]) == [1, 1, None]
+
+
+def test_a_store_stays_open_in_the_service_and_survives_its_kill(tmp_path, local):
+    path = str(tmp_path / "w")
+    store = RemoteStore(local, path, "rocksdb", "int64", BINS)
+    for epoch in range(3):
+        assert store.begin(epoch) == (True, b"")
+        one_epoch(store, epoch, [1, 2])
+    first = store.service_pid
+    # The store is open in the service, not here: a second writer is refused by RocksDB's lock,
+    # while a read-only open (inspect, state()) works beside it.
+    with pytest.raises(Exception, match=r"(?i)lock"):
+        WorkerStore.open("rocksdb", path, "int64", BINS)
+    with WorkerStore.open("rocksdb", path, "int64", BINS, read_only=True) as ro:
+        assert ro.epoch == 2
+    os.kill(first, signal.SIGKILL)
+    time.sleep(0.2)
+    # A retry of epoch 2 after the kill: a new service reopens the store from its log, and the
+    # epoch is replayed with its stored outputs, not applied twice.
+    again = RemoteStore(local, path, "rocksdb", "int64", BINS)
+    assert again.begin(2) == (False, b"out2")
+    assert again.service_pid != first
+    assert counts(again, [1, 2]) == [3, 3]
+    assert release_stores(local, str(tmp_path)) == [os.path.abspath(path)]
+    with WorkerStore.open("rocksdb", path, "int64", BINS) as direct:  # the lock is free again
+        assert direct.epoch == 2
+
+
+def test_a_stale_attempt_cannot_write_after_a_retry_began(tmp_path, local):
+    path = str(tmp_path / "w")
+    zombie = RemoteStore(local, path, "rocksdb", "int64", BINS)
+    retry = RemoteStore(local, path, "rocksdb", "int64", BINS)
+    zombie.begin(0)
+    retry.begin(0)  # a newer attempt of the same epoch
+    with pytest.raises(StoreError, match="LeaseLost"):
+        one_epoch(zombie, 0, [1])
+    with pytest.raises(StoreError, match="LeaseLost"):
+        zombie.drop_bins([1])
+    one_epoch(retry, 0, [1])
+    assert counts(retry, [1]) == [1]
+
+
+def test_the_service_closes_the_stores_of_a_dead_executor_and_exits(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    owner = (gone.pid, process_start(gone.pid))
+    gone.wait()
+    service = StoreService(idle_exit_s=3600)
+    req = {"path": str(tmp_path / "w"), "kind": "rocksdb", "key_type": "int64",
+           "num_bins": BINS}
+    service.op_begin({**req, "epoch": 0}, owner)
+    alive = (os.getpid(), process_start(os.getpid()))
+    service.op_begin({**req, "path": str(tmp_path / "v"), "epoch": 0}, alive)
+    assert service.housekeeping()  # the live executor's store keeps the service up
+    assert set(service.stores) == {str(tmp_path / "v")}
+    service.close_stores(lambda p, e: True, "test")
+    assert not service.housekeeping()  # nothing left, and an executor it served is gone
+    with WorkerStore.open("rocksdb", tmp_path / "w", "int64", BINS) as store:
+        assert store.epoch == -1  # closed: its lock is free
+
+
+def test_a_store_is_refused_under_other_settings(tmp_path, local):
+    path = str(tmp_path / "w")
+    RemoteStore(local, path, "rocksdb", "int64", BINS).begin(0)
+    with pytest.raises(StoreError, match="is open as rocksdb/int64/16 bins"):
+        RemoteStore(local, path, "rocksdb", "int64", 32).begin(0)
