@@ -80,7 +80,9 @@ class Pipeline:
     outputs are, per key touched, the new aggregate (or what ``f`` emitted).
 
     Opening an existing ``state_dir`` resumes it: its routing, committed epoch and plans in
-    flight; ``workers`` then only applies to a new directory.
+    flight; ``workers`` then only applies to a new directory. ``local_dir`` is the host-local
+    directory of the store service that keeps the workers' stores open across epochs
+    (default ``$MEGAPHONE_LOCAL_DIR`` or ``$TMPDIR/megaphone-<uid>``; docs/worker-store.md).
 
     >>> pipe = Pipeline(spark, "/tmp/wc", key="word", update="count")  # doctest: +SKIP
     >>> pipe.process(spark.createDataFrame([("a",), ("b",), ("a",)], "word string")).show()

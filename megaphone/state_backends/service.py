@@ -7,8 +7,8 @@ outlives the task), and every task of every epoch reaches it over a Unix socket.
 the computation (grouping, the update function, outputs); the service does the storage
 operations: the epoch's version check, drops, installs, reads, the commit, exports. Opening a
 store, flushing its memtable and compacting no longer happen inside an epoch: the memtable
-lives on, RocksDB compacts in its background threads, and a maintenance thread flushes idle
-stores between epochs (``bench/RESULTS.md`` has the numbers that chose this design).
+lives on, and RocksDB flushes and compacts it in its background threads
+(``docs/worker-store.md`` and ``bench/RESULTS.md`` have the numbers that chose this design).
 
 Lifecycle: the service closes a store when the executor JVM that last used it is gone (a killed
 driver in local mode, a lost executor), when a driver asks (``release`` on opening or closing a
@@ -52,10 +52,6 @@ log = logging.getLogger("megaphone.store_service")
 STORE_IDLE_CLOSE_S = 600.0
 #: The service exits after this long with no store open and no connection.
 IDLE_EXIT_S = 30.0
-#: Between epochs, a store whose memtable holds this much is flushed by the maintenance thread.
-MAINTENANCE_MEMTABLE_BYTES = 16 << 20
-#: A store is "between epochs" once no operation touched it for this long.
-MAINTENANCE_QUIET_S = 0.3
 _LEN = struct.Struct(">I")
 
 
@@ -311,7 +307,8 @@ class StoreService:
     # -- housekeeping -------------------------------------------------------------------------
 
     def housekeeping(self) -> bool:
-        """One round of the maintenance thread; False once the service should exit."""
+        """One round of the housekeeping thread (stores of dead executors, idle stores);
+        False once the service should exit."""
         now = time.monotonic()
         gone = self.close_stores(
             lambda p, e: bool(e.owners) and all(process_start(pid) != start
@@ -321,16 +318,7 @@ class StoreService:
             self.orphaned = True
         self.close_stores(lambda p, e: now - e.last_used > STORE_IDLE_CLOSE_S, "idle")
         with self._lock:
-            entries = list(self.stores.values())
             idle = not self.stores and self.connections == 0
-        for entry in entries:
-            if now - entry.last_used > MAINTENANCE_QUIET_S and entry.lock.acquire(blocking=False):
-                try:
-                    entry.store.maintenance(MAINTENANCE_MEMTABLE_BYTES)
-                except Exception as exc:
-                    log.warning("maintenance of %s failed: %s", entry.store.backend.path, exc)
-                finally:
-                    entry.lock.release()
         # Exit once idle: at once if the executors using it are gone, else after idle_exit_s.
         return not self.stopping.is_set() and \
             not (idle and (self.orphaned or now - self.last_activity > self.idle_exit_s))

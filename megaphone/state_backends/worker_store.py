@@ -9,11 +9,11 @@ only code that knows the three metadata entries an epoch leaves in it:
 * the **undo record** of that epoch (the old values of the keys it wrote and the bins it
   installed), so an epoch applied but never committed by the driver can be rolled back.
 
-The lifecycle is ``open`` → per epoch ``drop_bins`` / ``install`` / ``read`` → ``commit``
-(state, outputs, marker and undo record in one atomic, synced write) → … → ``close``;
-``rollback`` undoes the last epoch; ``maintenance`` runs between epochs. Nothing here flushes
-or compacts inside an epoch: a long-lived store (the store service) keeps the memtable and lets
-RocksDB's background threads do that work.
+The lifecycle is ``open`` → per epoch ``check_can_apply`` / ``drop_bins`` / ``install`` /
+``read`` → ``commit`` (state, outputs, marker and undo record in one atomic, synced write) →
+… → ``close``; ``rollback`` undoes the last epoch. Nothing here flushes or compacts: a
+long-lived store (the store service) keeps its memtable across epochs and RocksDB's background
+threads flush and compact it, outside every epoch's commit.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import re
 import struct
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -152,7 +151,7 @@ class WorkerStore:
             EPOCH_META: pack_epoch(epoch - 1), OUTPUTS_META: b"", UNDO_META: msgpack.packb(None)})
         self.backend.flush_if_volatile()
 
-    # -- maintenance and health --------------------------------------------------------------
+    # -- health --------------------------------------------------------------------------
 
     def stall_seconds(self) -> float:
         """Total time writes to this store have been stalled by flushes and compactions."""
@@ -173,16 +172,6 @@ class WorkerStore:
                 self.backend.property("rocksdb.estimate-pending-compaction-bytes") or 0),
             "l0_files": int(self.backend.property("rocksdb.num-files-at-level0") or 0),
         }
-
-    def maintenance(self, memtable_bytes: int) -> float:
-        """Between epochs: flush the memtable once it holds ``memtable_bytes`` or more, so
-        RocksDB never has to flush it in the middle of an epoch. Returns the seconds spent."""
-        size = int(self.backend.property("rocksdb.cur-size-active-mem-table") or 0)
-        if size < memtable_bytes:
-            return 0.0
-        started = time.perf_counter()
-        self.backend.flush()
-        return time.perf_counter() - started
 
     def close(self) -> None:
         """Flush and release the store."""
