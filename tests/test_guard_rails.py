@@ -120,5 +120,11 @@ def test_outputs_are_kept_for_the_last_epochs_only(spark, tmp_path):
     for _ in range(4):
         pipe.process(spark.createDataFrame([(1,)], "k long"))
     kept = sorted(p.name for p in (tmp_path / "s" / "outputs").iterdir())
-    assert kept == ["e000000002", "e000000003"]
+    assert kept == ["e000000002.arrow", "e000000003.arrow"]
+    assert pipe.state_dir.read_outputs(3).to_pylist() == [{"k": 1, "count": 4}]
+    with pytest.raises(ValueError, match="no longer kept"):
+        pipe.state_dir.read_outputs(1)
+    (tmp_path / "s" / "outputs" / "e000000002.arrow").write_bytes(b"torn")
+    with pytest.raises(ValueError, match="corrupt"):
+        pipe.state_dir.read_outputs(2)
     pipe.close()

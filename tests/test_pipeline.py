@@ -121,6 +121,36 @@ def test_metrics_are_recorded_per_worker_and_on_disk(spark, tmp_path):
     assert pipe.state_dir.read_metrics() == [m]
 
 
+def test_records_without_a_key_are_counted_not_applied(spark, tmp_path):
+    pipe = make(spark, tmp_path, workers=2)
+    keys = [1, None, 2, 1, None, None]
+    out = pipe.process(spark.createDataFrame([(k,) for k in keys], "k long"))
+    assert sorted(map(tuple, out.collect())) == [(1, 2), (2, 1)]
+    (m,) = pipe.metrics()
+    assert m["null_keys"] == 3 and m["records_in"] == 3
+    assert counts(pipe) == {1: 2, 2: 1}
+
+
+def test_an_epoch_failing_after_workers_applied_it_is_rolled_back_then_rerun(spark, tmp_path,
+                                                                           monkeypatch):
+    pipe = make(spark, tmp_path, workers=2)
+    batch = spark.createDataFrame([(k,) for k in (1, 2, 2)], "k long")
+    pipe.process(batch)
+    real = type(pipe.state_dir).write_outputs
+
+    def fail(self, epoch, outputs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(type(pipe.state_dir), "write_outputs", fail)
+    with pytest.raises(OSError, match="disk full"):  # the workers committed epoch 1, the driver not
+        pipe.process(batch)
+    assert pipe.epoch == 0 and counts(pipe) == {1: 1, 2: 2}  # the state is the commit's
+    monkeypatch.setattr(type(pipe.state_dir), "write_outputs", real)
+    out = pipe.process(batch)  # epoch 1 again, applied once
+    assert sorted(map(tuple, out.collect())) == [(1, 2), (2, 4)]
+    assert pipe.epoch == 1 and counts(pipe) == {1: 2, 2: 4}
+
+
 def test_reopening_a_state_dir_resumes_and_checks_settings(spark, tmp_path):
     pipe = make(spark, tmp_path)
     pipe.process(spark.createDataFrame([(1,), (2,)], "k long"))

@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
+from megaphone.migrator.spark_job import split_results
 from megaphone.migrator.updates import make_update
 from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker, shuffle_schema
 from megaphone.routing.bins import bin_of
@@ -30,15 +30,14 @@ def records(keys, worker) -> pa.RecordBatch:
     n = len(keys)
     return pa.RecordBatch.from_arrays(
         [pa.array([worker] * n, pa.int32()), pa.array(bin_of(keys, BINS), pa.int32()),
-         pa.array(keys), pa.nulls(n, pa.binary()), pa.nulls(n, pa.binary())], schema=SCHEMA)
+         pa.array(keys), pa.nulls(n, pa.binary()), pa.nulls(n, pa.binary()),
+         pa.nulls(n, pa.string())], schema=SCHEMA)
 
 
 def run(s: EpochSpec, worker: int, batches) -> tuple[dict, dict]:
-    rows = list(apply_worker(s, worker, iter(batches)))
-    metrics = json.loads(rows[0].column(0)[0].as_py())
-    out = pq.read_table(
-        f"{s.state_dir}/outputs/e{s.epoch:09d}/w{worker:05d}.parquet").to_pylist()
-    return {r["k"]: r["count"] for r in out}, metrics
+    out, rows = split_results(pa.Table.from_batches(apply_worker(s, worker, iter(batches))))
+    metrics = json.loads(rows[0])
+    return {r["k"]: r["count"] for r in out.to_pylist()}, metrics
 
 
 def state_of(tmp_path, backend, worker) -> dict:
@@ -69,6 +68,10 @@ def test_state_arriving_after_records_is_installed_first_and_retries_replay(tmp_
     out1, m1 = run(s1, 1, [to_1, *shipped])  # records first, state after: still correct
     assert out1 == {k: 2 for k in moved_keys}
     assert m1["keys_in"] == len(moved_keys) and m1["records_in"] == len(moved_keys)
+    # The exporter's metrics ride the shuffle to the receiver, which returns them beside its own.
+    _, rows = split_results(pa.Table.from_batches(apply_worker(s1, 1, iter(shipped))))
+    exported = [json.loads(r) for r in rows[1:]]
+    assert [(e["worker"], e["keys_out"]) for e in exported] == [(0, len(moved_keys))]
     before = state_of(tmp_path, backend, 1)
     out_retry, m_retry = run(s1, 1, [to_1, *shipped])  # a Spark task retry
     assert out_retry == out1 and m_retry["replayed"]
@@ -85,3 +88,18 @@ def test_a_worker_state_ahead_of_the_epoch_is_an_error(tmp_path):
     run(spec(tmp_path, 3, "memory", live=frozenset({0})), 0, [records([1], 0)])
     with pytest.raises(RuntimeError, match="ahead of epoch 2"):
         run(spec(tmp_path, 2, "memory", live=frozenset({0})), 0, [records([1], 0)])
+
+
+def test_a_state_dir_this_host_cannot_see_or_of_another_pipeline_is_an_error(tmp_path):
+    # An executor that does not see the driver's state directory must not make its own.
+    s = spec(tmp_path, 0, "memory", live=frozenset({0}), pipeline_id="p1")
+    with pytest.raises(RuntimeError, match="not readable on host"):
+        run(s, 0, [records([1], 0)])
+    with pytest.raises(RuntimeError, match="not readable on host"):
+        list(export_worker(s, 0, SCHEMA))
+    assert not (tmp_path / "workers").exists()
+    (tmp_path / "megaphone.json").write_text(json.dumps({"fingerprint": {"pipeline_id": "p2"}}))
+    with pytest.raises(RuntimeError, match="belongs to pipeline 'p2', not 'p1'"):
+        run(s, 0, [records([1], 0)])
+    (tmp_path / "megaphone.json").write_text(json.dumps({"fingerprint": {"pipeline_id": "p1"}}))
+    assert run(s, 0, [records([1], 0)])[0] == {1: 1}

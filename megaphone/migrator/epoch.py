@@ -2,28 +2,30 @@
 
 ``admit`` (take plans handed over, ask adaptive policies, save the routing) → ``layout`` (who
 owns, ships and installs what) → ``launch`` (build the epoch's Spark job) → ``collect`` (run it:
-exports, shuffle, every worker's install, apply and commit; the job is run again if the store
-service died under it) → ``commit`` (the driver's commit record: the epoch's commit point) →
-``cleanup`` (metrics, old outputs). The workers' phases ``export``, ``install`` and ``apply``
-run inside ``collect``. Each phase's seconds go to the epoch's metrics (``phases_s``) and each
-phase is a crash-injection point of the same name (:mod:`megaphone.migrator.faults`).
+exports, shuffle, every worker's install, apply and commit; outputs and metrics come back in
+the job's results, and become a DataFrame; the job is run again if the store service died
+under it) → ``commit`` (the epoch's outputs kept for replay, then the driver's commit record:
+the epoch's commit point) → ``cleanup`` (old outputs). The workers' phases ``export``, ``install``
+and ``apply`` run inside ``collect``. Each phase's seconds go to the epoch's metrics
+(``phases_s``) and each phase is a crash-injection point of the same name
+(:mod:`megaphone.migrator.faults`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from megaphone.migrator.faults import crash_point
 from megaphone.migrator.inbox import take_plans
 from megaphone.migrator.layout import EpochLayout, epoch_layout
-from megaphone.migrator.spark_job import epoch_job, epoch_metrics, map_projection
+from megaphone.migrator.spark_job import epoch_job, epoch_metrics, map_projection, split_results
 from megaphone.migrator.statedir import Commit
 
 if TYPE_CHECKING:
@@ -83,9 +85,6 @@ class EpochRun:
             with queue.lock:
                 layout = epoch_layout(pipe.routing, pipe._commit, epoch, state.worker_ids())
             spec = pipe._spec(self.batch, update, layout)
-            for path in (state.scratch_path(epoch), state.outputs_path(epoch)):
-                shutil.rmtree(path, ignore_errors=True)
-            state.outputs_path(epoch).mkdir(parents=True)
         with self.phase("launch"):
             shape = (layout.version, spec.shuffle_schema, tuple(columns))
             if pipe._projection is None or pipe._projection[0] != shape:
@@ -98,30 +97,32 @@ class EpochRun:
 
             first = job()
         with self.phase("collect"):
-            rows = self._collect(first, job)
+            outputs, rows = split_results(self._collect(first, job))
+            # Before the commit point: after it, no JVM call may fail (or be interrupted by a
+            # stream's stop) and leave a committed epoch without its metrics.
+            frame = pipe._outputs_frame(outputs)
         finished = time.time()
         with self.phase("commit"):
-            record = epoch_metrics(layout, started, finished, state.scratch_path(epoch), rows,
+            record = epoch_metrics(layout, started, finished, rows,
                                    self.stream.get("batch_id") if self.stream else None)
             bytes_by_bin = record.pop("bytes_by_bin")
             pipe._track_load(*record.pop("records_by_bin"))
             if self.input_end is not None and record["latency_s"] is None:
                 record["latency_s"] = finished - self.input_end
+            state.write_outputs(epoch, outputs)  # before the commit point: replayable
             with queue.lock:
                 queue.committed(epoch, bytes_by_bin)
                 pipe._commit = self._commit_record(layout, queue.to_list())
                 state.write_commit(pipe._commit)  # the commit point of the epoch
         with self.phase("cleanup"):
-            shutil.rmtree(state.scratch_path(epoch), ignore_errors=True)
             state.prune_outputs(epoch - pipe.keep_outputs + 1)
-            outputs = pipe._read_outputs(epoch)
         record["job_attempts"] = self.attempts
         record["phases_s"] = dict(self.phases)
         state.append_metrics(record)  # a crash before this line loses the line, not the epoch
         pipe._metrics.append(record)
-        return outputs
+        return frame
 
-    def _collect(self, job: DataFrame, rebuild: Callable[[], DataFrame]) -> list[str]:
+    def _collect(self, job: DataFrame, rebuild: Callable[[], DataFrame]) -> pa.Table:
         """Run the job; again if the store service died under it (the epoch is idempotent:
         workers that committed replay their outputs, the others apply). A rerun is a new
         DataFrame: adaptive execution keeps a failed stage's error in the old one's plan."""
@@ -130,7 +131,7 @@ class EpochRun:
             if self.attempts > 1:
                 job = rebuild()
             try:
-                return [row.metrics for row in job.collect()]
+                return job.toArrow()
             except Exception as exc:
                 text = str(exc)
                 if self.attempts >= JOB_ATTEMPTS or not any(m in text for m in _RETRYABLE):

@@ -1,11 +1,12 @@
 """``Pipeline``: a keyed stateful operator on Spark whose state moves between workers live.
 
 Each epoch (one micro-batch) is one Spark job. Records get their bin in the JVM
-(``xxhash64``) and their worker from the routing version in force at the epoch (a broadcast
-join), and are shuffled with ``repartitionById`` so partition ``w`` is worker ``w``. Bins that
-move at the epoch are exported by their old owners in the same job's map stage and shuffled
-along with the records; each worker installs arriving state before it applies any record of
-the epoch. The driver holds only metadata: routing, plans and metrics.
+(``xxhash64``) and their worker from the routing version in force at the epoch (a constant
+array folded into the plan), and are shuffled with ``repartitionById`` so partition ``w`` is
+worker ``w``. Bins that move at the epoch are exported by their old owners in the same job's
+map stage and shuffled along with the records; each worker installs arriving state before it
+applies any record of the epoch. Outputs and metrics come back in the job's results.
+The driver holds only metadata: routing, plans and metrics.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ from megaphone.migrator.recovery import RecoveryReport, check_and_recover
 from megaphone.migrator.state_reader import read_state
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import AGGREGATIONS, Update, UpdateFn, make_update
-from megaphone.migrator.worker import EpochSpec, shuffle_schema
+from megaphone.migrator.worker import METRICS_COLUMN, EpochSpec, shuffle_schema
 from megaphone.plans.plan import MigrationPlan
 from megaphone.plans.policy import MigrationPolicy
 from megaphone.routing.bins import validate_num_bins
 from megaphone.routing.fingerprint import Fingerprint
+from megaphone.spark import is_connect, task_slots
 from megaphone.state_backends import BACKENDS, DEFAULT_CHUNK_BYTES
 from megaphone.state_backends.remote import default_local_dir, release_stores
 
@@ -123,6 +125,9 @@ class Pipeline:
             raise ValueError(f"update {update!r} needs a value column")
         if not workers >= 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        if key == METRICS_COLUMN:
+            raise ValueError(f"the key column may not be called {METRICS_COLUMN!r} (megaphone's "
+                             "metrics column in an epoch's results)")
         self.spark = spark
         self.key = key
         self.value = value
@@ -147,14 +152,14 @@ class Pipeline:
         self._bin_load = np.zeros(num_bins)  # records per bin per epoch, smoothed
         self._task_slots: int | None = None
         # The epoch job's map side, kept while the routing version and columns hold.
-        self._projection: tuple[tuple, tuple[Column, list[Column]]] | None = None
-        self._outputs_reader: tuple[T.StructType, Any] | None = None
+        self._projection: tuple[tuple, list[Column]] | None = None
         self._state: StateDir | None = None
         self._queue: PlanQueue | None = None
         self._commit = Commit()
         self._path = Path(state_dir)
         self._streaming = False
         self._query = None
+        self._uncommitted = False  # an epoch failed after workers may have applied it
         self.recovery = RecoveryReport()  # what opening the state directory discarded
         # Adaptive execution must not merge partitions: partition w is worker w.
         spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
@@ -254,7 +259,7 @@ class Pipeline:
     # -- public API ----------------------------------------------------------------------
 
     def process(self, batch: DataFrame, *, input_end: float | None = None) -> DataFrame:
-        """Run one epoch over ``batch`` and return its outputs (read back from disk).
+        """Run one epoch over ``batch`` and return its outputs.
 
         ``input_end``: when the batch's input was complete (``time.time()`` seconds). With it
         the epoch's ``latency_s`` metric is its commit time minus ``input_end``, and the
@@ -277,7 +282,14 @@ class Pipeline:
         ``{"processingTime": "1 second"}``). Returns the ``StreamingQuery``. Restarting with the
         same checkpoint replays uncommitted batches; a batch id already committed is not
         applied again, only its stored outputs are handed to ``sink`` once more.
+
+        Not over Spark Connect: its ``foreachBatch`` runs the function in a process on the
+        server, away from this pipeline's driver state; call :meth:`process` per batch there.
         """
+        if is_connect(self.spark):
+            raise NotImplementedError(
+                "Pipeline.start() needs a classic SparkSession: over Spark Connect, foreachBatch "
+                "runs on the server, away from the pipeline; call process() per batch instead")
         location = checkpoint_location or str(self._path / "_stream_checkpoint")
 
         def on_batch(batch_df: DataFrame, batch_id: int) -> None:
@@ -370,8 +382,10 @@ class Pipeline:
 
         Built-in aggregations give the aggregate; a general ``f`` gives its state as msgpack
         bytes (``megaphone.state_backends.unpack_value`` decodes them). Reflects the last
-        committed epoch; do not read it while an epoch is running.
+        committed epoch (a failed epoch is rolled back first); do not read it while an epoch
+        is running.
         """
+        self._undo_uncommitted()
         update = self._update_for(None)
         out = self._output_spark_schema()
         value = out[1].dataType if update.is_builtin else T.BinaryType()
@@ -410,8 +424,8 @@ class Pipeline:
             hot = np.flatnonzero(self._bin_load)
             return dict(zip(hot.tolist(), self._bin_load[hot].tolist(), strict=True))
 
-        if self._task_slots is None:  # asked once: a JVM call
-            self._task_slots = self.spark.sparkContext.defaultParallelism
+        if self._task_slots is None:  # asked once
+            self._task_slots = task_slots(self.spark)
         return PolicyInputs(
             history=lambda: self.metrics(last=POLICY_HISTORY), bin_bytes=sizes,
             bin_records=load, lag_s=lag_s, parallelism=self._task_slots)
@@ -426,13 +440,11 @@ class Pipeline:
             return outputs, self._commit.epoch
 
     def _read_outputs(self, epoch: int) -> DataFrame:
-        path = self.state_dir.outputs_path(epoch)
-        if not path.exists():
-            raise RuntimeError(f"outputs of epoch {epoch} are no longer kept ({path})")
-        schema = self._output_spark_schema()
-        if self._outputs_reader is None or self._outputs_reader[0] != schema:
-            self._outputs_reader = (schema, self.spark.read.schema(schema).format("parquet"))
-        return self._outputs_reader[1].load(str(path))  # one reader for all epochs: 5 ms less each
+        return self._outputs_frame(self.state_dir.read_outputs(epoch))
+
+    def _outputs_frame(self, outputs: pa.Table) -> DataFrame:
+        """An epoch's outputs (collected from its job) as a DataFrame."""
+        return self.spark.createDataFrame(outputs, schema=self._output_spark_schema())
 
     def _output_spark_schema(self) -> T.StructType:
         update = self._update_for(None)
@@ -481,7 +493,26 @@ class Pipeline:
                    input_end: float | None = None) -> DataFrame:
         """Run one epoch end to end (:class:`~megaphone.migrator.epoch.EpochRun`)."""
         with self._lock:
-            return EpochRun(self, batch, stream, input_end).run()
+            run = EpochRun(self, batch, stream, input_end)
+            try:
+                return run.run()
+            except BaseException:
+                if self._commit.epoch < run.epoch:  # failed before its commit point
+                    self._uncommitted = True
+                raise
+
+    def _undo_uncommitted(self) -> None:
+        """Roll back what a failed epoch left past the last commit (workers that applied it),
+        as reopening would, so the state read reflects the commit. The routing in force stays:
+        the next epoch runs the failed one again, routed alike."""
+        with self._lock:
+            if not self._uncommitted:
+                return
+            state = self.state_dir
+            release_stores(self.local_dir, str(state.path))
+            self.recovery = check_and_recover(state, self._commit)
+            self.routing.save(state.routing_path)  # recovery truncated it to the commit
+            self._uncommitted = False
 
     def _track_load(self, bins: np.ndarray, records: np.ndarray) -> None:
         counts = np.bincount(bins, weights=records, minlength=len(self._bin_load))
@@ -512,6 +543,7 @@ class Pipeline:
             has_event_time=self.event_time is not None,
             shuffle_schema=shuffle_schema(key_arrow, value_arrow, self.event_time is not None),
             local_dir=self.local_dir,
+            pipeline_id=self.fingerprint.pipeline_id,
         )
 
 

@@ -1,7 +1,7 @@
 """Recovery: bring a state directory back to its last committed epoch before it runs again.
 
 ``commit.json`` is the commit point of an epoch; whatever a crash left beyond it is discarded:
-routing versions never committed, outputs and scratch of the uncommitted epoch, and worker
+routing versions never committed, outputs of the uncommitted epoch, and worker
 state that applied it (rolled back with its undo record). Anything that cannot be explained
 by a crash (a worker behind the commit, a missing worker directory, a worker two epochs ahead)
 is reported precisely and never repaired silently.
@@ -9,7 +9,6 @@ is reported precisely and never repaired silently.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 
 from megaphone.migrator.statedir import Commit, StateDir
@@ -53,12 +52,8 @@ def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
     if table.version > commit.state_version:
         report.routing_versions_dropped = table.version - commit.state_version
         committed.save(state.routing_path)
-    root = state.path / "outputs"
-    for child in sorted(root.glob("e*")) if root.is_dir() else []:
-        if child.name[1:].isdigit() and int(child.name[1:]) > commit.epoch:
-            report.outputs_dropped.append(int(child.name[1:]))
-            shutil.rmtree(child)
-    shutil.rmtree(state.path / "scratch", ignore_errors=True)
+    report.outputs_dropped = [e for e in state.output_epochs() if e > commit.epoch]
+    state.drop_outputs(report.outputs_dropped)
     kind, fp = state.manifest["backend"], state.fingerprint
     for worker in ahead:
         with WorkerStore.open(kind, state.worker_path(worker), fp.key_type, fp.num_bins) as store:

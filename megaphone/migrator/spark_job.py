@@ -1,17 +1,19 @@
 """The Spark side of an epoch: one job that routes records, ships moving state and applies.
 
-Map stage: records get their bin in the JVM (``xxhash64``) and their worker from a broadcast
-of the routing version in force; the old owners of moving bins export them
+Map stage: records get their bin in the JVM (``xxhash64``) and their worker from the routing
+version in force (:func:`owner_column`); the old owners of moving bins export them
 (:func:`~megaphone.migrator.worker.export_worker`). One shuffle (``repartitionById``) brings
 both to partition ``w`` = worker ``w``, where :func:`~megaphone.migrator.worker.apply_worker`
-installs the state and then applies the records. Each worker returns one row of metrics.
+installs the state and then applies the records. Each worker returns its outputs and rows of
+metrics (:func:`~megaphone.migrator.worker.result_schema`): results travel in the job, not
+through a shared filesystem.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,10 +23,17 @@ from pyspark import TaskContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import from_arrow_type
+from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
 from megaphone.migrator.layout import EpochLayout
-from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker, unpack_bin_counts
+from megaphone.migrator.worker import (
+    METRICS_COLUMN,
+    EpochSpec,
+    apply_worker,
+    export_worker,
+    result_schema,
+    unpack_bin_counts,
+)
 from megaphone.routing.bins import bin_column
 
 
@@ -41,13 +50,14 @@ def owner_column(owners: np.ndarray, bin_: Column) -> Column:
 
 
 def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSpec
-                   ) -> tuple[Column, list[Column]]:
-    """The map side of an epoch: the records' filter (a key) and their shuffle columns.
+                   ) -> list[Column]:
+    """The map side of an epoch: the records' shuffle columns.
 
     ``columns`` are the batch's record columns by name (``key`` and, where used, ``value``,
     ``_t``); ``owners`` the routing version's worker of every bin. Every call costs the driver
     a few hundred JVM calls, so the pipeline keeps the result for as long as the routing
-    version holds.
+    version holds. Records without a key are routed like any (``xxhash64`` of null is its
+    seed); their worker counts and skips them (``null_keys``), which costs no filter here.
     """
     shuffle = spec.shuffle_schema
     assert shuffle is not None
@@ -63,37 +73,55 @@ def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSp
             exprs.append(columns[f.name].alias(f.name))
         else:
             exprs.append(F.lit(None).cast(from_arrow_type(f.type)).alias(f.name))
-    return key.isNotNull(), exprs
+    return exprs
 
 
-def epoch_job(spark: SparkSession, batch: DataFrame, projection: tuple[Column, list[Column]],
+def epoch_job(spark: SparkSession, batch: DataFrame, projection: list[Column],
               spec: EpochSpec, partitions: int) -> DataFrame:
-    """The epoch's job; collecting it runs the epoch and yields one metrics row per worker.
+    """The epoch's job; collecting it runs the epoch and yields its outputs and metrics rows
+    (:func:`split_results`).
 
-    The map side is ``projection`` (:func:`map_projection`): one filter and one projection,
-    since each DataFrame operation costs the driver an analysis.
+    The map side is ``projection`` (:func:`map_projection`): one projection, since each
+    DataFrame operation costs the driver an analysis.
     """
     shuffle = spec.shuffle_schema
     assert shuffle is not None
-    routed = batch.where(projection[0]).select(*projection[1])
+    routed = batch.select(*projection)
     senders = sorted(spec.outgoing)
     if senders:
-
-        def export(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            for batch in batches:
-                for i in batch.column("id").to_pylist():
-                    yield from export_worker(spec, senders[i], shuffle)
-
         spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
                                       for f in shuffle])
-        exports = spark.range(0, len(senders), 1, len(senders)).mapInArrow(export, spark_shuffle)
+        exports = spark.range(0, len(senders), 1, len(senders)).mapInArrow(
+            functools.partial(_export_task, spec, senders), spark_shuffle)
         routed = routed.unionByName(exports)
+    results = from_arrow_schema(result_schema(spec.output_schema))
+    return routed.repartitionById(partitions, F.col("_w")).mapInArrow(
+        functools.partial(_apply_task, spec), results)
 
-    def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        worker = TaskContext.get().partitionId()
-        yield from apply_worker(spec, worker, _checked(batches, worker))
 
-    return routed.repartitionById(partitions, F.col("_w")).mapInArrow(apply, "metrics string")
+# The tasks' functions are module-level and bound with ``functools.partial``: Spark pickles
+# them by reference plus the spec, cheaper on the driver than a closure pickled by value.
+
+def _export_task(spec: EpochSpec, senders: list[int], batches: Iterator[pa.RecordBatch]
+                 ) -> Iterator[pa.RecordBatch]:
+    """An export task: ships the moving bins of the senders whose indexes it is given."""
+    for batch in batches:
+        for i in batch.column("id").to_pylist():
+            yield from export_worker(spec, senders[i], spec.shuffle_schema)
+
+
+def _apply_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A worker's task: partition ``w`` of the shuffle is worker ``w``."""
+    worker = TaskContext.get().partitionId()
+    yield from apply_worker(spec, worker, _checked(batches, worker))
+
+
+def split_results(table: pa.Table) -> tuple[pa.Table, list[str]]:
+    """The epoch's outputs and its JSON metrics rows, from the collected job results."""
+    is_metrics = pc.is_valid(table.column(METRICS_COLUMN))
+    metrics = table.filter(is_metrics).column(METRICS_COLUMN).to_pylist()
+    outputs = table.filter(pc.invert(is_metrics)).drop_columns([METRICS_COLUMN])
+    return outputs.combine_chunks(), metrics
 
 
 def _checked(batches: Iterator[pa.RecordBatch], worker: int) -> Iterator[pa.RecordBatch]:
@@ -109,20 +137,18 @@ def _checked(batches: Iterator[pa.RecordBatch], worker: int) -> Iterator[pa.Reco
         yield batch
 
 
-def epoch_metrics(layout: EpochLayout, started: float, finished: float, scratch: Path,
-                  worker_rows: list[str], batch_id: int | None) -> dict[str, Any]:
-    """One epoch's metrics record from the workers' rows and the exporters' scratch files.
+def epoch_metrics(layout: EpochLayout, started: float, finished: float,
+                  rows: list[str], batch_id: int | None) -> dict[str, Any]:
+    """One epoch's metrics record from the workers' and the exporters' JSON metrics rows.
 
     Its ``bytes_by_bin`` entry (bytes shipped per moved bin, for plan progress) and
     ``records_by_bin`` entry (``(bins, counts)`` arrays: records applied per bin) are for
     the driver; the caller removes them before the record is stored.
     """
-    exports = [json.loads(p.read_text()) for p in scratch.glob("export-*.json")] \
-        if scratch.exists() else []
     per_worker: dict[int, dict[str, Any]] = {}
     bytes_by_bin: dict[int, int] = {}
     load_bins, load_counts = [np.zeros(0, np.int32)], [np.zeros(0, np.int32)]
-    for data in exports + [json.loads(row) for row in worker_rows]:
+    for data in map(json.loads, rows):
         for b, n in data.pop("bytes_by_bin", {}).items():
             bytes_by_bin[int(b)] = n
         if data.get("records_by_bin"):
@@ -145,6 +171,7 @@ def epoch_metrics(layout: EpochLayout, started: float, finished: float, scratch:
         "latency_s": finished - max(event_times) / 1e6 if event_times else None,
         "records_in": total("records_in"),
         "records_out": total("records_out"),
+        "null_keys": total("null_keys"),
         "routing_version": layout.version,
         "workers": len(layout.live),
         "bins_moved": len(layout.moves),

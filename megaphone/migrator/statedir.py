@@ -8,8 +8,7 @@ Layout::
       commit.json        last committed epoch, state version, pending drops, plans in flight
       metrics.jsonl      one JSON line per committed epoch
       workers/w00007/    one state backend per worker
-      outputs/e<N>/      each epoch's outputs (parquet), the last few kept
-      scratch/e<N>/      per-task metrics of the epoch being run
+      outputs/e<N>.arrow each epoch's outputs (Arrow IPC file), the last few kept
 """
 
 from __future__ import annotations
@@ -17,12 +16,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megaphone._io import atomic_write_json, read_json
+import pyarrow as pa
+
+from megaphone._io import atomic_write_bytes, atomic_write_json, read_json
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
 
@@ -178,12 +178,39 @@ class StateDir:
         return sorted(out)
 
     def outputs_path(self, epoch: int) -> Path:
-        """Where the outputs of ``epoch`` are written."""
-        return self.path / "outputs" / f"e{epoch:09d}"
+        """The file that keeps the outputs of ``epoch`` (for a stream's replay)."""
+        return self.path / "outputs" / f"e{epoch:09d}.arrow"
 
-    def scratch_path(self, epoch: int) -> Path:
-        """Per-task scratch (metrics) of ``epoch`` while it runs."""
-        return self.path / "scratch" / f"e{epoch:09d}"
+    def output_epochs(self) -> list[int]:
+        """The epochs whose outputs are kept, in order."""
+        root = self.path / "outputs"
+        names = (p.name.removesuffix(".arrow")[1:] for p in root.glob("e*.arrow")) \
+            if root.is_dir() else ()
+        return sorted(int(n) for n in names if n.isdigit())
+
+    def write_outputs(self, epoch: int, outputs: pa.Table) -> None:
+        """Keep the outputs of ``epoch``, atomically and durably (before its commit point)."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, outputs.schema) as writer:
+            writer.write_table(outputs)
+        self.outputs_path(epoch).parent.mkdir(exist_ok=True)
+        atomic_write_bytes(self.outputs_path(epoch), sink.getvalue().to_pybytes())
+
+    def read_outputs(self, epoch: int) -> pa.Table:
+        """The kept outputs of ``epoch``; a ``ValueError`` when they are gone or unreadable."""
+        path = self.outputs_path(epoch)
+        try:
+            with pa.memory_map(str(path)) as source:
+                return pa.ipc.open_file(source).read_all()
+        except FileNotFoundError:
+            raise ValueError(f"outputs of epoch {epoch} are no longer kept ({path})") from None
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ValueError(f"outputs of epoch {epoch} at {path} are corrupt: {exc}") from None
+
+    def drop_outputs(self, epochs: list[int]) -> None:
+        """Delete the kept outputs of ``epochs``."""
+        for epoch in epochs:
+            self.outputs_path(epoch).unlink(missing_ok=True)
 
     # -- metadata ------------------------------------------------------------------------
 
@@ -222,9 +249,4 @@ class StateDir:
 
     def prune_outputs(self, keep_from_epoch: int) -> None:
         """Delete outputs of epochs before ``keep_from_epoch``."""
-        root = self.path / "outputs"
-        if not root.is_dir():
-            return
-        for child in root.glob("e*"):
-            if child.name[1:].isdigit() and int(child.name[1:]) < keep_from_epoch:
-                shutil.rmtree(child, ignore_errors=True)
+        self.drop_outputs([e for e in self.output_epochs() if e < keep_from_epoch])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,7 +29,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from megaphone.migrator.faults import crash_point
 from megaphone.migrator.updates import (
@@ -41,8 +41,17 @@ from megaphone.migrator.updates import (
 from megaphone.state_backends.encoding import encode_keys, payload_bytes
 from megaphone.state_backends.remote import RemoteStore, default_local_dir
 
-#: What each worker's task returns to the driver: one row of JSON metrics.
-METRICS_SCHEMA = pa.schema([("metrics", pa.string())])
+#: The column of a task's results that carries JSON metrics (null on output rows).
+METRICS_COLUMN = "_metrics"
+#: The shuffle column that carries an exporter's JSON metrics to the driver, through the
+#: worker that receives its first bin (null on every other row).
+EXPORT_METRICS_COLUMN = "_em"
+
+
+def result_schema(output_schema: pa.Schema) -> pa.Schema:
+    """What each worker's task returns to the driver: its outputs, then rows of JSON metrics
+    (its own and those of the exporters that shipped bins to it)."""
+    return output_schema.append(pa.field(METRICS_COLUMN, pa.string()))
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,8 @@ class EpochSpec:
     ``incoming``: worker -> bins it installs at this epoch; ``outgoing``: old owner ->
     ``(bin, new owner)`` pairs it exports; ``drops``: worker -> bins that left it last epoch;
     ``live``: workers owning bins at this epoch; ``local_dir``: the host-local directory of
-    the store service that keeps the workers' stores open across epochs.
+    the store service that keeps the workers' stores open across epochs; ``pipeline_id``:
+    whose state directory tasks must find (checked once per Python worker, when given).
     """
 
     epoch: int
@@ -70,27 +80,24 @@ class EpochSpec:
     has_event_time: bool = False
     shuffle_schema: pa.Schema | None = None
     local_dir: str = field(default_factory=default_local_dir)
+    pipeline_id: str | None = None
 
     def worker_path(self, worker: int) -> Path:
         """The state backend directory of ``worker`` (same layout as ``StateDir``)."""
         return Path(self.state_dir) / "workers" / f"w{worker:05d}"
 
-    def scratch(self, name: str) -> Path:
-        """Where a task of this epoch leaves its metrics."""
-        path = Path(self.state_dir) / "scratch" / f"e{self.epoch:09d}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path / name
-
 
 def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_time: bool
                    ) -> pa.Schema:
-    """The rows of an epoch's one shuffle: records (``key``, ...) and state (``_sk``, ``_sv``)."""
+    """The rows of an epoch's one shuffle: records (``key``, ...), state (``_sk``, ``_sv``) and
+    exporters' metrics (``_em``)."""
     fields = [pa.field("_w", pa.int32()), pa.field("_bin", pa.int32()), pa.field("key", key_type)]
     if value_type is not None:
         fields.append(pa.field("value", value_type))
     if event_time:
         fields.append(pa.field("_t", pa.int64()))
-    fields += [pa.field("_sk", pa.binary()), pa.field("_sv", pa.binary())]
+    fields += [pa.field("_sk", pa.binary()), pa.field("_sv", pa.binary()),
+               pa.field(EXPORT_METRICS_COLUMN, pa.string())]
     return pa.schema(fields)
 
 
@@ -109,18 +116,14 @@ def unpack_bin_counts(text: str) -> tuple[np.ndarray, np.ndarray]:
     return pairs[0], pairs[1]
 
 
-def _write_metrics(path: Path, record: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.replace(path)
-
-
 class _TimedInput:
-    """Wrap the task's input so the time spent waiting for it is excluded from useful time."""
+    """Wrap the task's input: time spent waiting for it is excluded from useful time, and the
+    exporters' metrics rows are set aside (:attr:`export_metrics`) from records and state."""
 
     def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
         self._it = iter(batches)
         self.waiting = 0.0
+        self.export_metrics: list[str] = []
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         while True:
@@ -131,7 +134,39 @@ class _TimedInput:
                 self.waiting += time.perf_counter() - t0
                 return
             self.waiting += time.perf_counter() - t0
+            marks = batch.column(EXPORT_METRICS_COLUMN)
+            if marks.null_count < batch.num_rows:
+                has = pc.is_valid(marks)
+                self.export_metrics += batch.filter(has).column(EXPORT_METRICS_COLUMN).to_pylist()
+                batch = batch.filter(pc.invert(has))
             yield batch
+
+
+#: ``(state_dir, pipeline_id)`` pairs this Python worker has found on its host.
+_SEEN_STATE_DIRS: set[tuple[str, str]] = set()
+
+
+def check_state_dir(spec: EpochSpec) -> None:
+    """Fail loudly unless this host sees the pipeline's state directory (its manifest, with the
+    pipeline's id): an executor that cannot see it would otherwise create state of its own
+    under the same path, and outputs would be quietly wrong."""
+    if spec.pipeline_id is None or (spec.state_dir, spec.pipeline_id) in _SEEN_STATE_DIRS:
+        return
+    manifest = Path(spec.state_dir) / "megaphone.json"
+    try:
+        found = json.loads(manifest.read_bytes())["fingerprint"]["pipeline_id"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RuntimeError(
+            f"the state directory {spec.state_dir} is not readable on host "
+            f"{socket.gethostname()} ({exc.__class__.__name__}: {exc}). Worker state lives "
+            "under it, so every executor must reach it: on a cluster put it on storage all "
+            "executors mount (README: Run on a cluster)") from None
+    if found != spec.pipeline_id:
+        raise RuntimeError(
+            f"the state directory {spec.state_dir} on host {socket.gethostname()} belongs to "
+            f"pipeline {found!r}, not {spec.pipeline_id!r}: this executor sees another "
+            "directory under the same path")
+    _SEEN_STATE_DIRS.add((spec.state_dir, spec.pipeline_id))
 
 
 def _store(spec: EpochSpec, worker: int) -> RemoteStore:
@@ -143,9 +178,10 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
     """Stream the state of the bins leaving ``sender`` as shuffle rows bound for their new owners.
 
     The sender's live store (in the store service) is read, not changed. Memory stays bounded by
-    the chunk size.
+    the chunk size. Its metrics follow as one last row, to the worker that gets its first bin.
     """
     started = time.perf_counter()
+    check_state_dir(spec)
     moves = spec.outgoing.get(sender, ())
     by_dst: dict[int, list[int]] = {}
     for b, dst in moves:
@@ -162,11 +198,19 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
                     bytes_by_bin[b] = bytes_by_bin.get(b, 0) + nbytes
                     yield _state_rows(schema, dst, b, chunk)
                     crash_point("export", spec.epoch, spec.local_dir)
-    _write_metrics(spec.scratch(f"export-w{sender:05d}.json"), {
-        "worker": sender, "bins_out": len(moves), "keys_out": keys_out,
-        "bytes_out": sum(bytes_by_bin.values()), "bytes_by_bin": bytes_by_bin,
-        "export_s": time.perf_counter() - started,
-    })
+    if by_dst:
+        record = {"worker": sender, "bins_out": len(moves), "keys_out": keys_out,
+                  "bytes_out": sum(bytes_by_bin.values()), "bytes_by_bin": bytes_by_bin,
+                  "export_s": time.perf_counter() - started}
+        yield _metrics_row(schema, min(by_dst), json.dumps(record))
+
+
+def _metrics_row(schema: pa.Schema, dst: int, text: str) -> pa.RecordBatch:
+    """A shuffle row bound for worker ``dst`` that carries only an exporter's metrics."""
+    columns = [pa.array([dst], pa.int32()) if f.name == "_w" else
+               pa.array([text], pa.string()) if f.name == EXPORT_METRICS_COLUMN else
+               pa.nulls(1, f.type) for f in schema]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _state_rows(schema: pa.Schema, dst: int, b: int, chunk: pa.RecordBatch) -> pa.RecordBatch:
@@ -191,12 +235,14 @@ def apply_worker(
 ) -> Iterator[pa.RecordBatch]:
     """Run ``worker``'s part of an epoch: drop departed bins, install arrivals, apply records.
 
-    Yields one row of metrics; the outputs go to the epoch's outputs file. The input mixes
-    state chunks and records in any order; state is installed as it streams in, records are
-    applied after the last chunk. The store's version decides: an epoch applied already (a
-    retry) re-emits its stored outputs and changes nothing.
+    Yields the worker's outputs, then its metrics and those of the exporters that shipped bins
+    to it (rows of :func:`result_schema`). The input mixes state chunks and records in any
+    order; state is installed as it streams in, records are applied after the last chunk. The
+    store's version decides: an epoch applied already (a retry) re-emits its stored outputs and
+    changes nothing.
     """
     started = time.perf_counter()
+    check_state_dir(spec)
     timed = _TimedInput(batches)
     incoming = spec.incoming.get(worker, ())
     drops = spec.drops.get(worker, ())
@@ -206,6 +252,8 @@ def apply_worker(
         if spec.worker_path(worker).exists() and worker not in spec.outgoing:
             # Scale in: its last bins left in an earlier, committed epoch; release its storage.
             _store(spec, worker).destroy()
+        if timed.export_metrics:
+            yield _metrics_rows(result_schema(spec.output_schema), timed.export_metrics)
         return
     store = _store(spec, worker)
     metrics: dict[str, Any] = {
@@ -239,12 +287,19 @@ def apply_worker(
                     yield kv
 
         t0, waited = time.perf_counter(), timed.waiting
-        installed = store.install(state_chunks())
+        if incoming:
+            metrics["install_method"] = store.install(state_chunks())["method"]
+        else:  # nothing to install: read the records without a round trip to the store
+            for _ in state_chunks():
+                raise RuntimeError(f"worker {worker} received state at epoch {spec.epoch} but "
+                                   "installs no bin: the epoch's layout is inconsistent")
         metrics["install_s"] = time.perf_counter() - t0 - (timed.waiting - waited)
-        metrics["install_method"] = installed["method"]
         crash_point("install", spec.epoch, spec.local_dir)
         t0 = time.perf_counter()
         table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
+        if table.column("key").null_count:  # counted, never applied: a key decides the state
+            metrics["null_keys"] = table.column("key").null_count
+            table = table.filter(pc.is_valid(table.column("key")))
         metrics["records_in"] = table.num_rows
         if table.num_rows:
             metrics["records_by_bin"] = pack_bin_counts(table.column("_bin").to_numpy())
@@ -260,23 +315,20 @@ def apply_worker(
         for name in ("stall_s", "pending_compaction_bytes", "l0_files"):
             metrics[name] = health[name]
     metrics["records_out"] = outputs.num_rows
-    write_outputs(spec, worker, outputs)
+    schema = result_schema(spec.output_schema)
+    for batch in outputs.cast(spec.output_schema).to_batches():
+        yield pa.RecordBatch.from_arrays(
+            [*batch.columns, pa.nulls(batch.num_rows, pa.string())], schema=schema)
     metrics["useful_s"] = time.perf_counter() - started - timed.waiting
-    yield pa.RecordBatch.from_arrays([pa.array([json.dumps(metrics)])], schema=METRICS_SCHEMA)
+    yield _metrics_rows(schema, [json.dumps(metrics), *timed.export_metrics])
 
 
-def outputs_file(spec: EpochSpec, worker: int) -> Path:
-    """The parquet file holding ``worker``'s outputs of the epoch."""
-    return Path(spec.state_dir) / "outputs" / f"e{spec.epoch:09d}" / f"w{worker:05d}.parquet"
-
-
-def write_outputs(spec: EpochSpec, worker: int, outputs: pa.Table) -> None:
-    """Write a worker's outputs of the epoch as one parquet file, atomically (tmp + rename)."""
-    path = outputs_file(spec, worker)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(outputs.cast(spec.output_schema), tmp)
-    tmp.replace(path)
+def _metrics_rows(schema: pa.Schema, texts: list[str]) -> pa.RecordBatch:
+    """Rows of a task's results that carry only JSON metrics."""
+    n = len(texts)
+    columns = [pa.nulls(n, f.type) for f in schema]
+    columns[schema.get_field_index(METRICS_COLUMN)] = pa.array(texts, pa.string())
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table

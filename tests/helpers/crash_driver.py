@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import sys
 
-import pyarrow.parquet as pq
-
 from megaphone import MigrationPlan, Move, Pipeline
 from megaphone.spark import spark_session
 
@@ -37,7 +35,7 @@ def main(state_dir: str, strategy: str, out: str) -> None:
         pipe.process(spark.createDataFrame([(k,) for k in batch_keys(epoch)], "k long"))
     outputs = {}
     for epoch in range(EPOCHS):
-        table = pq.read_table(pipe.state_dir.outputs_path(epoch))
+        table = pipe.state_dir.read_outputs(epoch)
         outputs[epoch] = dict(zip(table.column(0).to_pylist(), table.column(1).to_pylist(),
                                   strict=True))
     state = {row[0]: row[1] for row in pipe.state().collect()}

@@ -1,0 +1,71 @@
+"""Spark Connect: a pipeline driven from a Connect client against a real Connect server.
+
+The server is pyspark's bundled ``SparkConnectServer`` started here with ``spark-submit`` on
+127.0.0.1 (local[2]); the client runs in a subprocess, since a Connect client puts pyspark in
+remote mode for its whole process. Only the server started here is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyspark
+import pytest
+
+from tests.helpers.connect_client import EPOCHS, batch_keys
+from tests.helpers.servers import free_port, start, stop, wait_for_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def connect_url(tmp_path_factory):
+    """A Spark Connect server of our own on 127.0.0.1, its URL; stopped at the end."""
+    import grpc  # noqa: F401  (the client's packages: pyspark's `connect` extra, a test extra)
+
+    home = Path(pyspark.__file__).parent
+    port = free_port()
+    log = tmp_path_factory.mktemp("connect") / "server.log"
+    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYTHONPATH": str(ROOT)}
+    conf = {"spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(port),
+            "spark.pyspark.python": sys.executable, "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "4"}
+    cmd = [str(home / "bin" / "spark-submit"), "--master", "local[2]",
+           "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
+    for key, value in conf.items():
+        cmd += ["--conf", f"{key}={value}"]
+    server = start([*cmd, "spark-internal"], log, env)
+    try:
+        wait_for_port(port, server, log)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        stop([server])
+
+
+def test_a_pipeline_migrates_live_over_spark_connect(connect_url, tmp_path):
+    out = tmp_path / "out.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "MEGAPHONE_LOCAL_DIR": str(tmp_path / "local")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.connect_client", connect_url,
+         str(tmp_path / "state"), str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    # Against a plain Python count: each epoch's outputs, and the state at the end.
+    seen: Counter = Counter()
+    for epoch in range(EPOCHS):
+        batch = Counter(batch_keys(epoch))
+        seen.update(batch)
+        assert result["outputs"][str(epoch)] == {str(k): seen[k] for k in batch}
+    assert {int(k): v for k, v in result["state"].items()} == dict(seen)
+    assert result["workers"] == [0, 1, 2, 3] and result["in_flight"] == 0
+    assert result["records_in"] == [len(batch_keys(e)) for e in range(EPOCHS)]
+    assert "Spark Connect" in result["start"]
