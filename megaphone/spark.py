@@ -76,7 +76,7 @@ def task_slots(spark: SparkSession) -> int:
         return int(value)
     master = conf("spark.master") or ""
     if m := re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master):
-        return os.cpu_count() or 2 if m.group(1) == "*" else int(m.group(1))
+        return (os.cpu_count() or 2) if m.group(1) == "*" else int(m.group(1))
     instances, cores = conf("spark.executor.instances"), conf("spark.executor.cores")
     if instances and cores and instances.isdigit() and cores.isdigit():
         return int(instances) * int(cores)

@@ -69,3 +69,34 @@ def test_a_pipeline_migrates_live_over_spark_connect(connect_url, tmp_path):
     assert result["workers"] == [0, 1, 2, 3] and result["in_flight"] == 0
     assert result["records_in"] == [len(batch_keys(e)) for e in range(EPOCHS)]
     assert "Spark Connect" in result["start"]
+
+
+class _FakeConnectConf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, name: str, default=None):
+        return self.values.get(name, default)
+
+
+def _connect_session(values: dict[str, str]):
+    """Something that looks like a Spark Connect session to ``is_connect``, with a conf."""
+    session = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})()
+    session.conf = _FakeConnectConf(values)
+    return session
+
+
+@pytest.mark.parametrize(("values", "slots"), [
+    ({"spark.default.parallelism": "6", "spark.master": "local[3]"}, 6),
+    ({"spark.master": "local[3]"}, 3),
+    ({"spark.master": "local[5,2]"}, 5),
+    ({"spark.master": "local[*]"}, os.cpu_count() or 2),
+    ({"spark.master": "spark://h:7077", "spark.executor.instances": "4",
+      "spark.executor.cores": "2"}, 8),
+    ({"spark.master": "spark://h:7077"}, 2),
+])
+def test_task_slots_of_a_connect_server_come_from_its_settings(values, slots):
+    from megaphone.spark import is_connect, task_slots
+
+    session = _connect_session(values)
+    assert is_connect(session) and task_slots(session) == slots
