@@ -202,32 +202,23 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
         record = {"worker": sender, "bins_out": len(moves), "keys_out": keys_out,
                   "bytes_out": sum(bytes_by_bin.values()), "bytes_by_bin": bytes_by_bin,
                   "export_s": time.perf_counter() - started}
-        yield _metrics_row(schema, min(by_dst), json.dumps(record))
+        yield _rows(schema, 1, {"_w": pa.array([min(by_dst)], pa.int32()),
+                                EXPORT_METRICS_COLUMN: pa.array([json.dumps(record)])})
 
 
-def _metrics_row(schema: pa.Schema, dst: int, text: str) -> pa.RecordBatch:
-    """A shuffle row bound for worker ``dst`` that carries only an exporter's metrics."""
-    columns = [pa.array([dst], pa.int32()) if f.name == "_w" else
-               pa.array([text], pa.string()) if f.name == EXPORT_METRICS_COLUMN else
-               pa.nulls(1, f.type) for f in schema]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+def _rows(schema: pa.Schema, n: int, columns: dict[str, pa.Array]) -> pa.RecordBatch:
+    """``n`` rows of ``schema`` holding ``columns`` by name, null in every other column."""
+    return pa.RecordBatch.from_arrays(
+        [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in schema],
+        schema=schema)
 
 
 def _state_rows(schema: pa.Schema, dst: int, b: int, chunk: pa.RecordBatch) -> pa.RecordBatch:
+    """Shuffle rows carrying one exported chunk of bin ``b`` to worker ``dst``."""
     n = chunk.num_rows
-    columns = []
-    for f in schema:
-        if f.name == "_w":
-            columns.append(pa.array([dst] * n, pa.int32()))
-        elif f.name == "_bin":
-            columns.append(pa.array([b] * n, pa.int32()))
-        elif f.name == "_sk":
-            columns.append(chunk.column(0))
-        elif f.name == "_sv":
-            columns.append(chunk.column(1))
-        else:
-            columns.append(pa.nulls(n, f.type))
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return _rows(schema, n, {"_w": pa.array([dst] * n, pa.int32()),
+                             "_bin": pa.array([b] * n, pa.int32()),
+                             "_sk": chunk.column(0), "_sv": chunk.column(1)})
 
 
 def apply_worker(
@@ -317,18 +308,15 @@ def apply_worker(
     metrics["records_out"] = outputs.num_rows
     schema = result_schema(spec.output_schema)
     for batch in outputs.cast(spec.output_schema).to_batches():
-        yield pa.RecordBatch.from_arrays(
-            [*batch.columns, pa.nulls(batch.num_rows, pa.string())], schema=schema)
+        yield _rows(schema, batch.num_rows, dict(zip(batch.schema.names, batch.columns,
+                                                     strict=True)))
     metrics["useful_s"] = time.perf_counter() - started - timed.waiting
     yield _metrics_rows(schema, [json.dumps(metrics), *timed.export_metrics])
 
 
 def _metrics_rows(schema: pa.Schema, texts: list[str]) -> pa.RecordBatch:
     """Rows of a task's results that carry only JSON metrics."""
-    n = len(texts)
-    columns = [pa.nulls(n, f.type) for f in schema]
-    columns[schema.get_field_index(METRICS_COLUMN)] = pa.array(texts, pa.string())
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return _rows(schema, len(texts), {METRICS_COLUMN: pa.array(texts, pa.string())})
 
 
 def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table
