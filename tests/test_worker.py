@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from megaphone.migrator.spark_job import split_results
+from megaphone.migrator.statedir import MANIFEST_FORMAT
 from megaphone.migrator.updates import make_update
 from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker, shuffle_schema
 from megaphone.routing.bins import bin_of
@@ -98,8 +99,12 @@ def test_a_state_dir_this_host_cannot_see_or_of_another_pipeline_is_an_error(tmp
     with pytest.raises(RuntimeError, match="not readable on host"):
         list(export_worker(s, 0, SCHEMA))
     assert not (tmp_path / "workers").exists()
-    (tmp_path / "megaphone.json").write_text(json.dumps({"fingerprint": {"pipeline_id": "p2"}}))
+    def manifest(pipeline_id: str) -> str:
+        fp = {"pipeline_id": pipeline_id, "num_bins": BINS, "key_type": "int64"}
+        return json.dumps({"format": MANIFEST_FORMAT, "fingerprint": fp})
+
+    (tmp_path / "megaphone.json").write_text(manifest("p2"))
     with pytest.raises(RuntimeError, match="belongs to pipeline 'p2', not 'p1'"):
         run(s, 0, [records([1], 0)])
-    (tmp_path / "megaphone.json").write_text(json.dumps({"fingerprint": {"pipeline_id": "p1"}}))
+    (tmp_path / "megaphone.json").write_text(manifest("p1"))
     assert run(s, 0, [records([1], 0)])[0] == {1: 1}

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from megaphone.migrator.faults import crash_point
+from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.updates import (
     Update,
     apply_builtin,
@@ -152,15 +153,14 @@ def check_state_dir(spec: EpochSpec) -> None:
     under the same path, and outputs would be quietly wrong."""
     if spec.pipeline_id is None or (spec.state_dir, spec.pipeline_id) in _SEEN_STATE_DIRS:
         return
-    manifest = Path(spec.state_dir) / "megaphone.json"
     try:
-        found = json.loads(manifest.read_bytes())["fingerprint"]["pipeline_id"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        found = StateDir.open(spec.state_dir).fingerprint.pipeline_id
+    except (ValueError, KeyError) as exc:  # NotAStateDir, or a manifest without its fingerprint
         raise RuntimeError(
             f"the state directory {spec.state_dir} is not readable on host "
-            f"{socket.gethostname()} ({exc.__class__.__name__}: {exc}). Worker state lives "
-            "under it, so every executor must reach it: on a cluster put it on storage all "
-            "executors mount (README: Run on a cluster)") from None
+            f"{socket.gethostname()} ({exc}). Worker state lives under it, so every executor "
+            "must reach it: on a cluster put it on storage all executors mount (README: State "
+            "directory)") from None
     if found != spec.pipeline_id:
         raise RuntimeError(
             f"the state directory {spec.state_dir} on host {socket.gethostname()} belongs to "
