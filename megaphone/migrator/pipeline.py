@@ -194,11 +194,8 @@ class Pipeline:
                 + "; ".join(mismatches)
             )
         state.lock()
-        # A crashed run's stores may still be open in the store service: it closes them before
-        # recovery opens them here (and the next epoch's tasks open them there again).
-        release_stores(self.local_dir, str(state.path))
         commit = state.read_commit()
-        self.recovery = check_and_recover(state, commit)
+        self._recover(state, commit)
         self._state = state
         self._key_type = fp.key_type
         self._pipeline_id = fp.pipeline_id
@@ -508,11 +505,16 @@ class Pipeline:
         with self._lock:
             if not self._uncommitted:
                 return
-            state = self.state_dir
-            release_stores(self.local_dir, str(state.path))
-            self.recovery = check_and_recover(state, self._commit)
-            self.routing.save(state.routing_path)  # recovery truncated it to the commit
+            self._recover(self.state_dir, self._commit)
+            self.routing.save(self.state_dir.routing_path)  # recovery truncated it to the commit
             self._uncommitted = False
+
+    def _recover(self, state: StateDir, commit: Commit) -> None:
+        """Bring ``state`` back to ``commit`` (:func:`check_and_recover`). Its stores may still be
+        open in the store service (a crashed run's, or a failed epoch's): it closes them first,
+        since recovery opens them here; the next epoch's tasks open them there again."""
+        release_stores(self.local_dir, str(state.path))
+        self.recovery = check_and_recover(state, commit)
 
     def _track_load(self, bins: np.ndarray, records: np.ndarray) -> None:
         counts = np.bincount(bins, weights=records, minlength=len(self._bin_load))
