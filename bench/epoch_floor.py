@@ -7,14 +7,17 @@ run on that same input, alternating which goes first so both see the same machin
 * **floor** -- the least a one-shuffle epoch can cost on Spark: ``key % workers`` as a
   partition id, ``repartitionById(workers, ...)``, then ``mapInArrow`` counting the rows of
   each partition, ``collect()``;
-* **megaphone** -- ``Pipeline.process(df)`` of a keyed count (``--backend``, ``--workers``,
-  ``--bins``), its outputs not read.
+* **megaphone** -- an epoch of a keyed count (``--backend``, ``--workers``, ``--bins``) that,
+  like the floor's ``collect()``, ends with its outputs on the driver:
+  ``Pipeline.process_arrow(df)`` (a ``pyarrow.Table``);
+* **megaphone, DataFrame** -- ``Pipeline.process(df)`` of a second pipeline, whose outputs also
+  become a DataFrame (one more round trip to the JVM); shown, not held to the target.
 
-Both are timed wall-clock around the whole call (building the job and running it). After
-``--warmup`` epochs, ``--epochs`` are measured; prints the median and p90 of each, their
-ratio, and megaphone's epoch split into its driver phases (``phases_s`` of
-``Pipeline.metrics()``), the slowest worker's per-worker ``*_s`` timings and what no phase
-accounts for.
+Each is timed wall-clock around the whole call (building the job and running it); the order
+of the three rotates from epoch to epoch. After ``--warmup`` epochs, ``--epochs`` are measured;
+prints the median and p90 of each, the ratio of megaphone's median to the floor's, and
+megaphone's epoch split into its driver phases (``phases_s`` of ``Pipeline.metrics()``), the
+slowest worker's per-worker ``*_s`` timings and what no phase accounts for.
 
     python bench/epoch_floor.py                      # 2,000 records/epoch, 40 epochs
     python bench/epoch_floor.py --records 20000 --epochs 20 --json /tmp/floor.json
@@ -83,11 +86,16 @@ def floor_job(spark, epoch: int, args: argparse.Namespace) -> float:
     return seconds
 
 
-def megaphone_epoch(pipe: megaphone.Pipeline, spark, epoch: int,
-                    args: argparse.Namespace) -> float:
-    """Run ``pipe.process`` on ``epoch``'s input; its wall-clock seconds (outputs not read)."""
+def megaphone_epoch(pipe: megaphone.Pipeline, spark, epoch: int, args: argparse.Namespace,
+                    *, as_frame: bool) -> float:
+    """Run an epoch of ``pipe`` on ``epoch``'s input (``process`` when ``as_frame``, else
+    ``process_arrow``); its wall-clock seconds."""
     t0 = time.perf_counter()
-    pipe.process(epoch_frame(spark, epoch, args.records, args.keys))
+    batch = epoch_frame(spark, epoch, args.records, args.keys)
+    if as_frame:
+        pipe.process(batch)
+    else:
+        pipe.process_arrow(batch)
     return time.perf_counter() - t0
 
 
@@ -207,44 +215,52 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.warmup} warmup + {args.epochs} measured epochs")
 
     spark = spark_session(args.master, "epoch-floor")
-    floor_s: list[float] = []
-    mega_s: list[float] = []
+    names = ("floor", "megaphone", "megaphone-df")
+    times: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="epoch-floor-") as tmp:
-        pipe = megaphone.Pipeline(spark, str(Path(tmp) / "state"), key="key", update="count",
-                                  workers=args.workers, num_bins=args.bins,
-                                  backend=args.backend)
+        pipes = {name: megaphone.Pipeline(spark, str(Path(tmp) / name), key="key",
+                                          update="count", workers=args.workers,
+                                          num_bins=args.bins, backend=args.backend)
+                 for name in names[1:]}
         try:
             runs: dict[str, Callable[[int], float]] = {
                 "floor": lambda e: floor_job(spark, e, args),
-                "megaphone": lambda e: megaphone_epoch(pipe, spark, e, args),
+                "megaphone": lambda e: megaphone_epoch(pipes["megaphone"], spark, e, args,
+                                                       as_frame=False),
+                "megaphone-df": lambda e: megaphone_epoch(pipes["megaphone-df"], spark, e,
+                                                          args, as_frame=True),
             }
             total = args.warmup + args.epochs
             for epoch in tqdm(range(total), desc="epochs", leave=False):
-                order = ("floor", "megaphone") if epoch % 2 == 0 else ("megaphone", "floor")
-                times = {name: runs[name](epoch) for name in order}
+                order = names[epoch % 3:] + names[:epoch % 3]
+                seconds = {name: runs[name](epoch) for name in order}
                 if epoch >= args.warmup:
-                    floor_s.append(times["floor"])
-                    mega_s.append(times["megaphone"])
-            records = pipe.metrics()[-args.epochs:]
+                    for name in names:
+                        times[name].append(seconds[name])
+            records = pipes["megaphone"].metrics()[-args.epochs:]
         finally:
-            pipe.close()
+            for pipe in pipes.values():
+                pipe.close()
     if len(records) != args.epochs:
         raise AssertionError(f"{len(records)} metrics records for {args.epochs} epochs")
     applied = [r.get("records_in") for r in records]
     if any(n != args.records for n in applied if n is not None):
         raise AssertionError(f"megaphone applied {applied} records, expected {args.records}")
 
+    floor_s, mega_s, frame_s = (times[name] for name in names)
     f_med, m_med = statistics.median(floor_s), statistics.median(mega_s)
     ratio = m_med / f_med
     print()
     print(f"## epoch wall-clock, {args.epochs} epochs (ms)")
     print("| job | median | p90 | min | max |")
     print("|---|---:|---:|---:|---:|")
-    for name, ts in (("floor (repartitionById + mapInArrow)", floor_s),
-                     ("megaphone (Pipeline.process)", mega_s)):
+    for name, ts in (("floor (repartitionById + mapInArrow, collect)", floor_s),
+                     ("megaphone (Pipeline.process_arrow)", mega_s),
+                     ("megaphone, DataFrame (Pipeline.process)", frame_s)):
         print(f"| {name} | {ms(statistics.median(ts))} | {ms(p90(ts))} | {ms(min(ts))} | "
               f"{ms(max(ts))} |")
     print(f"| megaphone - floor | {ms(m_med - f_med)} | | | |")
+    print(f"| megaphone, DataFrame - floor | {ms(statistics.median(frame_s) - f_med)} | | | |")
     bd = phase_breakdown(records, mega_s)
     print_breakdown(bd, m_med)
 
@@ -255,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
             "floor_s": floor_s, "megaphone_s": mega_s,
             "floor": {"median_s": f_med, "p90_s": p90(floor_s)},
             "megaphone": {"median_s": m_med, "p90_s": p90(mega_s)},
+            "megaphone_dataframe_s": frame_s,
+            "megaphone_dataframe": {"median_s": statistics.median(frame_s),
+                                    "p90_s": p90(frame_s)},
             "ratio_of_medians": ratio, "phases": bd,
             "phases_s_per_epoch": [r.get("phases_s") for r in records],
         }
@@ -265,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "within" if ratio <= TARGET_RATIO else "over"
     print(f"target: megaphone/floor <= {TARGET_RATIO:.2f}x at 2,000 records/epoch ({verdict})")
     print(f"megaphone/floor: {ratio:.2f}x (median {m_med * 1e3:.0f} ms vs {f_med * 1e3:.0f} ms)")
+    print(f"megaphone with a DataFrame/floor: {statistics.median(frame_s) / f_med:.2f}x")
     return 0
 
 

@@ -9,6 +9,7 @@ import time
 import uuid
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
@@ -149,6 +150,37 @@ def test_an_epoch_failing_after_workers_applied_it_is_rolled_back_then_rerun(spa
     out = pipe.process(batch)  # epoch 1 again, applied once
     assert sorted(map(tuple, out.collect())) == [(1, 2), (2, 4)]
     assert pipe.epoch == 1 and counts(pipe) == {1: 2, 2: 4}
+
+
+def test_process_arrow_returns_the_outputs_process_would_as_a_table(spark, tmp_path):
+    pipe = make(spark, tmp_path, workers=2)
+    batch = spark.createDataFrame([(k,) for k in (1, 2, 2, 7)], "k long")
+    table = pipe.process_arrow(batch)
+    assert isinstance(table, pa.Table) and table.schema.names == ["k", "count"]
+    assert sorted(table.to_pylist(), key=lambda r: r["k"]) == [
+        {"k": 1, "count": 1}, {"k": 2, "count": 2}, {"k": 7, "count": 1}]
+    assert pipe.state_dir.read_outputs(0).sort_by("k").equals(table.sort_by("k"))  # kept alike
+    frame = pipe.process(batch)  # epoch 1: the same pipeline, a DataFrame this time
+    assert frame.schema.names == table.schema.names
+    assert sorted(map(tuple, frame.collect())) == [(1, 2), (2, 4), (7, 2)]
+    assert pipe.epoch == 1 and counts(pipe) == {1: 2, 2: 4, 7: 2}
+
+
+def test_a_commit_record_that_cannot_be_written_commits_nothing(spark, tmp_path, monkeypatch):
+    pipe = make(spark, tmp_path, workers=2)
+    batch = spark.createDataFrame([(k,) for k in (1, 2, 2)], "k long")
+    pipe.process(batch)
+
+    def fail(self, commit, after=None):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(type(pipe.state_dir), "write_commit", fail)
+    with pytest.raises(OSError, match="disk full"):
+        pipe.process_arrow(batch)
+    monkeypatch.undo()
+    assert pipe.epoch == 0 and counts(pipe) == {1: 1, 2: 2}  # rolled back to the commit
+    assert pipe.process_arrow(batch).sort_by("k").to_pylist() == [
+        {"k": 1, "count": 2}, {"k": 2, "count": 4}]
 
 
 def test_reopening_a_state_dir_resumes_and_checks_settings(spark, tmp_path):

@@ -3,16 +3,17 @@
 ``admit`` (take plans handed over, ask adaptive policies, save the routing) → ``layout`` (who
 owns, ships and installs what) → ``launch`` (build the epoch's Spark job) → ``collect`` (run it:
 exports, shuffle, every worker's install, apply and commit; outputs and metrics come back in
-the job's results, and become a DataFrame; the job is run again if the store service died
-under it) → ``commit`` (the epoch's outputs kept for replay, then the driver's commit record:
-the epoch's commit point) → ``cleanup`` (old outputs). The workers' phases ``export``, ``install``
-and ``apply`` run inside ``collect``. Each phase's seconds go to the epoch's metrics
-(``phases_s``) and each phase is a crash-injection point of the same name
-(:mod:`megaphone.migrator.faults`).
+the job's results as an Arrow table, which becomes a DataFrame when the caller wants one; the
+job is run again if the store service died under it) → ``commit`` (the epoch's outputs kept
+for replay, then the driver's commit record: the epoch's commit point) → ``cleanup`` (old
+outputs). The workers' phases ``export``, ``install`` and ``apply`` run inside ``collect``.
+Each phase's seconds go to the epoch's metrics (``phases_s``) and each phase is a
+crash-injection point of the same name (:mod:`megaphone.migrator.faults`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import time
@@ -43,14 +44,20 @@ PHASES = DRIVER_PHASES + WORKER_PHASES
 JOB_ATTEMPTS = 3
 #: What a failure of the store service looks like in a Spark error (the epoch is rerun).
 _RETRYABLE = ("StoreUnavailable", "LeaseLost")
+#: Writes an epoch's outputs file while the driver writes its commit record.
+_WRITER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix="megaphone-outputs")
 
 
 class EpochRun:
     """Runs one epoch of ``pipe`` through :data:`DRIVER_PHASES` (call :meth:`run` once)."""
 
     def __init__(self, pipe: Pipeline, batch: DataFrame, stream: dict[str, Any] | None,
-                 input_end: float | None) -> None:
+                 input_end: float | None, *, want_frame: bool = True) -> None:
         self.pipe = pipe
+        self.want_frame = want_frame
+        #: The outputs as a DataFrame, after :meth:`run` (when ``want_frame``).
+        self.frame: DataFrame | None = None
         self.batch = batch
         self.stream = stream
         self.input_end = input_end
@@ -67,8 +74,9 @@ class EpochRun:
         if name != "commit":  # the commit's crash point is inside its write (before rename)
             crash_point(name, self.epoch, self.pipe.local_dir)
 
-    def run(self) -> DataFrame:
-        """Run the epoch end to end and return its outputs."""
+    def run(self) -> pa.Table:
+        """Run the epoch end to end and return its outputs (also in :attr:`frame` as a
+        DataFrame when ``want_frame``)."""
         pipe, epoch = self.pipe, self.epoch
         started = time.time()
         with self.phase("admit"):
@@ -90,17 +98,18 @@ class EpochRun:
             if pipe._projection is None or pipe._projection[0] != shape:
                 pipe._projection = (shape, map_projection(columns, pipe.routing.owners(epoch),
                                                           spec))
-            projection = pipe._projection[1]
+            map_side = pipe._projection[1]
 
             def job() -> DataFrame:
-                return epoch_job(pipe.spark, self.batch, projection, spec, layout.partitions)
+                return epoch_job(pipe.spark, self.batch, map_side, spec, layout.partitions)
 
             first = job()
         with self.phase("collect"):
             outputs, rows = split_results(self._collect(first, job))
-            # Before the commit point: after it, no JVM call may fail (or be interrupted by a
-            # stream's stop) and leave a committed epoch without its metrics.
-            frame = pipe._outputs_frame(outputs)
+            if self.want_frame:
+                # Before the commit point: after it, no JVM call may fail (or be interrupted by
+                # a stream's stop) and leave a committed epoch the caller was told had failed.
+                self.frame = pipe._outputs_frame(outputs)
         finished = time.time()
         with self.phase("commit"):
             record = epoch_metrics(layout, started, finished, rows,
@@ -109,18 +118,24 @@ class EpochRun:
             pipe._track_load(*record.pop("records_by_bin"))
             if self.input_end is not None and record["latency_s"] is None:
                 record["latency_s"] = finished - self.input_end
-            state.write_outputs(epoch, outputs)  # before the commit point: replayable
-            with queue.lock:
-                queue.committed(epoch, bytes_by_bin)
-                pipe._commit = self._commit_record(layout, queue.to_list())
-                state.write_commit(pipe._commit)  # the commit point of the epoch
+            # The outputs are kept (for replay) before the commit point, written in parallel
+            # with the commit record: their fsyncs overlap.
+            kept = _WRITER.submit(state.write_outputs, epoch, outputs)
+            try:
+                with queue.lock:
+                    queue.committed(epoch, bytes_by_bin)
+                    commit = self._commit_record(layout, queue.to_list())
+                    state.write_commit(commit, after=kept.result)  # the epoch's commit point
+                    pipe._commit = commit
+            finally:
+                concurrent.futures.wait([kept])
         with self.phase("cleanup"):
             state.prune_outputs(epoch - pipe.keep_outputs + 1)
         record["job_attempts"] = self.attempts
         record["phases_s"] = dict(self.phases)
         state.append_metrics(record)  # a crash before this line loses the line, not the epoch
         pipe._metrics.append(record)
-        return frame
+        return outputs
 
     def _collect(self, job: DataFrame, rebuild: Callable[[], DataFrame]) -> pa.Table:
         """Run the job; again if the store service died under it (the epoch is idempotent:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,9 +50,17 @@ def owner_column(owners: np.ndarray, bin_: Column) -> Column:
     return F.element_at(table, bin_ + 1)
 
 
-def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSpec
-                   ) -> list[Column]:
-    """The map side of an epoch: the records' shuffle columns.
+@dataclass(frozen=True)
+class MapSide:
+    """The map side of an epoch's job under one routing version: the records' shuffle columns
+    (``select``) and the worker column to partition them by (``worker``)."""
+
+    select: list[Column]
+    worker: Column
+
+
+def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSpec) -> MapSide:
+    """The map side of an epoch (:class:`MapSide`).
 
     ``columns`` are the batch's record columns by name (``key`` and, where used, ``value``,
     ``_t``); ``owners`` the routing version's worker of every bin. Every call costs the driver
@@ -73,20 +82,20 @@ def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSp
             exprs.append(columns[f.name].alias(f.name))
         else:
             exprs.append(F.lit(None).cast(from_arrow_type(f.type)).alias(f.name))
-    return exprs
+    return MapSide(select=exprs, worker=F.col("_w"))
 
 
-def epoch_job(spark: SparkSession, batch: DataFrame, projection: list[Column],
-              spec: EpochSpec, partitions: int) -> DataFrame:
+def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: EpochSpec,
+              partitions: int) -> DataFrame:
     """The epoch's job; collecting it runs the epoch and yields its outputs and metrics rows
     (:func:`split_results`).
 
-    The map side is ``projection`` (:func:`map_projection`): one projection, since each
-    DataFrame operation costs the driver an analysis.
+    The map side is one projection (:func:`map_projection`), since each DataFrame operation
+    costs the driver an analysis.
     """
     shuffle = spec.shuffle_schema
     assert shuffle is not None
-    routed = batch.select(*projection)
+    routed = batch.select(*map_side.select)
     senders = sorted(spec.outgoing)
     if senders:
         spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
@@ -95,7 +104,7 @@ def epoch_job(spark: SparkSession, batch: DataFrame, projection: list[Column],
             functools.partial(_export_task, spec, senders), spark_shuffle)
         routed = routed.unionByName(exports)
     results = from_arrow_schema(result_schema(spec.output_schema))
-    return routed.repartitionById(partitions, F.col("_w")).mapInArrow(
+    return routed.repartitionById(partitions, map_side.worker).mapInArrow(
         functools.partial(_apply_task, spec), results)
 
 

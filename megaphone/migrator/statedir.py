@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,12 +223,21 @@ class StateDir:
         """The last commit record."""
         return Commit.from_dict(read_json(self.path / "commit.json", "commit record"))
 
-    def write_commit(self, commit: Commit) -> None:
-        """Atomically replace the commit record: the commit point of an epoch (fsynced)."""
+    def write_commit(self, commit: Commit, after: Callable[[], Any] | None = None) -> None:
+        """Atomically replace the commit record: the commit point of an epoch (fsynced).
+
+        ``after`` (if given) is what must be durable before the commit point; it is called
+        once the record's own bytes are synced, just before the rename, so both are written
+        at the same time. If it raises, nothing is committed.
+        """
         from megaphone.migrator.faults import crash_point
 
-        atomic_write_json(self.path / "commit.json", asdict(commit),
-                          before_rename=lambda: crash_point("commit", commit.epoch))
+        def before_rename() -> None:
+            if after is not None:
+                after()
+            crash_point("commit", commit.epoch)
+
+        atomic_write_json(self.path / "commit.json", asdict(commit), before_rename)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Append one epoch's metrics as a JSON line."""
