@@ -30,7 +30,12 @@ def migrate_offline(
     The plan is validated first: a bad plan raises ``PlanError`` and nothing changes.
     ``on_step(step_index, bytes_moved)`` is called after each committed step (progress bars).
     """
-    state = StateDir.open(state_dir).lock()
+    state = StateDir.open(state_dir)
+    if state.manifest.get("checkpoint") is not None:
+        raise PlanError(f"{state_dir} keeps a durable copy at {state.manifest['checkpoint']}; "
+                        "offline migration does not write it yet: migrate it live "
+                        "(Pipeline.migrate) instead")
+    state.lock()
     release_stores(default_local_dir(), str(state.path))  # a crashed pipeline's, if still open
     try:
         return _migrate_locked(state, plan, chunk_bytes, on_step)

@@ -32,7 +32,7 @@ from megaphone.migrator.epoch import EpochRun
 from megaphone.migrator.layout import EpochLayout
 from megaphone.migrator.recovery import RecoveryReport, check_and_recover
 from megaphone.migrator.spark_job import MapSide
-from megaphone.migrator.state_reader import read_state
+from megaphone.migrator.state_reader import DurableRead, read_state
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import AGGREGATIONS, Update, UpdateFn, make_update
 from megaphone.migrator.worker import METRICS_COLUMN, EpochSpec, shuffle_schema
@@ -42,6 +42,7 @@ from megaphone.routing.bins import validate_num_bins
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.spark import is_connect, task_slots
 from megaphone.state_backends import BACKENDS, DEFAULT_CHUNK_BYTES
+from megaphone.state_backends.durable import SNAPSHOT_EVERY, claim_checkpoint
 from megaphone.state_backends.remote import default_local_dir, release_stores
 
 #: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
@@ -116,8 +117,12 @@ class Pipeline:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         keep_outputs: int = 8,
         local_dir: str | None = None,
+        checkpoint: str | None = None,
+        snapshot_every: int = SNAPSHOT_EVERY,
     ) -> None:
         validate_num_bins(num_bins)
+        if snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
         if isinstance(update, str) and update not in AGGREGATIONS:
@@ -143,6 +148,8 @@ class Pipeline:
             "key": key,
             "value": value,
             "update": update if isinstance(update, str) else "custom",
+            "checkpoint": checkpoint,
+            "snapshot_every": snapshot_every,
         }
         self._workers = workers
         self._num_bins = num_bins
@@ -186,6 +193,11 @@ class Pipeline:
             ]
             if mine != theirs
         ]
+        for name in ("checkpoint", "snapshot_every"):  # fixed at creation; None: as created
+            theirs = m.get(name, None if name == "checkpoint" else SNAPSHOT_EVERY)
+            if name == "checkpoint" and self._settings[name] not in (None, theirs):
+                mismatches.append(f"checkpoint {self._settings[name]!r} != {theirs!r}")
+            self._settings[name] = theirs
         if self._pipeline_id not in (None, fp.pipeline_id):
             mismatches.append(f"pipeline_id {self._pipeline_id!r} != {fp.pipeline_id!r}")
         if self._key_type not in (None, fp.key_type):
@@ -209,6 +221,8 @@ class Pipeline:
 
     def _create(self, key_type: str) -> None:
         fp = Fingerprint(self._pipeline_id or uuid.uuid4().hex[:16], self._num_bins, key_type)
+        if self._settings["checkpoint"] is not None:
+            claim_checkpoint(self._settings["checkpoint"], fp.pipeline_id)
         self._open(StateDir.create(self._path, fp, self._workers, self._settings))
 
     def _register(self) -> None:
@@ -404,8 +418,12 @@ class Pipeline:
         value = out[1].dataType if update.is_builtin else T.BinaryType()
         schema = T.StructType([out[0], T.StructField("state", value)])
         owners = self.routing.owners(max(self.epoch, 0))
+        durable = None
+        if self._settings["checkpoint"] is not None and self.epoch >= 0:
+            durable = DurableRead(self.local_dir, self._settings["checkpoint"],
+                                  self._settings["snapshot_every"], self.epoch)
         return read_state(self.spark, self.state_dir.path, self._settings["backend"],
-                          self._key_type, owners, schema, update.is_builtin)
+                          self._key_type, owners, schema, update.is_builtin, durable)
 
     # -- epochs --------------------------------------------------------------------------
 
@@ -572,6 +590,10 @@ class Pipeline:
             shuffle_schema=shuffle_schema(key_arrow, value_arrow, self.event_time is not None),
             local_dir=self.local_dir,
             pipeline_id=self.fingerprint.pipeline_id,
+            checkpoint=self._settings["checkpoint"],
+            snapshot_every=self._settings["snapshot_every"],
+            committed_owners=frozenset(self.routing.workers(self._commit.epoch))
+            if self._commit.epoch >= 0 else frozenset(),
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
 from megaphone.state_backends.worker_store import WorkerStore
 
 
@@ -55,9 +56,13 @@ def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
     report.outputs_dropped = [e for e in state.output_epochs() if e > commit.epoch]
     state.drop_outputs(report.outputs_dropped)
     kind, fp = state.manifest["backend"], state.fingerprint
+    checkpoint = state.manifest.get("checkpoint")
     for worker in ahead:
-        with WorkerStore.open(kind, state.worker_path(worker), fp.key_type, fp.num_bins) as store:
-            store.rollback(commit.epoch + 1)
+        durable = None if checkpoint is None else DurableCopy(
+            checkpoint, worker, state.manifest.get("snapshot_every", SNAPSHOT_EVERY))
+        with WorkerStore.open(kind, state.worker_path(worker), fp.key_type, fp.num_bins,
+                              durable=durable) as store:
+            store.rollback(commit.epoch + 1)  # and its durable copy's files of that epoch
         report.workers_rolled_back.append(worker)
     return report
 
@@ -67,7 +72,10 @@ def _check_workers(state: StateDir, commit: Commit, table) -> list[int]:
     live = set(table.workers(commit.epoch)) if commit.epoch >= 0 else set()
     present = set(state.worker_ids())
     missing = sorted(live - present)
-    if missing:
+    # With a checkpoint location, a worker's task restores a working copy that is missing or
+    # behind from its durable copy; only one ahead of the commit needs rolling back here.
+    restorable = state.manifest.get("checkpoint") is not None
+    if missing and not restorable:
         raise StateMismatch(
             f"worker directories missing for workers {missing} that own bins at committed "
             f"epoch {commit.epoch} (expected {[str(state.worker_path(w)) for w in missing]})"
@@ -85,7 +93,7 @@ def _check_workers(state: StateDir, commit: Commit, table) -> list[int]:
                 f"worker {worker} state is at epoch {at}, more than one epoch past the last "
                 f"commit ({commit.epoch}); it belongs to another run"
             )
-        elif at < commit.epoch and worker in live:
+        elif at < commit.epoch and worker in live and not restorable:
             raise StateMismatch(
                 f"worker {worker} state is at epoch {at}, but the last commit is epoch "
                 f"{commit.epoch}: the worker directory does not match the commit"

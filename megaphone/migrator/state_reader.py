@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
-from megaphone.state_backends import open_backend
+from megaphone.state_backends import DEFAULT_CHUNK_BYTES, open_backend
 from megaphone.state_backends.common import kv_columns
 from megaphone.state_backends.encoding import (
     decode_int_keys,
@@ -19,14 +20,18 @@ from megaphone.state_backends.encoding import (
     unpack_ints,
     unpack_values,
 )
+from megaphone.state_backends.remote import DurableSpec, RemoteStore
 
 
 def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, owners: np.ndarray,
-               schema: T.StructType, decoded: bool) -> DataFrame:
+               schema: T.StructType, decoded: bool, durable: DurableRead | None = None
+               ) -> DataFrame:
     """The ``(key, state)`` of every bin at its owner in ``owners`` (one routing version).
 
     ``decoded``: the values are plain numbers (built-in aggregations); otherwise they are
-    returned as msgpack bytes. Only the owners' bins are read, never stale copies.
+    returned as msgpack bytes. Only the owners' bins are read, never stale copies. With a
+    ``durable`` copy, each owner's state is read through its host's store service, which
+    first restores a working copy that is missing or behind the committed epoch.
     """
     num_bins = len(owners)
     workers = sorted({int(w) for w in owners})
@@ -38,6 +43,14 @@ def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, own
         for batch in batches:
             for w in batch.column("id").to_pylist():
                 path = Path(root_str) / "workers" / f"w{w:05d}"
+                if durable is not None:
+                    store = RemoteStore(durable.local_dir, str(path), backend, key_type,
+                                        num_bins, DurableSpec(durable.uri, w,
+                                                              durable.snapshot_every))
+                    for chunk in store.export(bins_of[w], DEFAULT_CHUNK_BYTES, durable.epoch):
+                        k, v = kv_columns(chunk)
+                        yield _batch(arrow_schema, key_type, k, v, decoded)
+                    continue
                 if not path.exists():
                     continue
                 state = open_backend(backend, path, key_type, num_bins, read_only=True)
@@ -50,6 +63,17 @@ def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, own
 
     ids = spark.createDataFrame([(w,) for w in workers], "id long")
     return ids.repartition(max(1, len(workers))).mapInArrow(read, schema)
+
+
+@dataclass(frozen=True)
+class DurableRead:
+    """How :func:`read_state` reaches a pipeline with a checkpoint location: its store services'
+    directory, the checkpoint, its snapshot interval, and the committed epoch to read."""
+
+    local_dir: str
+    uri: str
+    snapshot_every: int
+    epoch: int
 
 
 def _batch(schema: pa.Schema, key_type: str, k: pa.Array, v: pa.Array,

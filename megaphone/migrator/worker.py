@@ -39,8 +39,9 @@ from megaphone.migrator.updates import (
     group_values,
     partial_aggregates,
 )
+from megaphone.state_backends.durable import SNAPSHOT_EVERY
 from megaphone.state_backends.encoding import encode_keys, payload_bytes
-from megaphone.state_backends.remote import RemoteStore, default_local_dir
+from megaphone.state_backends.remote import DurableSpec, RemoteStore, default_local_dir
 
 #: The column of a task's results that carries JSON metrics (null on output rows).
 METRICS_COLUMN = "_metrics"
@@ -82,6 +83,14 @@ class EpochSpec:
     shuffle_schema: pa.Schema | None = None
     local_dir: str = field(default_factory=default_local_dir)
     pipeline_id: str | None = None
+    checkpoint: str | None = None
+    snapshot_every: int = SNAPSHOT_EVERY
+    committed_owners: frozenset[int] = frozenset()
+
+    def required_epoch(self, worker: int) -> int | None:
+        """The epoch ``worker``'s state must be at before this epoch (the last commit) when it
+        owned bins then; ``None`` when its state does not matter (it owned none)."""
+        return self.epoch - 1 if worker in self.committed_owners else None
 
     def worker_path(self, worker: int) -> Path:
         """The state backend directory of ``worker`` (same layout as ``StateDir``)."""
@@ -170,8 +179,10 @@ def check_state_dir(spec: EpochSpec) -> None:
 
 
 def _store(spec: EpochSpec, worker: int) -> RemoteStore:
+    durable = None if spec.checkpoint is None else \
+        DurableSpec(spec.checkpoint, worker, spec.snapshot_every)
     return RemoteStore(spec.local_dir, str(spec.worker_path(worker)), spec.backend,
-                       spec.key_type, spec.num_bins)
+                       spec.key_type, spec.num_bins, durable)
 
 
 def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -188,11 +199,11 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
         by_dst.setdefault(dst, []).append(b)
     bytes_by_bin: dict[int, int] = {}
     keys_out = 0
-    if moves and spec.worker_path(sender).exists():
+    if moves and (spec.checkpoint is not None or spec.worker_path(sender).exists()):
         store = _store(spec, sender)
         for dst, bins in sorted(by_dst.items()):
             for b in sorted(bins):
-                for chunk in store.export([b], spec.chunk_bytes):
+                for chunk in store.export([b], spec.chunk_bytes, spec.required_epoch(sender)):
                     keys_out += chunk.num_rows
                     nbytes = payload_bytes(chunk)
                     bytes_by_bin[b] = bytes_by_bin.get(b, 0) + nbytes
@@ -251,8 +262,10 @@ def apply_worker(
         "worker": worker, "records_in": 0, "records_out": 0, "bins_in": len(incoming),
         "keys_in": 0, "bytes_in": 0, "replayed": False, "max_event_time": None}
     t0 = time.perf_counter()
-    apply, stored = store.begin(spec.epoch)
+    apply, stored = store.begin(spec.epoch, spec.required_epoch(worker))
     metrics["begin_s"] = time.perf_counter() - t0
+    if store.restored is not None:
+        metrics["restored"] = store.restored
     if not apply:
         for _ in timed:
             pass

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -229,17 +230,32 @@ def release_stores(local_dir: str, prefix: str) -> list[str]:
         conn.close()
 
 
+@dataclass(frozen=True)
+class DurableSpec:
+    """Where a worker's durable copy lives: the checkpoint location, the worker, how often
+    it is snapshotted (:class:`~megaphone.state_backends.durable.DurableCopy`)."""
+
+    uri: str
+    worker: int
+    snapshot_every: int
+
+
 class RemoteStore:
     """A task's handle on one worker's store in the service (see :class:`WorkerStore`)."""
 
     def __init__(self, local_dir: str, path: str, kind: str, key_type: str,
-                 num_bins: int) -> None:
+                 num_bins: int, durable: DurableSpec | None = None) -> None:
         self.local_dir = local_dir
         self.conn = connect(local_dir)
         assert self.conn is not None
-        self._id = {"path": os.path.abspath(path), "kind": kind, "key_type": key_type,
-                    "num_bins": num_bins}
+        self._id: dict[str, Any] = {"path": os.path.abspath(path), "kind": kind,
+                                    "key_type": key_type, "num_bins": num_bins}
+        if durable is not None:
+            self._id.update(checkpoint=durable.uri, worker=durable.worker,
+                            snapshot_every=durable.snapshot_every)
         self.lease: int | None = None
+        #: What restoring the store from its durable copy did at :meth:`begin`, if it had to.
+        self.restored: dict[str, Any] | None = None
 
     @property
     def service_pid(self) -> int:
@@ -253,16 +269,19 @@ class RemoteStore:
             forget(self.local_dir)
             raise
 
-    def begin(self, epoch: int) -> tuple[bool, bytes]:
+    def begin(self, epoch: int, required: int | None = None) -> tuple[bool, bytes]:
         """Start this attempt of ``epoch``: ``(True, b"")`` to apply it, ``(False, outputs)``
-        if the store already applied it (a retry: re-emit the stored outputs)."""
+        if the store already applied it (a retry: re-emit the stored outputs). ``required``:
+        the epoch the driver committed for this worker; a store behind it is restored from
+        its durable copy first (:attr:`restored`)."""
         try:
-            reply = self._call("begin", epoch=epoch)
+            reply = self._call("begin", epoch=epoch, required=required)
         except StoreUnavailable:  # a service that died since the last epoch: nothing changed
             self.conn = connect(self.local_dir)  # yet, so start or reach a new one once
             assert self.conn is not None
-            reply = self._call("begin", epoch=epoch)
+            reply = self._call("begin", epoch=epoch, required=required)
         self.lease = reply["lease"]
+        self.restored = reply.get("restored")
         return reply["apply"], reply["outputs"]
 
     def drop_bins(self, bins: Sequence[int]) -> None:
@@ -294,12 +313,14 @@ class RemoteStore:
                           values=list(values), old=list(old), outputs=outputs,
                           installed=list(installed))
 
-    def export(self, bins: Sequence[int], chunk_bytes: int) -> Iterator[pa.RecordBatch]:
-        """Stream the state of ``bins`` as ``(k, v)`` chunks (read-only)."""
+    def export(self, bins: Sequence[int], chunk_bytes: int, required: int | None = None
+               ) -> Iterator[pa.RecordBatch]:
+        """Stream the state of ``bins`` as ``(k, v)`` chunks (read-only; a store behind
+        ``required`` is restored from its durable copy first, as at :meth:`begin`)."""
         finished = False
         try:
             for frame in self.conn.receive_stream("export", **self._id, bins=list(bins),
-                                                  chunk_bytes=chunk_bytes):
+                                                  chunk_bytes=chunk_bytes, required=required):
                 yield from ipc_to_batches(frame["chunk"])
             finished = True
         finally:

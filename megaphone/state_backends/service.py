@@ -44,6 +44,7 @@ from typing import Any
 import msgpack
 import pyarrow as pa
 
+from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
 from megaphone.state_backends.worker_store import WorkerStore
 
 log = logging.getLogger("megaphone.store_service")
@@ -154,9 +155,8 @@ class StoreService:
         with self._lock:
             entry = self.stores.get(path)
             if entry is None:
-                store = WorkerStore.open(req["kind"], path, req["key_type"], req["num_bins"])
-                entry = self.stores[path] = _Entry(store, req["kind"], req["key_type"],
-                                                   req["num_bins"])
+                entry = self.stores[path] = _Entry(_open_store(req), req["kind"],
+                                                   req["key_type"], req["num_bins"])
             elif (entry.kind, entry.key_type, entry.num_bins) != \
                     (req["kind"], req["key_type"], req["num_bins"]):
                 raise ValueError(
@@ -231,13 +231,32 @@ class StoreService:
         return entry
 
     def op_begin(self, req: dict[str, Any], owner) -> dict[str, Any]:
-        """Start an epoch's attempt: version check, a new lease, the stored outputs on replay."""
+        """Start an epoch's attempt: version check (restoring a working copy that is behind),
+        a new lease, the stored outputs on replay."""
         entry = self.entry(req, owner)
         with entry.lock:
+            restored = self._catch_up(entry, req)
             apply = entry.store.check_can_apply(req["epoch"])
             entry.lease += 1
-            return {"lease": entry.lease, "apply": apply,
+            return {"lease": entry.lease, "apply": apply, "restored": restored,
                     "outputs": b"" if apply else entry.store.stored_outputs()}
+
+    @staticmethod
+    def _catch_up(entry: _Entry, req: dict[str, Any]) -> dict[str, Any] | None:
+        """Restore the store from its durable copy if it is behind the epoch the driver
+        committed for it (``req["required"]``); what the restore did, or ``None``."""
+        required = req.get("required")
+        if required is None or entry.store.epoch >= required:
+            return None
+        started = time.perf_counter()
+        path = req["path"]
+        entry.store.close()  # a stale or lost working copy: start it again from empty
+        shutil.rmtree(path, ignore_errors=True)
+        entry.store = _open_store(req)
+        done = entry.store.restore(required)
+        log.info("restored %s to epoch %d from its durable copy", path, required)
+        return {"epoch": done.epoch, "snapshot": done.snapshot, "changelogs": done.changelogs,
+                "rows": done.rows, "seconds": time.perf_counter() - started}
 
     def op_drop(self, req: dict[str, Any], owner) -> None:
         """Delete bins (departed ones, or a half-installed arrival of a failed attempt)."""
@@ -283,6 +302,7 @@ class StoreService:
     def _export(self, sock: socket.socket, req: dict[str, Any], owner) -> None:
         entry = self.entry(req, owner)
         with entry.lock:
+            self._catch_up(entry, req)
             for chunk in entry.store.backend.export_bins(req["bins"], req["chunk_bytes"]):
                 if chunk.num_rows:
                     send_frame(sock, {"chunk": batch_to_ipc(chunk)})
@@ -294,6 +314,8 @@ class StoreService:
         path = req["path"]
         self.close_stores(lambda p, e: p == path, "destroyed")
         shutil.rmtree(path, ignore_errors=True)
+        if req.get("checkpoint"):
+            _durable(req).destroy()
 
     def op_release(self, req: dict[str, Any], owner) -> dict[str, Any]:
         """Close every store under a directory (a pipeline opening or closing)."""
@@ -322,6 +344,16 @@ class StoreService:
         # Exit once idle: at once if the executors using it are gone, else after idle_exit_s.
         return not self.stopping.is_set() and \
             not (idle and (self.orphaned or now - self.last_activity > self.idle_exit_s))
+
+
+def _durable(req: dict[str, Any]) -> DurableCopy:
+    return DurableCopy(req["checkpoint"], req["worker"], req.get("snapshot_every", SNAPSHOT_EVERY))
+
+
+def _open_store(req: dict[str, Any]) -> WorkerStore:
+    """Open the store a request names, with its durable copy when it has a checkpoint."""
+    return WorkerStore.open(req["kind"], req["path"], req["key_type"], req["num_bins"],
+                            durable=_durable(req) if req.get("checkpoint") else None)
 
 
 def socket_path(local_dir: str) -> str:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgpack
 import pyarrow as pa
 
 from megaphone.state_backends.base import ImportStats, StateBackend
+from megaphone.state_backends.durable import DurableCopy, Restored
 
 EPOCH_META = "epoch"
 OUTPUTS_META = "outputs"
@@ -56,17 +57,21 @@ class WorkerStore:
     Used by one thread at a time. Context-managed: ``with WorkerStore.open(...) as s:``.
     """
 
-    def __init__(self, backend: StateBackend) -> None:
+    def __init__(self, backend: StateBackend, durable: DurableCopy | None = None) -> None:
         self.backend = backend
+        #: The worker's durable copy (changelogs, snapshots), when the pipeline has one.
+        self.durable = durable
         self._stall_at_begin = 0.0
+        self._dropped: set[int] = set()
+        self._installed: list[pa.RecordBatch] = []
 
     @classmethod
     def open(cls, kind: str, path: str | os.PathLike[str], key_type: str, num_bins: int,
-             read_only: bool = False) -> WorkerStore:
+             read_only: bool = False, durable: DurableCopy | None = None) -> WorkerStore:
         """Open (creating if needed, unless ``read_only``) the ``kind`` store at ``path``."""
         from megaphone.state_backends import open_backend
 
-        return cls(open_backend(kind, path, key_type, num_bins, read_only=read_only))
+        return cls(open_backend(kind, path, key_type, num_bins, read_only=read_only), durable)
 
     # -- version ---------------------------------------------------------------------------
 
@@ -89,7 +94,29 @@ class WorkerStore:
             raise StoreVersionError(
                 f"worker state at {self.backend.path} is at epoch {at}, ahead of epoch {epoch}")
         self._stall_at_begin = self.stall_seconds()
+        self._dropped, self._installed = set(), []
         return at < epoch
+
+    def restore(self, epoch: int) -> Restored:
+        """Rebuild this store, which must be empty, as it was after ``epoch`` from the durable
+        copy (a working copy lost with its executor, or left behind on another host)."""
+        if self.durable is None:
+            raise StoreVersionError(f"worker state at {self.backend.path} is behind epoch "
+                                    f"{epoch} and the pipeline has no checkpoint location")
+        if self.epoch != -1 or next(iter(self.backend.raw_items()), None) is not None:
+            raise StoreVersionError(f"restore needs an empty store; {self.backend.path} "
+                                    f"holds state at epoch {self.epoch}")
+        rows = 0
+        for drops, batch in self.durable.replay(epoch):
+            if batch is None:
+                self.backend.drop_bins(drops)
+            else:
+                rows += batch.num_rows
+                self.backend.write_raw(batch.column(0).to_pylist(), batch.column(1).to_pylist())
+        self.backend.write_raw([], [], [], meta={EPOCH_META: pack_epoch(epoch)})
+        self.backend.flush()
+        snapshot, chain = self.durable.plan_restore(epoch)
+        return Restored(epoch=epoch, snapshot=snapshot, changelogs=len(chain), rows=rows)
 
     # -- one epoch's changes ---------------------------------------------------------------
 
@@ -98,9 +125,12 @@ class WorkerStore:
         bins = sorted(set(bins))
         if bins:
             self.backend.drop_bins(bins)
+            self._dropped.update(bins)
 
     def install(self, chunks: Iterable[pa.RecordBatch]) -> ImportStats:
         """Install arriving bins' exported ``(k, v)`` chunks (chunk puts or SST ingestion)."""
+        if self.durable is not None:  # kept for the epoch's changelog
+            chunks = _kept(chunks, self._installed)
         return self.backend.import_bins(chunks, method="auto")
 
     def read(self, raw_keys: Sequence[bytes]) -> list[bytes | None]:
@@ -119,11 +149,19 @@ class WorkerStore:
         if at >= epoch:
             raise StoreVersionError(
                 f"worker state at {self.backend.path} is at epoch {at}; cannot commit {epoch}")
+        if self.durable is not None:  # durable before the worker's commit, so before the driver's
+            writes = pa.RecordBatch.from_arrays(
+                [pa.array(keys, pa.binary()), pa.array(values, pa.binary())], names=["k", "v"])
+            self.durable.record(epoch, at, sorted(self._dropped), [*self._installed, writes])
         undo = msgpack.packb({"epoch": epoch, "bins": list(installed), "keys": list(keys),
                               "old": list(old)})
         self.backend.write_raw(keys, values, old, meta={
             EPOCH_META: pack_epoch(epoch), OUTPUTS_META: outputs, UNDO_META: undo})
         self.backend.flush_if_volatile()
+        self._installed = []
+        if self.durable is not None and self.durable.snapshot_due(epoch):
+            self.durable.write_snapshot(
+                epoch, self.backend.export_bins(range(self.backend.num_bins)))
 
     def join(self, epoch: int) -> None:
         """Mark a worker that receives its first bins offline as being at ``epoch``."""
@@ -150,6 +188,8 @@ class WorkerStore:
         self.backend.write_raw([], [], [], meta={
             EPOCH_META: pack_epoch(epoch - 1), OUTPUTS_META: b"", UNDO_META: msgpack.packb(None)})
         self.backend.flush_if_volatile()
+        if self.durable is not None:
+            self.durable.forget_from(epoch)
 
     # -- health --------------------------------------------------------------------------
 
@@ -184,3 +224,11 @@ class WorkerStore:
     def __exit__(self, *exc: object) -> None:
         """Context-manager exit: :meth:`close`."""
         self.close()
+
+
+def _kept(chunks: Iterable[pa.RecordBatch], into: list[pa.RecordBatch]
+          ) -> Iterator[pa.RecordBatch]:
+    """``chunks``, each also appended to ``into``."""
+    for chunk in chunks:
+        into.append(chunk)
+        yield chunk

@@ -1,0 +1,246 @@
+"""A worker's durable copy: what it changed at each epoch, and now and then all of its state.
+
+The working store (RocksDB) lives where the worker runs; the durable copy lives under a
+*checkpoint location*, a URI on any filesystem ``pyarrow.fs`` reaches (a local path, HDFS, S3,
+GCS …), and is made of plain Arrow IPC files, never RocksDB files:
+
+* ``workers/wNNNNN/changelog/eEEEEEEEEEEE.arrow`` -- one per epoch the worker applied: the bins
+  it dropped, then the ``(k, v)`` rows it installed and wrote (``v`` null = a delete), and the
+  epoch it followed (``prev``: the worker's previous epoch, ``-1`` for an empty store);
+* ``workers/wNNNNN/snapshot/eEEEEEEEEEEE.arrow`` -- every ``snapshot_every`` epochs, all of the
+  worker's ``(k, v)`` rows after that epoch.
+
+Restoring epoch ``E`` follows the ``prev`` links back from ``E``'s changelog to a snapshot or
+to an empty store, then replays forward; a missing link is an error, never a silently short
+state. A changelog is written before the worker's own commit, so an epoch's changes are durable
+before the driver's commit point. Files of epochs that were rolled back are deleted, and a
+snapshot is only pruned with what it superseded once a newer one exists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+#: Rows of changelogs and snapshots: raw key and value bytes (a null value deletes the key).
+ROW_SCHEMA = pa.schema([("k", pa.binary()), ("v", pa.binary())])
+#: Default number of a worker's epochs between two snapshots.
+SNAPSHOT_EVERY = 50
+
+
+class DurableCopyError(RuntimeError):
+    """A durable copy that cannot give the requested epoch (missing or corrupt files)."""
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore read: the snapshot it started from and the changelogs it replayed."""
+
+    epoch: int
+    snapshot: int | None
+    changelogs: int
+    rows: int
+
+
+def _name(epoch: int) -> str:
+    return f"e{epoch:012d}.arrow"
+
+
+def _epoch_of(name: str) -> int | None:
+    stem = name.rsplit("/", 1)[-1]
+    if stem.startswith("e") and stem.endswith(".arrow") and stem[1:-6].isdigit():
+        return int(stem[1:-6])
+    return None
+
+
+class DurableCopy:
+    """Worker ``worker``'s changelogs and snapshots under the checkpoint location ``uri``."""
+
+    def __init__(self, uri: str, worker: int, snapshot_every: int = SNAPSHOT_EVERY) -> None:
+        if snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
+        self.uri = uri
+        self.worker = worker
+        self.snapshot_every = snapshot_every
+        self.fs, root = filesystem(uri)
+        self.root = f"{root.rstrip('/')}/workers/w{worker:05d}"
+        self.fs.create_dir(f"{self.root}/changelog", recursive=True)
+        self.fs.create_dir(f"{self.root}/snapshot", recursive=True)
+        self.changelogs: list[int] = []
+        self.snapshots: list[int] = []
+        self.refresh()
+
+    def refresh(self) -> None:
+        """List the files again (another host may have written the worker's later epochs)."""
+        self.changelogs = self._list("changelog")
+        self.snapshots = self._list("snapshot")
+
+    def _list(self, kind: str) -> list[int]:
+        infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{kind}",
+                                                        allow_not_found=True))
+        return sorted(e for info in infos if (e := _epoch_of(info.path)) is not None)
+
+    def _path(self, kind: str, epoch: int) -> str:
+        return f"{self.root}/{kind}/{_name(epoch)}"
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def record(self, epoch: int, prev: int, drops: Sequence[int],
+               rows: Sequence[pa.RecordBatch]) -> None:
+        """Write epoch ``epoch``'s changelog: ``drops`` first, then ``rows`` in order.
+
+        Files of ``epoch`` or later (left by attempts that were rolled back, here or on another
+        host) go first.
+        """
+        self.refresh()
+        self.forget_from(epoch)
+        meta = {"epoch": epoch, "prev": prev, "drops": sorted(set(drops))}
+        self._write("changelog", epoch, meta, rows)
+        self.changelogs.append(epoch)
+
+    def snapshot_due(self, epoch: int) -> bool:
+        """True when ``epoch`` is ``snapshot_every`` changelogs past the last snapshot."""
+        last = self.snapshots[-1] if self.snapshots else -1
+        return sum(1 for e in self.changelogs if last < e <= epoch) >= self.snapshot_every
+
+    def write_snapshot(self, epoch: int, rows: Iterable[pa.RecordBatch]) -> None:
+        """Write all state after ``epoch``; then prune what the snapshot before it superseded.
+
+        The previous snapshot and the changelogs after it stay: ``epoch`` itself is not
+        committed by the driver yet, and restoring ``epoch - 1`` must remain possible.
+        """
+        self._write("snapshot", epoch, {"epoch": epoch}, rows)
+        self.snapshots.append(epoch)
+        if len(self.snapshots) > 2:
+            keep_from = self.snapshots[-2]
+            for old in self.snapshots[:-2]:
+                self.fs.delete_file(self._path("snapshot", old))
+            for old in [e for e in self.changelogs if e <= keep_from]:
+                self.fs.delete_file(self._path("changelog", old))
+            self.snapshots = self.snapshots[-2:]
+            self.changelogs = [e for e in self.changelogs if e > keep_from]
+
+    def forget_from(self, epoch: int) -> None:
+        """Delete changelogs and snapshots of ``epoch`` and later (a rolled-back epoch)."""
+        for kind, epochs in (("changelog", self.changelogs), ("snapshot", self.snapshots)):
+            for e in [e for e in epochs if e >= epoch]:
+                self.fs.delete_file(self._path(kind, e))
+                epochs.remove(e)
+
+    def destroy(self) -> None:
+        """Delete the worker's whole durable copy (it left the pipeline without bins)."""
+        self.fs.delete_dir_contents(self.root, missing_dir_ok=True)
+        self.changelogs, self.snapshots = [], []
+
+    def _write(self, kind: str, epoch: int, meta: dict, rows: Iterable[pa.RecordBatch]) -> None:
+        schema = ROW_SCHEMA.with_metadata({"megaphone": json.dumps(meta)})
+        path = self._path(kind, epoch)
+        tmp = f"{path}.tmp"
+        with self.fs.open_output_stream(tmp) as sink, pa.ipc.new_file(sink, schema) as writer:
+            for batch in rows:
+                if batch.num_rows:
+                    writer.write_batch(pa.record_batch(
+                        [batch.column(0).cast(pa.binary()), batch.column(1).cast(pa.binary())],
+                        schema=schema))
+        _sync_if_local(self.fs, tmp)
+        self.fs.move(tmp, path)  # readers never see a torn file (on S3 a copy: still whole)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _read(self, kind: str, epoch: int) -> tuple[dict, pa.ipc.RecordBatchFileReader]:
+        path = self._path(kind, epoch)
+        try:
+            source = self.fs.open_input_file(path)
+            reader = pa.ipc.open_file(source)
+            meta = json.loads(reader.schema.metadata[b"megaphone"])
+        except (OSError, pa.ArrowInvalid, KeyError, TypeError, ValueError) as exc:
+            raise DurableCopyError(f"{kind} of epoch {epoch} of worker {self.worker} at "
+                                   f"{self.uri} is missing or corrupt: {exc}") from None
+        if meta.get("epoch") != epoch or reader.schema.remove_metadata() != ROW_SCHEMA:
+            raise DurableCopyError(f"{kind} at {path} does not hold epoch {epoch}'s rows")
+        return meta, reader
+
+    def plan_restore(self, epoch: int) -> tuple[int | None, list[int]]:
+        """The snapshot (or ``None``: an empty store) and the changelogs, in order, that make
+        up the worker's state after ``epoch``; a :class:`DurableCopyError` if a link is gone."""
+        self.refresh()
+        chain: list[int] = []
+        at = epoch
+        while True:
+            if at in self.snapshots:
+                return at, chain[::-1]
+            if at not in self.changelogs:
+                raise DurableCopyError(
+                    f"the durable copy of worker {self.worker} at {self.uri} has no changelog "
+                    f"or snapshot of epoch {at}, needed to restore epoch {epoch}")
+            meta, _ = self._read("changelog", at)
+            chain.append(at)
+            prev = int(meta["prev"])
+            if prev < 0:
+                return None, chain[::-1]
+            if prev >= at:
+                raise DurableCopyError(f"changelog of epoch {at} of worker {self.worker} "
+                                       f"follows epoch {prev}: corrupt")
+            at = prev
+
+    def replay(self, epoch: int) -> Iterator[tuple[Sequence[int], pa.RecordBatch | None]]:
+        """The steps that rebuild the state after ``epoch`` in an empty store, in order:
+        ``(bins to drop, None)`` and ``((), rows to write)``."""
+        snapshot, chain = self.plan_restore(epoch)
+        if snapshot is not None:
+            _, reader = self._read("snapshot", snapshot)
+            for i in range(reader.num_record_batches):
+                yield (), reader.get_batch(i)
+        for e in chain:
+            meta, reader = self._read("changelog", e)
+            if meta["drops"]:
+                yield meta["drops"], None
+            for i in range(reader.num_record_batches):
+                yield (), reader.get_batch(i)
+
+
+def claim_checkpoint(uri: str, pipeline_id: str) -> None:
+    """Make ``uri`` the checkpoint location of pipeline ``pipeline_id``: a location that
+    already belongs to another pipeline is refused (their durable copies would mix)."""
+    fs, root = filesystem(uri)
+    path = f"{root.rstrip('/')}/megaphone-checkpoint.json"
+    fs.create_dir(root, recursive=True)
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        try:
+            with fs.open_input_stream(path) as src:
+                found = json.loads(src.read()).get("pipeline_id")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ValueError(f"checkpoint location {uri} holds an unreadable "
+                             f"megaphone-checkpoint.json: {exc}") from None
+        if found != pipeline_id:
+            raise ValueError(f"checkpoint location {uri} belongs to pipeline {found!r}, not "
+                             f"{pipeline_id!r}; give each pipeline its own location")
+        return
+    with fs.open_output_stream(path) as sink:
+        sink.write(json.dumps({"pipeline_id": pipeline_id}).encode())
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The ``pyarrow.fs`` filesystem of a checkpoint URI (or local path) and the path in it."""
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowInvalid, ValueError):
+        import os
+
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+
+
+def _sync_if_local(fs: pafs.FileSystem, path: str) -> None:
+    """fsync a file written to the local filesystem (object stores are durable on close)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        import os
+
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,66 @@
+"""A pipeline with a checkpoint location: working copies that are lost or left behind are
+restored from the durable copy, and outputs and state equal a run where nothing was lost."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections import Counter
+
+import pytest
+
+from megaphone import MigrationPlan, Move, Pipeline, PlanError
+from megaphone.migrator.offline import migrate_offline
+from megaphone.state_backends.remote import release_stores
+
+EPOCHS = 7
+
+
+def batch_keys(epoch: int) -> list[int]:
+    return [(epoch * 5 + i * 3) % 23 for i in range(12)]
+
+
+def test_lost_and_stale_working_copies_are_restored_from_the_checkpoint(spark, tmp_path):
+    state_dir, checkpoint = tmp_path / "state", tmp_path / "checkpoint"
+    pipe = Pipeline(spark, str(state_dir), key="k", update="count", workers=2, num_bins=16,
+                    key_type="int64", pipeline_id=uuid.uuid4().hex,
+                    checkpoint=str(checkpoint), snapshot_every=2)
+    expected: Counter = Counter()
+    stale = tmp_path / "stale-w0"
+    restored: dict[int, list[int]] = {}
+    for epoch in range(EPOCHS):
+        if epoch == 2:  # scale out while copies go missing: bins 1 and 6 go to worker 2
+            pipe.migrate(MigrationPlan.from_moves(
+                pipe.routing, [[Move(1, pipe.routing.owner(1), 2)],
+                               [Move(6, pipe.routing.owner(6), 2)]]))
+        if epoch in (1, 3, 5):
+            release_stores(pipe.local_dir, str(state_dir))  # as if its executor were gone
+        if epoch == 1:
+            shutil.copytree(state_dir / "workers" / "w00000", stale)  # worker 0 at epoch 0
+        if epoch == 3:
+            shutil.rmtree(state_dir / "workers" / "w00001")  # a lost disk
+        if epoch == 5:  # an old copy of worker 0 comes back (another host's)
+            shutil.rmtree(state_dir / "workers" / "w00000")
+            shutil.copytree(stale, state_dir / "workers" / "w00000")
+        keys = batch_keys(epoch)
+        expected.update(keys)
+        out = pipe.process_arrow(spark.createDataFrame([(k,) for k in keys], "k long"))
+        assert pipe.epoch == epoch
+        assert dict(zip(out.column("k").to_pylist(), out.column("count").to_pylist(),
+                        strict=True)) == {k: expected[k] for k in set(keys)}
+        for w, m in pipe.metrics(last=1)[0]["per_worker"].items():
+            if m.get("restored"):
+                restored.setdefault(int(w), []).append(epoch)
+    assert restored == {1: [3], 0: [5]}
+    assert pipe.routing.owner(1) == 2 and pipe.routing.owner(6) == 2
+    release_stores(pipe.local_dir, str(state_dir))
+    shutil.rmtree(state_dir / "workers" / "w00002")  # state() restores it too
+    assert {r[0]: r[1] for r in pipe.state().collect()} == dict(expected)
+    pipe.close()
+
+    with pytest.raises(PlanError, match="offline migration does not write it"):
+        migrate_offline(str(state_dir), MigrationPlan.from_moves(
+            pipe.routing, [[Move(2, pipe.routing.owner(2), 1)]]))
+    with pytest.raises(ValueError, match="belongs to pipeline"):
+        Pipeline(spark, str(tmp_path / "other"), key="k", num_bins=16, key_type="int64",
+                 checkpoint=str(checkpoint))

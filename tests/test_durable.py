@@ -1,0 +1,148 @@
+"""A worker's durable copy: restoring any committed epoch gives the working store's state."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from megaphone.routing.bins import bin_of
+from megaphone.state_backends.durable import DurableCopy, DurableCopyError, claim_checkpoint
+from megaphone.state_backends.encoding import encode_keys
+from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
+
+NUM_BINS = 8
+
+
+def raw(keys: list[int]) -> tuple[list[int], list[bytes]]:
+    bins = [int(b) for b in np.atleast_1d(bin_of(np.array(keys, np.int64), NUM_BINS))] \
+        if keys else []
+    return bins, list(encode_keys(bins, keys, "int64")) if keys else []
+
+
+def state_of(store: WorkerStore) -> dict[bytes, bytes]:
+    return dict(store.backend.raw_items())
+
+
+def open_store(root: Path, name: str, checkpoint: Path, every: int,
+               kind: str = "rocksdb") -> WorkerStore:
+    return WorkerStore.open(kind, root / name, "int64", NUM_BINS,
+                            durable=DurableCopy(str(checkpoint), 0, every))
+
+
+def run_epoch(store: WorkerStore, epoch: int, drops: set[int], chunk: pa.RecordBatch,
+              keys: list[bytes], values: list[bytes | None]) -> None:
+    """As a worker does: drop departed and arriving bins, install, write, commit."""
+    assert store.check_can_apply(epoch)
+    store.drop_bins(drops)
+    if chunk.num_rows:
+        store.install([chunk])
+    installed = sorted(set(raw_bins(chunk)))
+    store.commit(epoch, keys, values, store.read(keys), b"", installed)
+
+
+def raw_bins(chunk: pa.RecordBatch) -> list[int]:
+    """The bins of raw keys (their 4-byte big-endian prefix)."""
+    return [int.from_bytes(k[:4], "big") for k in chunk.column(0).to_pylist()]
+
+
+# An epoch: keys written (a value, or None to delete), bins dropped, chunk installed, and
+# whether the driver failed to commit it (the worker rolls it back).
+epochs = st.lists(st.tuples(
+    st.dictionaries(st.integers(0, 40), st.one_of(st.none(), st.binary(max_size=3)),
+                    max_size=6),
+    st.sets(st.integers(0, NUM_BINS - 1), max_size=2),
+    st.dictionaries(st.integers(100, 140), st.binary(min_size=1, max_size=3), max_size=4),
+    st.booleans()), min_size=1, max_size=12)
+
+
+@settings(max_examples=30)
+@given(epochs, st.integers(1, 4), st.data())
+def test_restoring_any_committed_epoch_gives_the_working_state(history, every, data):
+    # The memory backend (same raw bytes as RocksDB) keeps the many examples fast; the tests
+    # below restore RocksDB stores.
+    with tempfile.TemporaryDirectory() as tmp:
+        root, checkpoint = Path(tmp), Path(tmp) / "ckpt"
+        live = open_store(root, "live", checkpoint, every, "memory")
+        committed: dict[int, dict[bytes, bytes]] = {}
+        for epoch, (writes, dropped, installed, fails) in enumerate(history):
+            ibins, ikeys = raw(list(installed))
+            chunk = pa.RecordBatch.from_arrays(
+                [pa.array(ikeys, pa.binary()), pa.array(list(installed.values()), pa.binary())],
+                names=["k", "v"])
+            run_epoch(live, epoch, dropped | set(ibins), chunk, raw(list(writes))[1],
+                      list(writes.values()))
+            if fails:  # the driver never committed it: rolled back, then run again routed
+                live.rollback(epoch)  # alike (same drops and installs) with other records
+                run_epoch(live, epoch, dropped | set(ibins), chunk, raw([epoch])[1], [b"again"])
+            committed[epoch] = state_of(live)
+        live.close()
+        target = data.draw(st.sampled_from(sorted(committed)[-(every + 1):]), "restore epoch")
+        with open_store(root, f"restored{target}", checkpoint, every, "memory") as fresh:
+            done = fresh.restore(target)
+            assert fresh.epoch == target == done.epoch
+            assert state_of(fresh) == committed[target]
+
+
+def test_a_missing_changelog_is_an_error_not_a_short_state(tmp_path):
+    store = open_store(tmp_path, "w", tmp_path / "ckpt", 100)
+    for epoch in range(3):
+        store.check_can_apply(epoch)
+        _, keys = raw([epoch])
+        store.commit(epoch, keys, [b"x"], [None], b"", [])
+    store.close()
+    (tmp_path / "ckpt" / "workers" / "w00000" / "changelog" / f"e{1:012d}.arrow").unlink()
+    with open_store(tmp_path, "fresh", tmp_path / "ckpt", 100) as fresh, \
+            pytest.raises(DurableCopyError, match="no changelog or snapshot of epoch 1"):
+        fresh.restore(2)
+
+
+def test_a_corrupt_changelog_is_an_error(tmp_path):
+    store = open_store(tmp_path, "w", tmp_path / "ckpt", 100)
+    store.check_can_apply(0)
+    store.commit(0, raw([1])[1], [b"x"], [None], b"", [])
+    store.close()
+    (tmp_path / "ckpt" / "workers" / "w00000" / "changelog" / f"e{0:012d}.arrow"
+     ).write_bytes(b"not arrow")
+    with open_store(tmp_path, "fresh", tmp_path / "ckpt", 100) as fresh, \
+            pytest.raises(DurableCopyError, match="missing or corrupt"):
+        fresh.restore(0)
+
+
+def test_restore_needs_an_empty_store_and_a_durable_copy(tmp_path):
+    store = open_store(tmp_path, "w", tmp_path / "ckpt", 100)
+    store.check_can_apply(0)
+    store.commit(0, raw([1])[1], [b"x"], [None], b"", [])
+    with pytest.raises(StoreVersionError, match="needs an empty store"):
+        store.restore(0)
+    store.close()
+    with WorkerStore.open("rocksdb", tmp_path / "plain", "int64", NUM_BINS) as plain, \
+            pytest.raises(StoreVersionError, match="no checkpoint location"):
+        plain.restore(0)
+
+
+def test_snapshots_prune_what_the_one_before_superseded(tmp_path):
+    store = open_store(tmp_path, "w", tmp_path / "ckpt", 2)
+    for epoch in range(9):
+        store.check_can_apply(epoch)
+        store.commit(epoch, raw([epoch])[1], [b"x"], [None], b"", [])
+    durable = store.durable
+    assert durable is not None and durable.snapshots == [5, 7]  # the last two
+    assert durable.changelogs == [6, 7, 8]  # what restoring epoch 6 or later needs
+    store.close()
+    with open_store(tmp_path, "fresh", tmp_path / "ckpt", 2) as fresh:
+        done = fresh.restore(6)
+        assert (done.snapshot, done.changelogs) == (5, 1)
+        assert len(state_of(fresh)) == 7
+
+
+def test_a_checkpoint_location_belongs_to_one_pipeline(tmp_path):
+    claim_checkpoint(str(tmp_path / "ckpt"), "p1")
+    claim_checkpoint(str(tmp_path / "ckpt"), "p1")  # the same pipeline again: fine
+    with pytest.raises(ValueError, match="belongs to pipeline 'p1'"):
+        claim_checkpoint(str(tmp_path / "ckpt"), "p2")
