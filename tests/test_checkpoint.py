@@ -6,12 +6,14 @@ from __future__ import annotations
 import shutil
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 
 from megaphone import MigrationPlan, Move, Pipeline, PlanError
 from megaphone.migrator.offline import migrate_offline
 from megaphone.state_backends.remote import release_stores
+from tests.helpers.servers import s3_endpoint
 
 EPOCHS = 7
 
@@ -20,11 +22,22 @@ def batch_keys(epoch: int) -> list[int]:
     return [(epoch * 5 + i * 3) % 23 for i in range(12)]
 
 
-def test_lost_and_stale_working_copies_are_restored_from_the_checkpoint(spark, tmp_path):
-    state_dir, checkpoint = tmp_path / "state", tmp_path / "checkpoint"
+@pytest.fixture(params=["local", "s3"])
+def checkpoint(request, tmp_path) -> Iterator[str]:
+    """A checkpoint location: a local directory, or a bucket of an S3 endpoint on 127.0.0.1."""
+    if request.param == "local":
+        yield str(tmp_path / "checkpoint")
+    else:
+        with s3_endpoint("megaphone") as uri:
+            yield uri("checkpoint")
+
+
+def test_lost_and_stale_working_copies_are_restored_from_the_checkpoint(spark, tmp_path,
+                                                                         checkpoint):
+    state_dir = tmp_path / "state"
     pipe = Pipeline(spark, str(state_dir), key="k", update="count", workers=2, num_bins=16,
                     key_type="int64", pipeline_id=uuid.uuid4().hex,
-                    checkpoint=str(checkpoint), snapshot_every=2)
+                    checkpoint=checkpoint, snapshot_every=2)
     expected: Counter = Counter()
     stale = tmp_path / "stale-w0"
     restored: dict[int, list[int]] = {}
@@ -63,4 +76,4 @@ def test_lost_and_stale_working_copies_are_restored_from_the_checkpoint(spark, t
             pipe.routing, [[Move(2, pipe.routing.owner(2), 1)]]))
     with pytest.raises(ValueError, match="belongs to pipeline"):
         Pipeline(spark, str(tmp_path / "other"), key="k", num_bins=16, key_type="int64",
-                 checkpoint=str(checkpoint))
+                 checkpoint=checkpoint)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ from megaphone.routing.bins import bin_of
 from megaphone.state_backends.durable import DurableCopy, DurableCopyError, claim_checkpoint
 from megaphone.state_backends.encoding import encode_keys
 from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
+from tests.helpers.servers import s3_endpoint
 
 NUM_BINS = 8
 
@@ -146,3 +148,36 @@ def test_a_checkpoint_location_belongs_to_one_pipeline(tmp_path):
     claim_checkpoint(str(tmp_path / "ckpt"), "p1")  # the same pipeline again: fine
     with pytest.raises(ValueError, match="belongs to pipeline 'p1'"):
         claim_checkpoint(str(tmp_path / "ckpt"), "p2")
+
+
+def test_the_durable_copy_on_an_s3_endpoint_holds_only_arrow_files(tmp_path):
+    with s3_endpoint("megaphone") as uri:
+        checkpoint = uri("pipelines/p1")
+        claim_checkpoint(checkpoint, "p1")
+        store = WorkerStore.open("rocksdb", tmp_path / "w", "int64", NUM_BINS,
+                                 durable=DurableCopy(checkpoint, 0, 2))
+        states = {}
+        for epoch in range(6):
+            keys = raw([epoch, epoch + 1])[1]
+            run_epoch(store, epoch, {epoch % NUM_BINS} if epoch == 3 else set(),
+                      pa.RecordBatch.from_arrays([pa.array([], pa.binary())] * 2,
+                                                 names=["k", "v"]), keys, [b"a", b"b"])
+            if epoch == 4:  # not committed by the driver: rolled back, run again
+                store.rollback(epoch)
+                run_epoch(store, epoch, set(), pa.RecordBatch.from_arrays(
+                    [pa.array([], pa.binary())] * 2, names=["k", "v"]), keys, [b"c", b"d"])
+            states[epoch] = state_of(store)
+        store.close()
+        for target in (4, 5):
+            with WorkerStore.open("rocksdb", tmp_path / f"r{target}", "int64", NUM_BINS,
+                                  durable=DurableCopy(checkpoint, 0, 2)) as fresh:
+                fresh.restore(target)
+                assert state_of(fresh) == states[target]
+        fs, root = pafs.FileSystem.from_uri(checkpoint)
+        names = [info.path.removeprefix(root + "/") for info in
+                 fs.get_file_info(pafs.FileSelector(root, recursive=True))
+                 if info.type == pafs.FileType.File]
+        assert "megaphone-checkpoint.json" in names
+        objects = sorted(n for n in names if n != "megaphone-checkpoint.json")
+        assert objects and all(n.endswith(".arrow") for n in objects), objects  # no RocksDB file
+        assert f"workers/w00000/changelog/e{4:012d}.arrow" in objects

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -53,3 +54,24 @@ def stop(procs: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@contextlib.contextmanager
+def s3_endpoint(bucket: str) -> Iterator[Callable[[str], str]]:
+    """An S3-compatible endpoint (moto's server) on 127.0.0.1 with ``bucket``, for the test's
+    duration; yields ``uri(path)``: the URI of ``s3://bucket/path`` with the endpoint and the
+    test credentials."""
+    import pyarrow.fs as pafs
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        pafs.S3FileSystem(access_key="testing", secret_key="testing", scheme="http",
+                          endpoint_override=f"{host}:{port}", region="us-east-1",
+                          allow_bucket_creation=True).create_dir(bucket)
+        yield lambda path: (f"s3://testing:testing@{bucket}/{path}?endpoint_override="
+                            f"{host}:{port}&scheme=http&region=us-east-1")
+    finally:
+        server.stop()
