@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import megaphone
 from bench.epoch_floor import epoch_frame, machine
+from megaphone.migrator.worker import local_worker_path
 from megaphone.spark import spark_session
 from megaphone.state_backends.remote import release_stores
 
@@ -77,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                     if epoch >= args.warmup:
                         times[name].append(time.perf_counter() - t0)
             ck = pipes["checkpoint"]
-            worker_dir = ck.state_dir.worker_path(0)
-            release_stores(ck.local_dir, str(ck.state_dir.path))
+            worker_dir = local_worker_path(ck.local_dir, ck.fingerprint.pipeline_id, 0)
+            release_stores(ck.local_dir, str(worker_dir.parent))  # as if its executor were gone
             state_bytes = sum(f.stat().st_size for f in worker_dir.rglob("*") if f.is_file())
             durable_bytes = sum(f.stat().st_size for f in
                                 (root / "checkpoint" / "workers" / "w00000").rglob("*")

@@ -12,6 +12,7 @@ import pytest
 
 from megaphone import MigrationPlan, Move, Pipeline, PlanError
 from megaphone.migrator.offline import migrate_offline
+from megaphone.migrator.worker import local_worker_path
 from megaphone.state_backends.remote import release_stores
 from tests.helpers.servers import s3_endpoint
 
@@ -38,6 +39,8 @@ def test_lost_and_stale_working_copies_are_restored_from_the_checkpoint(spark, t
     pipe = Pipeline(spark, str(state_dir), key="k", update="count", workers=2, num_bins=16,
                     key_type="int64", pipeline_id=uuid.uuid4().hex,
                     checkpoint=checkpoint, snapshot_every=2)
+    copies = local_worker_path(pipe.local_dir, pipe.fingerprint.pipeline_id, 0).parent
+    assert not (state_dir / "workers").exists() or not any((state_dir / "workers").iterdir())
     expected: Counter = Counter()
     stale = tmp_path / "stale-w0"
     restored: dict[int, list[int]] = {}
@@ -47,14 +50,14 @@ def test_lost_and_stale_working_copies_are_restored_from_the_checkpoint(spark, t
                 pipe.routing, [[Move(1, pipe.routing.owner(1), 2)],
                                [Move(6, pipe.routing.owner(6), 2)]]))
         if epoch in (1, 3, 5):
-            release_stores(pipe.local_dir, str(state_dir))  # as if its executor were gone
+            release_stores(pipe.local_dir, str(copies))  # as if its executor were gone
         if epoch == 1:
-            shutil.copytree(state_dir / "workers" / "w00000", stale)  # worker 0 at epoch 0
+            shutil.copytree(copies / "w00000", stale)  # worker 0 at epoch 0
         if epoch == 3:
-            shutil.rmtree(state_dir / "workers" / "w00001")  # a lost disk
+            shutil.rmtree(copies / "w00001")  # a lost disk
         if epoch == 5:  # an old copy of worker 0 comes back (another host's)
-            shutil.rmtree(state_dir / "workers" / "w00000")
-            shutil.copytree(stale, state_dir / "workers" / "w00000")
+            shutil.rmtree(copies / "w00000")
+            shutil.copytree(stale, copies / "w00000")
         keys = batch_keys(epoch)
         expected.update(keys)
         out = pipe.process_arrow(spark.createDataFrame([(k,) for k in keys], "k long"))
@@ -66,8 +69,8 @@ def test_lost_and_stale_working_copies_are_restored_from_the_checkpoint(spark, t
                 restored.setdefault(int(w), []).append(epoch)
     assert restored == {1: [3], 0: [5]}
     assert pipe.routing.owner(1) == 2 and pipe.routing.owner(6) == 2
-    release_stores(pipe.local_dir, str(state_dir))
-    shutil.rmtree(state_dir / "workers" / "w00002")  # state() restores it too
+    release_stores(pipe.local_dir, str(copies))
+    shutil.rmtree(copies / "w00002")  # state() restores it too
     assert {r[0]: r[1] for r in pipe.state().collect()} == dict(expected)
     pipe.close()
 
@@ -77,3 +80,27 @@ def test_lost_and_stale_working_copies_are_restored_from_the_checkpoint(spark, t
     with pytest.raises(ValueError, match="belongs to pipeline"):
         Pipeline(spark, str(tmp_path / "other"), key="k", num_bins=16, key_type="int64",
                  checkpoint=checkpoint)
+
+
+def test_a_failed_epoch_is_rolled_back_by_the_executors(spark, tmp_path, monkeypatch):
+    state_dir = tmp_path / "state"
+    pipe = Pipeline(spark, str(state_dir), key="k", update="count", workers=2, num_bins=16,
+                    key_type="int64", pipeline_id=uuid.uuid4().hex,
+                    checkpoint=str(tmp_path / "checkpoint"))
+    pipe.process_arrow(spark.createDataFrame([(k,) for k in (1, 2, 2)], "k long"))
+    monkeypatch.setattr(type(pipe.state_dir), "write_commit",
+                        lambda self, commit, after=None: (_ for _ in ()).throw(OSError("full")))
+    with pytest.raises(OSError, match="full"):  # the workers applied epoch 1, the driver not
+        pipe.process_arrow(spark.createDataFrame([(k,) for k in (1, 1)], "k long"))
+    monkeypatch.undo()
+    assert pipe.epoch == 0
+    assert {r[0]: r[1] for r in pipe.state().collect()} == {1: 1, 2: 2}  # the commit's
+    assert pipe.bin_sizes().keys.sum() == 2
+    out = pipe.process_arrow(spark.createDataFrame([(k,) for k in (2, 3)], "k long"))
+    assert sorted(out.to_pylist(), key=lambda r: r["k"]) == [{"k": 2, "count": 3},
+                                                             {"k": 3, "count": 1}]
+    pipe.close()
+    reopened = Pipeline(spark, str(state_dir), key="k", update="count", num_bins=16)
+    assert reopened.epoch == 1
+    assert {r[0]: r[1] for r in reopened.state().collect()} == {1: 1, 2: 3, 3: 1}
+    reopened.close()

@@ -2,16 +2,18 @@
 
 A master and two workers run from the pyspark installation on 127.0.0.1; each worker runs in
 its own mount namespace with a private tmpfs over the driver's directory, so its executor sees
-neither the driver's state directory nor the other host's store service. Until worker state
-can live on executors' own disks with a durable copy elsewhere, such a cluster must refuse to
-run rather than let each executor grow state of its own under the same path. Only the
-processes started here are stopped.
+neither the driver's state directory nor the other host's store service and working copies;
+only a checkpoint location outside that directory is shared. Without a checkpoint location such
+a cluster must refuse to run rather than let each executor grow state of its own under the
+same path; with one it runs, and survives losing a host. Only the processes started here are
+stopped.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -44,7 +46,8 @@ def wait_for_registration(log: Path, proc: subprocess.Popen, timeout: float = 12
 
 @pytest.fixture(scope="module")
 def two_hosts(tmp_path_factory):
-    """``(master URL, the driver's private directory)`` of a running two-host cluster."""
+    """``(master URL, the driver's private directory, a directory both hosts see, the
+    processes: master, host 0, host 1)`` of a running two-host cluster."""
     base = tmp_path_factory.mktemp("hosts")
     if not namespaces_permitted(base / "probe"):
         pytest.skip("mount namespaces are not permitted here (unshare -m and mount need root)")
@@ -72,13 +75,13 @@ def two_hosts(tmp_path_factory):
                                base / f"host{i}.log", {**env, "SPARK_LOCAL_DIRS": str(local)}))
         for i, proc in enumerate(procs[1:]):
             wait_for_registration(base / f"host{i}.log", proc)
-        yield f"spark://127.0.0.1:{port}", hidden
+        yield f"spark://127.0.0.1:{port}", hidden, base, procs
     finally:
         stop(procs)
 
 
 def test_executors_that_cannot_see_the_state_directory_fail_the_epoch_loudly(two_hosts):
-    master, hidden = two_hosts
+    master, hidden, _, _ = two_hosts
     state_dir, out = hidden / "state", hidden / "out.json"
     done = subprocess.run(
         [sys.executable, "-m", "tests.helpers.cluster_client", master, str(state_dir),
@@ -92,3 +95,45 @@ def test_executors_that_cannot_see_the_state_directory_fail_the_epoch_loudly(two
     assert result["epoch"] == -1  # nothing was committed
     # The driver's directory holds no worker state: nothing was written anywhere in its name.
     assert not list((state_dir / "workers").iterdir())
+
+
+def test_with_a_checkpoint_it_runs_on_two_hosts_and_survives_losing_one(two_hosts):
+    """Runs last: it kills host 1. A seeded random plan is in flight when the host goes; its
+    workers' state is restored on host 0 from the shared checkpoint location."""
+    from tests.helpers.cluster_client import EPOCHS, batch_keys
+
+    master, hidden, shared, procs = two_hosts
+    state_dir, out = hidden / "state-ckpt", hidden / "out-ckpt.json"
+    client = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.cluster_client", master, str(state_dir),
+         str(hidden / "local"), str(out), str(shared / "checkpoint"), "3"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        paused = Path(str(out) + ".paused")
+        deadline = time.monotonic() + 600
+        while not paused.exists() and client.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert paused.exists(), client.communicate(timeout=60)[1][-4000:]
+        os.killpg(procs[2].pid, signal.SIGKILL)  # host 1 is gone: its worker and executor
+        procs[2].wait()
+        Path(str(out) + ".resume").write_text("")
+        _, err = client.communicate(timeout=600)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 0, err[-4000:]
+    result = json.loads(out.read_text())
+    assert result["error"] is None, result["error"]
+    expected: dict[int, int] = {}
+    for epoch in range(EPOCHS):
+        for k in batch_keys(epoch):
+            expected[k] = expected.get(k, 0) + 1
+        touched = set(batch_keys(epoch))
+        assert {int(k): v for k, v in result["outputs"][str(epoch)].items()} == \
+            {k: expected[k] for k in touched}, f"epoch {epoch}"
+    assert {int(k): v for k, v in result["state"].items()} == expected
+    assert result["executors"] == 1 and result["epoch"] == EPOCHS - 1
+    assert result["restored"], "no working copy was restored after host 1 went away"
+    # Nothing of the workers' state was ever written to the driver's directory.
+    assert not (state_dir / "workers").exists() or not any((state_dir / "workers").iterdir())

@@ -152,6 +152,20 @@ def test_an_epoch_failing_after_workers_applied_it_is_rolled_back_then_rerun(spa
     assert pipe.epoch == 1 and counts(pipe) == {1: 2, 2: 4}
 
 
+def test_an_epoch_that_failed_is_applied_afresh_to_a_different_batch(spark, tmp_path,
+                                                                      monkeypatch):
+    pipe = make(spark, tmp_path, workers=2)
+    pipe.process(spark.createDataFrame([(k,) for k in (1, 2, 2)], "k long"))
+    monkeypatch.setattr(type(pipe.state_dir), "write_outputs",
+                        lambda self, epoch, outputs: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):  # workers applied epoch 1, the driver not
+        pipe.process(spark.createDataFrame([(k,) for k in (1, 1, 1)], "k long"))
+    monkeypatch.undo()
+    out = pipe.process(spark.createDataFrame([(k,) for k in (5, 2)], "k long"))  # epoch 1
+    assert sorted(map(tuple, out.collect())) == [(2, 3), (5, 1)]  # not the failed try's
+    assert pipe.epoch == 1 and counts(pipe) == {1: 1, 2: 3, 5: 1}
+
+
 def test_process_arrow_returns_the_outputs_process_would_as_a_table(spark, tmp_path):
     pipe = make(spark, tmp_path, workers=2)
     batch = spark.createDataFrame([(k,) for k in (1, 2, 2, 7)], "k long")

@@ -91,7 +91,7 @@ class EpochRun:
                     pipe.routing.save(state.routing_path)
         with self.phase("layout"):
             with queue.lock:
-                layout = epoch_layout(pipe.routing, pipe._commit, epoch, state.worker_ids())
+                layout = epoch_layout(pipe.routing, pipe._commit, epoch, pipe._stateful_workers())
             spec = pipe._spec(self.batch, update, layout)
         with self.phase("launch"):
             shape = (layout.version, spec.shuffle_schema, tuple(columns))

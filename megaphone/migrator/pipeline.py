@@ -18,7 +18,7 @@ import uuid
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,10 +32,15 @@ from megaphone.migrator.epoch import EpochRun
 from megaphone.migrator.layout import EpochLayout
 from megaphone.migrator.recovery import RecoveryReport, check_and_recover
 from megaphone.migrator.spark_job import MapSide
-from megaphone.migrator.state_reader import DurableRead, read_state
+from megaphone.migrator.state_reader import DurableRead, read_bin_stats, read_state
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import AGGREGATIONS, Update, UpdateFn, make_update
-from megaphone.migrator.worker import METRICS_COLUMN, EpochSpec, shuffle_schema
+from megaphone.migrator.worker import (
+    METRICS_COLUMN,
+    EpochSpec,
+    local_worker_path,
+    shuffle_schema,
+)
 from megaphone.plans.plan import MigrationPlan
 from megaphone.plans.policy import MigrationPolicy
 from megaphone.routing.bins import validate_num_bins
@@ -50,6 +55,9 @@ LOAD_SMOOTHING = 0.3
 #: Newest epochs' metrics an adaptive plan's policy sees.
 POLICY_HISTORY = 50
 #: Pipelines alive in this process, by pipeline id, so ``megaphone.migrate(plan)`` finds them.
+if TYPE_CHECKING:
+    from megaphone.plans.rescale import BinSizes
+
 _PIPELINES: weakref.WeakValueDictionary[str, Pipeline] = weakref.WeakValueDictionary()
 
 
@@ -169,6 +177,9 @@ class Pipeline:
         self._streaming = False
         self._query = None
         self._uncommitted = False  # an epoch failed after workers may have applied it
+        # This session's run: an epoch a worker applied in another run (one that crashed or
+        # failed before its commit point) is rolled back there, never replayed.
+        self._run_id = uuid.uuid4().hex
         self.recovery = RecoveryReport()  # what opening the state directory discarded
         # Adaptive execution must not merge partitions: partition w is worker w.
         spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
@@ -394,7 +405,7 @@ class Pipeline:
             self._autoscaler.stop()
         self.stop()
         if self._state is not None:
-            release_stores(self.local_dir, str(self._state.path))
+            self._release_stores(self._state)
             self._state.unlock()
             if _PIPELINES.get(self._state.fingerprint.pipeline_id) is self:
                 del _PIPELINES[self._state.fingerprint.pipeline_id]
@@ -420,8 +431,7 @@ class Pipeline:
         owners = self.routing.owners(max(self.epoch, 0))
         durable = None
         if self._settings["checkpoint"] is not None and self.epoch >= 0:
-            durable = DurableRead(self.local_dir, self._settings["checkpoint"],
-                                  self._settings["snapshot_every"], self.epoch)
+            durable = self._durable_read()
         return read_state(self.spark, self.state_dir.path, self._settings["backend"],
                           self._key_type, owners, schema, update.is_builtin, durable)
 
@@ -438,6 +448,37 @@ class Pipeline:
             kind = kind or batch_kind
         return make_update(self._update_arg, kind or "int", to_arrow_type(self._output_type))
 
+    def bin_sizes(self, owners: np.ndarray | None = None) -> BinSizes:
+        """Keys and bytes of every bin at its owner under ``owners`` (default: the routing in
+        force), as of the last commit. With a checkpoint location the working copies live on
+        the executors, so this runs a small Spark job (one task per worker)."""
+        from megaphone.plans.rescale import BinSizes, bin_sizes
+
+        owners = self.routing.owners() if owners is None else owners
+        if self._settings["checkpoint"] is None or self.epoch < 0:
+            return bin_sizes(self.state_dir, owners)
+        committed = self.routing.owners(self.epoch)
+        stats = read_bin_stats(self.spark, self._durable_read(), self._settings["backend"],
+                               self._key_type, committed)
+        keys = np.zeros(self._num_bins, np.int64)
+        nbytes = np.zeros(self._num_bins, np.int64)
+        for b, k, n in stats:
+            keys[b], nbytes[b] = k, n
+        return BinSizes(keys=keys, bytes=nbytes)
+
+    def _stateful_workers(self) -> list[int]:
+        """Workers that may hold state: those with a directory in the state directory, or
+        with a checkpoint location (working copies on the executors), every worker that ever
+        owned a bin."""
+        if self._settings["checkpoint"] is None:
+            return self.state_dir.worker_ids()
+        return self.routing.all_workers()
+
+    def _durable_read(self) -> DurableRead:
+        return DurableRead(self.local_dir, self._settings["checkpoint"],
+                           self._settings["snapshot_every"], self.epoch,
+                           self.fingerprint.pipeline_id, self._run_id)
+
     def bin_load(self) -> np.ndarray:
         """Records per bin per epoch, exponentially smoothed over the epochs run in this process.
         """
@@ -445,11 +486,8 @@ class Pipeline:
 
     def _policy_inputs(self, lag_s: float) -> PolicyInputs:
         """What adaptive plans' policies see before the next epoch (metadata only)."""
-        from megaphone.plans.rescale import bin_sizes
-
         def sizes() -> dict[int, int]:
-            owners = self.routing.owners()
-            return dict(enumerate(bin_sizes(self.state_dir, owners).bytes.tolist()))
+            return dict(enumerate(self.bin_sizes().bytes.tolist()))
 
         def load() -> dict[int, float]:
             hot = np.flatnonzero(self._bin_load)
@@ -540,6 +578,7 @@ class Pipeline:
             except BaseException:
                 if self._commit.epoch < run.epoch:  # failed before its commit point
                     self._uncommitted = True
+                    self._run_id = uuid.uuid4().hex  # its rerun must not replay its outputs
                 raise
 
     def _undo_uncommitted(self) -> None:
@@ -557,8 +596,16 @@ class Pipeline:
         """Bring ``state`` back to ``commit`` (:func:`check_and_recover`). Its stores may still be
         open in the store service (a crashed run's, or a failed epoch's): it closes them first,
         since recovery opens them here; the next epoch's tasks open them there again."""
-        release_stores(self.local_dir, str(state.path))
+        self._release_stores(state)
         self.recovery = check_and_recover(state, commit)
+
+    def _release_stores(self, state: StateDir) -> None:
+        """Close ``state``'s stores in this host's store service (working copies under the
+        state directory, or this host's under ``local_dir`` with a checkpoint location)."""
+        release_stores(self.local_dir, str(state.path))
+        if self._settings["checkpoint"] is not None:
+            release_stores(self.local_dir, str(
+                local_worker_path(self.local_dir, state.fingerprint.pipeline_id, 0).parent))
 
     def _track_load(self, bins: np.ndarray, records: np.ndarray) -> None:
         counts = np.bincount(bins, weights=records, minlength=len(self._bin_load))
@@ -590,6 +637,7 @@ class Pipeline:
             shuffle_schema=shuffle_schema(key_arrow, value_arrow, self.event_time is not None),
             local_dir=self.local_dir,
             pipeline_id=self.fingerprint.pipeline_id,
+            run_id=self._run_id,
             checkpoint=self._settings["checkpoint"],
             snapshot_every=self._settings["snapshot_every"],
             committed_owners=frozenset(self.routing.workers(self._commit.epoch))

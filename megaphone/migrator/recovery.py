@@ -2,7 +2,8 @@
 
 ``commit.json`` is the commit point of an epoch; whatever a crash left beyond it is discarded:
 routing versions never committed, outputs of the uncommitted epoch, and worker
-state that applied it (rolled back with its undo record). Anything that cannot be explained
+state that applied it (rolled back with its undo record; with a checkpoint location, by the
+executor that holds it, at its next task). Anything that cannot be explained
 by a crash (a worker behind the commit, a missing worker directory, a worker two epochs ahead)
 is reported precisely and never repaired silently.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from megaphone.migrator.statedir import Commit, StateDir
-from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
 from megaphone.state_backends.worker_store import WorkerStore
 
 
@@ -48,7 +48,9 @@ def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
             f"says the state is at version {commit.state_version}"
         )
     committed = table.truncated(commit.state_version)
-    ahead = _check_workers(state, commit, committed)
+    # With a checkpoint location the working copies live on the executors: each is checked
+    # and brought to the commit by the store service of the host that runs its next task.
+    ahead = [] if state.manifest.get("checkpoint") else _check_workers(state, commit, committed)
     report = RecoveryReport()
     if table.version > commit.state_version:
         report.routing_versions_dropped = table.version - commit.state_version
@@ -56,13 +58,9 @@ def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
     report.outputs_dropped = [e for e in state.output_epochs() if e > commit.epoch]
     state.drop_outputs(report.outputs_dropped)
     kind, fp = state.manifest["backend"], state.fingerprint
-    checkpoint = state.manifest.get("checkpoint")
     for worker in ahead:
-        durable = None if checkpoint is None else DurableCopy(
-            checkpoint, worker, state.manifest.get("snapshot_every", SNAPSHOT_EVERY))
-        with WorkerStore.open(kind, state.worker_path(worker), fp.key_type, fp.num_bins,
-                              durable=durable) as store:
-            store.rollback(commit.epoch + 1)  # and its durable copy's files of that epoch
+        with WorkerStore.open(kind, state.worker_path(worker), fp.key_type, fp.num_bins) as store:
+            store.rollback(commit.epoch + 1)
         report.workers_rolled_back.append(worker)
     return report
 
@@ -72,10 +70,7 @@ def _check_workers(state: StateDir, commit: Commit, table) -> list[int]:
     live = set(table.workers(commit.epoch)) if commit.epoch >= 0 else set()
     present = set(state.worker_ids())
     missing = sorted(live - present)
-    # With a checkpoint location, a worker's task restores a working copy that is missing or
-    # behind from its durable copy; only one ahead of the commit needs rolling back here.
-    restorable = state.manifest.get("checkpoint") is not None
-    if missing and not restorable:
+    if missing:
         raise StateMismatch(
             f"worker directories missing for workers {missing} that own bins at committed "
             f"epoch {commit.epoch} (expected {[str(state.worker_path(w)) for w in missing]})"
@@ -93,7 +88,7 @@ def _check_workers(state: StateDir, commit: Commit, table) -> list[int]:
                 f"worker {worker} state is at epoch {at}, more than one epoch past the last "
                 f"commit ({commit.epoch}); it belongs to another run"
             )
-        elif at < commit.epoch and worker in live and not restorable:
+        elif at < commit.epoch and worker in live:
             raise StateMismatch(
                 f"worker {worker} state is at epoch {at}, but the last commit is epoch "
                 f"{commit.epoch}: the worker directory does not match the commit"

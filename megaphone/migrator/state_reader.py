@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
+from megaphone.migrator.worker import local_worker_path
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES, open_backend
 from megaphone.state_backends.common import kv_columns
 from megaphone.state_backends.encoding import (
@@ -44,10 +45,9 @@ def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, own
             for w in batch.column("id").to_pylist():
                 path = Path(root_str) / "workers" / f"w{w:05d}"
                 if durable is not None:
-                    store = RemoteStore(durable.local_dir, str(path), backend, key_type,
-                                        num_bins, DurableSpec(durable.uri, w,
-                                                              durable.snapshot_every))
-                    for chunk in store.export(bins_of[w], DEFAULT_CHUNK_BYTES, durable.epoch):
+                    store = durable.store(w, backend, key_type, num_bins)
+                    for chunk in store.export(bins_of[w], DEFAULT_CHUNK_BYTES, durable.epoch,
+                                              durable.epoch + 1, durable.run):
                         k, v = kv_columns(chunk)
                         yield _batch(arrow_schema, key_type, k, v, decoded)
                     continue
@@ -67,13 +67,48 @@ def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, own
 
 @dataclass(frozen=True)
 class DurableRead:
-    """How :func:`read_state` reaches a pipeline with a checkpoint location: its store services'
-    directory, the checkpoint, its snapshot interval, and the committed epoch to read."""
+    """How a read reaches a pipeline with a checkpoint location: its store services'
+    directory, the checkpoint, its snapshot interval, the committed epoch to read, the
+    pipeline and the driver's run (what another run applied past the commit is rolled back)."""
 
     local_dir: str
     uri: str
     snapshot_every: int
     epoch: int
+    pipeline_id: str
+    run: str
+
+    def store(self, worker: int, backend: str, key_type: str, num_bins: int) -> RemoteStore:
+        """Worker ``worker``'s working copy on this host, through its store service."""
+        path = local_worker_path(self.local_dir, self.pipeline_id, worker)
+        return RemoteStore(self.local_dir, str(path), backend, key_type, num_bins,
+                           DurableSpec(self.uri, worker, self.snapshot_every))
+
+
+def read_bin_stats(spark: SparkSession, durable: DurableRead, backend: str, key_type: str,
+                   owners: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(bin, keys, bytes)`` of every non-empty bin at its owner in ``owners``, read from the
+    working copies on the executors (restored first where missing or behind)."""
+    num_bins = len(owners)
+    workers = sorted({int(w) for w in owners})
+    bins_of = {w: set(np.flatnonzero(owners == w).tolist()) for w in workers}
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for w in batch.column("id").to_pylist():
+                store = durable.store(w, backend, key_type, num_bins)
+                stats = [(b, k, n) for b, k, n in store.stats(durable.epoch, durable.epoch + 1,
+                                                              durable.run) if b in bins_of[w]]
+                yield pa.RecordBatch.from_pylist(
+                    [{"bin": b, "keys": k, "bytes": n} for b, k, n in stats],
+                    schema=pa.schema([("bin", pa.int64()), ("keys", pa.int64()),
+                                      ("bytes", pa.int64())]))
+
+    ids = spark.createDataFrame([(w,) for w in workers], "id long")
+    rows = ids.repartition(max(1, len(workers))).mapInArrow(
+        read, "bin long, keys long, bytes long").toArrow()
+    return list(zip(*(rows.column(c).to_pylist() for c in ("bin", "keys", "bytes")),
+                    strict=True))
 
 
 def _batch(schema: pa.Schema, key_type: str, k: pa.Array, v: pa.Array,

@@ -39,7 +39,7 @@ from megaphone.migrator.updates import (
     group_values,
     partial_aggregates,
 )
-from megaphone.state_backends.durable import SNAPSHOT_EVERY
+from megaphone.state_backends.durable import SNAPSHOT_EVERY, check_checkpoint
 from megaphone.state_backends.encoding import encode_keys, payload_bytes
 from megaphone.state_backends.remote import DurableSpec, RemoteStore, default_local_dir
 
@@ -86,6 +86,7 @@ class EpochSpec:
     checkpoint: str | None = None
     snapshot_every: int = SNAPSHOT_EVERY
     committed_owners: frozenset[int] = frozenset()
+    run_id: str = ""
 
     def required_epoch(self, worker: int) -> int | None:
         """The epoch ``worker``'s state must be at before this epoch (the last commit) when it
@@ -93,7 +94,10 @@ class EpochSpec:
         return self.epoch - 1 if worker in self.committed_owners else None
 
     def worker_path(self, worker: int) -> Path:
-        """The state backend directory of ``worker`` (same layout as ``StateDir``)."""
+        """The working copy of ``worker``: with a checkpoint location, on the disk of the host
+        that runs the task (under ``local_dir``); else in the state directory."""
+        if self.checkpoint is not None:
+            return local_worker_path(self.local_dir, self.pipeline_id or "", worker)
         return Path(self.state_dir) / "workers" / f"w{worker:05d}"
 
 
@@ -156,11 +160,23 @@ class _TimedInput:
 _SEEN_STATE_DIRS: set[tuple[str, str]] = set()
 
 
+def local_worker_path(local_dir: str, pipeline_id: str, worker: int) -> Path:
+    """Where a host keeps its working copy of a checkpointed pipeline's worker."""
+    return Path(local_dir) / "stores" / pipeline_id / f"w{worker:05d}"
+
+
 def check_state_dir(spec: EpochSpec) -> None:
     """Fail loudly unless this host sees the pipeline's state directory (its manifest, with the
     pipeline's id): an executor that cannot see it would otherwise create state of its own
     under the same path, and outputs would be quietly wrong."""
     if spec.pipeline_id is None or (spec.state_dir, spec.pipeline_id) in _SEEN_STATE_DIRS:
+        return
+    if spec.checkpoint is not None:  # executors need only the checkpoint location
+        try:
+            check_checkpoint(spec.checkpoint, spec.pipeline_id)
+        except ValueError as exc:
+            raise RuntimeError(f"on host {socket.gethostname()}: {exc}") from None
+        _SEEN_STATE_DIRS.add((spec.state_dir, spec.pipeline_id))
         return
     try:
         found = StateDir.open(spec.state_dir).fingerprint.pipeline_id
@@ -203,7 +219,8 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
         store = _store(spec, sender)
         for dst, bins in sorted(by_dst.items()):
             for b in sorted(bins):
-                for chunk in store.export([b], spec.chunk_bytes, spec.required_epoch(sender)):
+                for chunk in store.export([b], spec.chunk_bytes, spec.required_epoch(sender),
+                                          spec.epoch, spec.run_id):
                     keys_out += chunk.num_rows
                     nbytes = payload_bytes(chunk)
                     bytes_by_bin[b] = bytes_by_bin.get(b, 0) + nbytes
@@ -262,7 +279,7 @@ def apply_worker(
         "worker": worker, "records_in": 0, "records_out": 0, "bins_in": len(incoming),
         "keys_in": 0, "bytes_in": 0, "replayed": False, "max_event_time": None}
     t0 = time.perf_counter()
-    apply, stored = store.begin(spec.epoch, spec.required_epoch(worker))
+    apply, stored = store.begin(spec.epoch, spec.required_epoch(worker), spec.run_id)
     metrics["begin_s"] = time.perf_counter() - t0
     if store.restored is not None:
         metrics["restored"] = store.restored
@@ -313,7 +330,8 @@ def apply_worker(
         metrics["apply_s"] = time.perf_counter() - t0
         crash_point("apply", spec.epoch, spec.local_dir)
         t0 = time.perf_counter()
-        health = store.commit(spec.epoch, keys, values, old, _ipc(outputs), incoming)
+        health = store.commit(spec.epoch, keys, values, old, _ipc(outputs), incoming,
+                              spec.run_id)
         metrics["commit_s"] = time.perf_counter() - t0
         metrics["store_commit_s"] = health["seconds"]
         for name in ("stall_s", "pending_compaction_bytes", "l0_files"):

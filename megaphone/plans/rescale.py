@@ -61,6 +61,11 @@ def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
     """
     from megaphone.state_backends import open_backend
 
+    if state.manifest.get("checkpoint") is not None:
+        raise ValueError(
+            f"{state.path} keeps its workers' state on the executors (checkpoint location "
+            f"{state.manifest['checkpoint']}): read bin sizes from the running pipeline "
+            "(Pipeline.bin_sizes, or rescale(pipeline, ...))")
     fp = state.fingerprint
     owners = np.asarray(owners)
     keys = np.zeros(fp.num_bins, np.int64)
@@ -312,7 +317,7 @@ def rescale(
         check_workers(workers)
     if balance not in BALANCE_MODES:
         raise PlanError(f"unknown balance {balance!r}; expected one of {', '.join(BALANCE_MODES)}")
-    sizes = bin_sizes(state, owners)
+    sizes = pipeline.bin_sizes(owners) if pipeline is not None else bin_sizes(state, owners)
     measured = pipeline.bin_load() if pipeline is not None else None
     load = measured if measured is not None and measured.any() else \
         observed_load(table, sizes.keys, metrics)

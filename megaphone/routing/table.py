@@ -125,6 +125,12 @@ class RoutingTable:
         """Live workers at ``epoch``: those that own at least one bin."""
         return sorted(int(w) for w in np.unique(self.owners(epoch)))
 
+    def all_workers(self) -> list[int]:
+        """Every worker that owns a bin under some version."""
+        found = {int(w) for w in np.unique(self._initial)}
+        found.update(int(m.dst) for v in self._versions for m in v.moves)
+        return sorted(found)
+
     def bins_of(self, worker: int, epoch: int | None = None) -> np.ndarray:
         """The bins ``worker`` owns at ``epoch``."""
         return np.flatnonzero(self.owners(epoch) == worker)

@@ -210,18 +210,24 @@ def claim_checkpoint(uri: str, pipeline_id: str) -> None:
     path = f"{root.rstrip('/')}/megaphone-checkpoint.json"
     fs.create_dir(root, recursive=True)
     if fs.get_file_info(path).type != pafs.FileType.NotFound:
-        try:
-            with fs.open_input_stream(path) as src:
-                found = json.loads(src.read()).get("pipeline_id")
-        except (OSError, ValueError, AttributeError) as exc:
-            raise ValueError(f"checkpoint location {uri} holds an unreadable "
-                             f"megaphone-checkpoint.json: {exc}") from None
-        if found != pipeline_id:
-            raise ValueError(f"checkpoint location {uri} belongs to pipeline {found!r}, not "
-                             f"{pipeline_id!r}; give each pipeline its own location")
+        check_checkpoint(uri, pipeline_id)
         return
     with fs.open_output_stream(path) as sink:
         sink.write(json.dumps({"pipeline_id": pipeline_id}).encode())
+
+
+def check_checkpoint(uri: str, pipeline_id: str) -> None:
+    """Raise ``ValueError`` unless ``uri`` is pipeline ``pipeline_id``'s checkpoint location
+    (an executor that reaches another location, or none, must not run its tasks)."""
+    fs, root = filesystem(uri)
+    try:
+        with fs.open_input_stream(f"{root.rstrip('/')}/megaphone-checkpoint.json") as src:
+            found = json.loads(src.read()).get("pipeline_id")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"checkpoint location {uri} is not readable: {exc}") from None
+    if found != pipeline_id:
+        raise ValueError(f"checkpoint location {uri} belongs to pipeline {found!r}, "
+                         f"not {pipeline_id!r}")
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:

@@ -269,17 +269,20 @@ class RemoteStore:
             forget(self.local_dir)
             raise
 
-    def begin(self, epoch: int, required: int | None = None) -> tuple[bool, bytes]:
-        """Start this attempt of ``epoch``: ``(True, b"")`` to apply it, ``(False, outputs)``
-        if the store already applied it (a retry: re-emit the stored outputs). ``required``:
-        the epoch the driver committed for this worker; a store behind it is restored from
-        its durable copy first (:attr:`restored`)."""
+    def begin(self, epoch: int, required: int | None = None, run: str = ""
+              ) -> tuple[bool, bytes]:
+        """Start this attempt of ``epoch`` in run ``run``: ``(True, b"")`` to apply it,
+        ``(False, outputs)`` if this run already applied it (a retry: re-emit the stored
+        outputs; an epoch another run applied is rolled back and applied again). ``required``:
+        the epoch the driver committed for this worker; a store behind it is restored from its
+        durable copy first (:attr:`restored`)."""
+        fields = {"epoch": epoch, "current": epoch, "required": required, "run": run}
         try:
-            reply = self._call("begin", epoch=epoch, required=required)
+            reply = self._call("begin", **fields)
         except StoreUnavailable:  # a service that died since the last epoch: nothing changed
             self.conn = connect(self.local_dir)  # yet, so start or reach a new one once
             assert self.conn is not None
-            reply = self._call("begin", epoch=epoch, required=required)
+            reply = self._call("begin", **fields)
         self.lease = reply["lease"]
         self.restored = reply.get("restored")
         return reply["apply"], reply["outputs"]
@@ -306,26 +309,35 @@ class RemoteStore:
         return self._call("read", keys=list(raw_keys))["values"]
 
     def commit(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes | None],
-               old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int]
-               ) -> dict[str, Any]:
+               old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int],
+               run: str = "") -> dict[str, Any]:
         """The epoch's atomic write; returns its duration and the store's health figures."""
         return self._call("commit", lease=self.lease, epoch=epoch, keys=list(keys),
                           values=list(values), old=list(old), outputs=outputs,
-                          installed=list(installed))
+                          installed=list(installed), run=run)
 
-    def export(self, bins: Sequence[int], chunk_bytes: int, required: int | None = None
-               ) -> Iterator[pa.RecordBatch]:
-        """Stream the state of ``bins`` as ``(k, v)`` chunks (read-only; a store behind
-        ``required`` is restored from its durable copy first, as at :meth:`begin`)."""
+    def export(self, bins: Sequence[int], chunk_bytes: int, required: int | None = None,
+               current: int | None = None, run: str = "") -> Iterator[pa.RecordBatch]:
+        """Stream the state of ``bins`` as ``(k, v)`` chunks, as of the driver's last commit:
+        first an epoch ``current`` that another run applied is rolled back, and a store behind
+        ``required`` restored from its durable copy (as at :meth:`begin`)."""
         finished = False
         try:
             for frame in self.conn.receive_stream("export", **self._id, bins=list(bins),
-                                                  chunk_bytes=chunk_bytes, required=required):
+                                                  chunk_bytes=chunk_bytes, required=required,
+                                                  current=current, run=run):
                 yield from ipc_to_batches(frame["chunk"])
             finished = True
         finally:
             if not finished:  # abandoned or failed mid-stream: the connection is out of step
                 forget(self.local_dir)
+
+    def stats(self, required: int | None = None, current: int | None = None, run: str = ""
+              ) -> list[tuple[int, int, int]]:
+        """``(bin, keys, bytes)`` of every non-empty bin of the store, as of the driver's last
+        commit (caught up first, as for :meth:`export`)."""
+        reply = self._call("stats", required=required, current=current, run=run)
+        return [tuple(row) for row in reply["bins"]]
 
     def destroy(self) -> None:
         """Close the store and delete its directory (a worker left without bins)."""

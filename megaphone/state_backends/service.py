@@ -45,7 +45,7 @@ import msgpack
 import pyarrow as pa
 
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
-from megaphone.state_backends.worker_store import WorkerStore
+from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
 
 log = logging.getLogger("megaphone.store_service")
 
@@ -243,8 +243,20 @@ class StoreService:
 
     @staticmethod
     def _catch_up(entry: _Entry, req: dict[str, Any]) -> dict[str, Any] | None:
-        """Restore the store from its durable copy if it is behind the epoch the driver
-        committed for it (``req["required"]``); what the restore did, or ``None``."""
+        """Bring the store to the driver's last commit before an epoch's attempt, an export or
+        a read: roll back an epoch that a run which never committed it applied (``current``:
+        the epoch after the commit; ``run``: this attempt's run), and restore a store that is
+        behind the epoch the driver committed for it (``required``) from its durable copy.
+        What the restore did, or ``None``."""
+        store, current = entry.store, req.get("current")
+        if current is not None and store.epoch >= current and \
+                not (store.epoch == current and store.run == req.get("run")):
+            if store.epoch > current:
+                raise StoreVersionError(
+                    f"worker state at {req['path']} is at epoch {store.epoch}, more than one "
+                    f"epoch past the last commit ({current - 1}); it belongs to another run")
+            store.rollback(current)  # applied by a run that never committed it
+            log.info("rolled back epoch %d of %s (run %r)", current, req["path"], store.run)
         required = req.get("required")
         if required is None or entry.store.epoch >= required:
             return None
@@ -295,7 +307,7 @@ class StoreService:
         with entry.lock:
             started = time.perf_counter()
             entry.store.commit(req["epoch"], req["keys"], req["values"], req["old"],
-                               req["outputs"], req["installed"])
+                               req["outputs"], req["installed"], req.get("run", ""))
             seconds = time.perf_counter() - started
             return {"seconds": seconds, **entry.store.health()}
 
@@ -308,6 +320,14 @@ class StoreService:
                     send_frame(sock, {"chunk": batch_to_ipc(chunk)})
             entry.last_used = time.monotonic()
         send_frame(sock, {"ok": True, "end": True})
+
+    def op_stats(self, req: dict[str, Any], owner) -> dict[str, Any]:
+        """Keys and bytes of every non-empty bin, as of the driver's last commit."""
+        entry = self.entry(req, owner)
+        with entry.lock:
+            self._catch_up(entry, req)
+            stats = entry.store.backend.bin_stats()
+        return {"bins": [[int(b), int(s.keys), int(s.bytes)] for b, s in stats.items()]}
 
     def op_destroy(self, req: dict[str, Any], owner) -> None:
         """Close a store and delete its directory (a worker left without bins)."""

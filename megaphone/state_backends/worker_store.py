@@ -33,6 +33,7 @@ from megaphone.state_backends.durable import DurableCopy, Restored
 EPOCH_META = "epoch"
 OUTPUTS_META = "outputs"
 UNDO_META = "undo"
+RUN_META = "run"
 
 _STALL = re.compile(r"Cumulative stall: (\d+):(\d+):([\d.]+) H:M:S")
 
@@ -79,6 +80,11 @@ class WorkerStore:
     def epoch(self) -> int:
         """The last epoch this worker applied (-1 if none)."""
         return unpack_epoch(self.backend.get_meta(EPOCH_META))
+
+    @property
+    def run(self) -> str:
+        """The run (a driver's session of the pipeline) that applied :attr:`epoch`."""
+        return (self.backend.get_meta(RUN_META) or b"").decode()
 
     def stored_outputs(self) -> bytes:
         """The outputs (Arrow IPC stream) of epoch :attr:`epoch`, empty bytes if none."""
@@ -138,12 +144,14 @@ class WorkerStore:
         return self.backend.get_raw(raw_keys)
 
     def commit(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes | None],
-               old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int]) -> None:
+               old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int],
+               run: str = "") -> None:
         """Write epoch ``epoch``'s state, outputs, marker and undo record in one atomic write.
 
         ``old`` are the values ``keys`` had before the epoch (``None`` = absent); ``installed``
-        the bins the epoch installed. The write is synced: once this returns the epoch is
-        durable at this worker even if the machine loses power.
+        the bins the epoch installed; ``run`` the driver's run that applied it (a later run
+        rolls the epoch back instead of replaying its outputs). The write is synced: once this
+        returns the epoch is durable at this worker even if the machine loses power.
         """
         at = self.epoch
         if at >= epoch:
@@ -156,7 +164,8 @@ class WorkerStore:
         undo = msgpack.packb({"epoch": epoch, "bins": list(installed), "keys": list(keys),
                               "old": list(old)})
         self.backend.write_raw(keys, values, old, meta={
-            EPOCH_META: pack_epoch(epoch), OUTPUTS_META: outputs, UNDO_META: undo})
+            EPOCH_META: pack_epoch(epoch), OUTPUTS_META: outputs, UNDO_META: undo,
+            RUN_META: run.encode()})
         self.backend.flush_if_volatile()
         self._installed = []
         if self.durable is not None and self.durable.snapshot_due(epoch):
@@ -186,7 +195,8 @@ class WorkerStore:
         if undo["bins"]:
             self.backend.drop_bins(undo["bins"])
         self.backend.write_raw([], [], [], meta={
-            EPOCH_META: pack_epoch(epoch - 1), OUTPUTS_META: b"", UNDO_META: msgpack.packb(None)})
+            EPOCH_META: pack_epoch(epoch - 1), OUTPUTS_META: b"", UNDO_META: msgpack.packb(None),
+            RUN_META: b""})
         self.backend.flush_if_volatile()
         if self.durable is not None:
             self.durable.forget_from(epoch)

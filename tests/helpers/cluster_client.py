@@ -1,41 +1,92 @@
-"""Drive a counting pipeline on a Spark standalone cluster whose executors cannot see the
-driver's state directory (two simulated hosts), and record what happened.
+"""Drive a counting pipeline on a Spark standalone cluster of two simulated hosts (their
+executors cannot see the driver's directory), and record what happened.
 
-Usage: ``python -m tests.helpers.cluster_client MASTER STATE_DIR LOCAL_DIR OUT_JSON``.
+Usage: ``python -m tests.helpers.cluster_client MASTER STATE_DIR LOCAL_DIR OUT_JSON
+[CHECKPOINT PAUSE_AFTER]``. Without a checkpoint location it runs one epoch (which must fail
+loudly). With one, it runs :data:`EPOCHS` epochs with a migration plan in flight; after epoch
+``PAUSE_AFTER`` it writes ``OUT_JSON.paused`` and waits for ``OUT_JSON.resume`` (the test kills
+a host meanwhile).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import sys
+import time
+from pathlib import Path
 
-from megaphone import Pipeline
+from megaphone import MigrationPlan, Move, Pipeline
 from megaphone.spark import spark_session
 
 #: Settings for executors on simulated hosts: each reads only its own shuffle files.
 CLUSTER_CONF = {"spark.shuffle.readHostLocalDisk": "false", "spark.executor.cores": "1",
                 "spark.cores.max": "2", "spark.executor.memory": "768m",
-                "spark.task.maxFailures": "2",
+                "spark.task.maxFailures": "4",
                 # both hosts' executors are up before the first job is scheduled
                 "spark.scheduler.minRegisteredResourcesRatio": "1.0",
                 "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s"}
+#: Epochs of the checkpointed run, and the bins, keys and seed of its plan and batches.
+EPOCHS, NUM_BINS, KEYS, SEED = 8, 16, 60, 7
 
 
-def main(master: str, state_dir: str, local_dir: str, out: str) -> None:
+def batch_keys(epoch: int) -> list[int]:
+    """The keys of epoch ``epoch``'s batch (the test recomputes them for its reference)."""
+    rng = random.Random(SEED * 1000 + epoch)
+    return [rng.randrange(KEYS) for _ in range(40)]
+
+
+def plan_moves(owners: list[int]) -> list[list[tuple[int, int, int]]]:
+    """A seeded random fluid plan: half the bins, one per step, onto workers 0-2."""
+    rng = random.Random(SEED)
+    bins = rng.sample(range(NUM_BINS), NUM_BINS // 2)
+    steps = []
+    for b in bins:
+        dst = rng.choice([w for w in range(3) if w != owners[b]])
+        steps.append([(b, owners[b], dst)])
+        owners[b] = dst
+    return steps
+
+
+def main(master: str, state_dir: str, local_dir: str, out: str, checkpoint: str | None = None,
+         pause_after: str | None = None) -> None:
     spark = spark_session(master, "megaphone-cluster-test", CLUSTER_CONF)
-    pipe = Pipeline(spark, state_dir, key="k", update="count", workers=2, num_bins=16,
-                    key_type="int64", local_dir=local_dir)
+    pipe = Pipeline(spark, state_dir, key="k", update="count", workers=2, num_bins=NUM_BINS,
+                    key_type="int64", local_dir=local_dir, checkpoint=checkpoint)
+    result: dict = {"outputs": {}, "restored": {}}
     try:
-        pipe.process(spark.createDataFrame([(k,) for k in range(40)], "k long"))
-        error = None
+        if checkpoint is None:
+            pipe.process(spark.createDataFrame([(k,) for k in range(40)], "k long"))
+        for epoch in range(EPOCHS if checkpoint is not None else 0):
+            if epoch == 1:
+                owners = [int(w) for w in pipe.routing.owners()]
+                steps = [[Move(*m) for m in step] for step in plan_moves(owners)]
+                pipe.migrate(MigrationPlan.from_moves(pipe.routing, steps))
+            table = pipe.process_arrow(
+                spark.createDataFrame([(k,) for k in batch_keys(epoch)], "k long"))
+            result["outputs"][epoch] = dict(zip(table.column(0).to_pylist(),
+                                                table.column(1).to_pylist(), strict=True))
+            for w, m in pipe.metrics(last=1)[0]["per_worker"].items():
+                if m.get("restored"):
+                    result["restored"].setdefault(w, []).append(epoch)
+            if pause_after is not None and epoch == int(pause_after):
+                Path(out + ".paused").write_text(str(epoch))
+                deadline = time.monotonic() + 300
+                while not Path(out + ".resume").exists() and time.monotonic() < deadline:
+                    time.sleep(0.2)
+        if checkpoint is not None:
+            result["state"] = {r[0]: r[1] for r in pipe.state().collect()}
+            result["owners"] = [int(w) for w in pipe.routing.owners()]
+        result["error"] = None
     except Exception as exc:  # what the user sees
-        error = str(exc)
-    executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+        result["error"] = str(exc)
+    result["executors"] = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+    result["epoch"] = pipe.epoch
     with open(out, "w") as fh:
-        json.dump({"error": error, "epoch": pipe.epoch, "executors": executors}, fh)
+        json.dump(result, fh)
     pipe.close()
     spark.stop()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:7])
