@@ -132,3 +132,29 @@ def test_a_store_is_refused_under_other_settings(tmp_path, local):
     RemoteStore(local, path, "rocksdb", "int64", BINS).begin(0)
     with pytest.raises(StoreError, match="is open as rocksdb/int64/16 bins"):
         RemoteStore(local, path, "rocksdb", "int64", 32).begin(0)
+
+
+def test_a_service_running_other_code_is_replaced(tmp_path):
+    """A service started before an upgrade may not speak this protocol: it is stopped and a
+    new one started, never used."""
+    from megaphone.state_backends import remote
+
+    local = str(tmp_path / "local")
+    os.makedirs(local)
+    old = subprocess.Popen(
+        [sys.executable, "-c", "from megaphone.state_backends import service; "
+         "service._CODE_ID = 'code-before-an-upgrade'; service.main()", local],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while service_pid(local) != old.pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert service_pid(local) == old.pid
+        conn = remote.connect(local)
+        assert conn is not None and conn.pid != old.pid
+        assert old.wait(timeout=30) == 0  # it was asked to stop, and did
+        conn.call("shutdown")
+    finally:
+        remote.forget(local)
+        if old.poll() is None:
+            old.kill()

@@ -187,20 +187,17 @@ class DurableCopy:
                                        f"follows epoch {prev}: corrupt")
             at = prev
 
-    def replay(self, epoch: int) -> Iterator[tuple[Sequence[int], pa.RecordBatch | None]]:
-        """The steps that rebuild the state after ``epoch`` in an empty store, in order:
-        ``(bins to drop, None)`` and ``((), rows to write)``."""
-        snapshot, chain = self.plan_restore(epoch)
-        if snapshot is not None:
-            _, reader = self._read("snapshot", snapshot)
-            for i in range(reader.num_record_batches):
-                yield (), reader.get_batch(i)
-        for e in chain:
-            meta, reader = self._read("changelog", e)
-            if meta["drops"]:
-                yield meta["drops"], None
-            for i in range(reader.num_record_batches):
-                yield (), reader.get_batch(i)
+    def snapshot_rows(self, epoch: int) -> Iterator[pa.RecordBatch]:
+        """The ``(k, v)`` rows of the snapshot of ``epoch``, in key order."""
+        _, reader = self._read("snapshot", epoch)
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+
+    def changelog(self, epoch: int) -> tuple[list[int], Iterator[pa.RecordBatch]]:
+        """The changelog of ``epoch``: the bins it dropped, then its rows to write in order."""
+        meta, reader = self._read("changelog", epoch)
+        return list(meta["drops"]), (reader.get_batch(i)
+                                     for i in range(reader.num_record_batches))
 
 
 def claim_checkpoint(uri: str, pipeline_id: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import socket
 import subprocess
@@ -28,12 +29,15 @@ import pyarrow as pa
 
 from megaphone.state_backends.service import (
     batch_to_ipc,
+    code_id,
     ipc_to_batches,
     pid_file,
     recv_frame,
     send_frame,
     socket_path,
 )
+
+log = logging.getLogger("megaphone.store")
 
 #: How long a task waits for a service it started to listen.
 START_TIMEOUT_S = 60.0
@@ -148,11 +152,31 @@ def _dial(local_dir: str) -> _Connection | None:
         return None
     conn = _Connection(sock, 0)
     try:
-        conn.pid = conn.call("hello", watch=executor_pid())["pid"]
+        hello = conn.call("hello", watch=executor_pid())
     except (StoreUnavailable, StoreError):
         conn.close()
         return None
+    conn.pid = hello["pid"]
+    if hello.get("code") != code_id():  # started by other code (before an upgrade): replace it
+        log.warning("the store service %d in %s runs other code; stopping it", conn.pid,
+                    local_dir)
+        with contextlib.suppress(StoreUnavailable, StoreError):
+            conn.call("shutdown")
+        conn.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while _running(hello["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return None
     return conn
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def connect(local_dir: str, start: bool = True) -> _Connection | None:

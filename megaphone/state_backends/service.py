@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -201,7 +202,7 @@ class StoreService:
                         pid = req.get("watch")
                         start = process_start(pid) if pid else None
                         owner = (pid, start) if start is not None else None
-                        send_frame(sock, {"ok": True, "pid": os.getpid()})
+                        send_frame(sock, {"ok": True, "pid": os.getpid(), "code": code_id()})
                     elif op == "export":
                         self._export(sock, req, owner)
                     elif op == "install":
@@ -374,6 +375,24 @@ def _open_store(req: dict[str, Any]) -> WorkerStore:
     """Open the store a request names, with its durable copy when it has a checkpoint."""
     return WorkerStore.open(req["kind"], req["path"], req["key_type"], req["num_bins"],
                             durable=_durable(req) if req.get("checkpoint") else None)
+
+
+def code_id() -> str:
+    """A digest of the store service's code (this package's modules): a client that reaches a
+    service running other code (one started before an upgrade) replaces it, since the two may
+    not agree on the protocol."""
+    global _CODE_ID
+    if _CODE_ID is None:
+        import hashlib
+
+        digest = hashlib.sha256()
+        for path in sorted(Path(__file__).parent.glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        _CODE_ID = digest.hexdigest()[:16]
+    return _CODE_ID
+
+
+_CODE_ID: str | None = None
 
 
 def socket_path(local_dir: str) -> str:

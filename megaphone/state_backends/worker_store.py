@@ -112,16 +112,20 @@ class WorkerStore:
         if self.epoch != -1 or next(iter(self.backend.raw_items()), None) is not None:
             raise StoreVersionError(f"restore needs an empty store; {self.backend.path} "
                                     f"holds state at epoch {self.epoch}")
+        snapshot, chain = self.durable.plan_restore(epoch)
         rows = 0
-        for drops, batch in self.durable.replay(epoch):
-            if batch is None:
+        if snapshot is not None:  # in key order into an empty store: bulk-loaded
+            rows += self.backend.import_bins(self.durable.snapshot_rows(snapshot),
+                                             method="auto").keys
+        for e in chain:
+            drops, batches = self.durable.changelog(e)
+            if drops:
                 self.backend.drop_bins(drops)
-            else:
+            for batch in batches:
                 rows += batch.num_rows
                 self.backend.write_raw(batch.column(0).to_pylist(), batch.column(1).to_pylist())
         self.backend.write_raw([], [], [], meta={EPOCH_META: pack_epoch(epoch)})
         self.backend.flush()
-        snapshot, chain = self.durable.plan_restore(epoch)
         return Restored(epoch=epoch, snapshot=snapshot, changelogs=len(chain), rows=rows)
 
     # -- one epoch's changes ---------------------------------------------------------------
