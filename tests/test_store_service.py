@@ -13,7 +13,13 @@ import pytest
 
 from megaphone.routing.bins import bin_of
 from megaphone.state_backends.encoding import encode_keys
-from megaphone.state_backends.remote import RemoteStore, StoreError, release_stores, service_pid
+from megaphone.state_backends.remote import (
+    DurableSpec,
+    RemoteStore,
+    StoreError,
+    release_stores,
+    service_pid,
+)
 from megaphone.state_backends.service import StoreService, process_start
 from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
 
@@ -27,12 +33,12 @@ def raw(keys) -> list[bytes]:
     return list(encode_keys(bin_of(k, BINS), k, "int64"))
 
 
-def one_epoch(store, epoch: int, keys, installed=()) -> None:
-    """Add one to ``keys`` and commit ``epoch`` (a RemoteStore after ``begin``)."""
+def one_epoch(store, epoch: int, keys, installed=(), run: str = "") -> None:
+    """Add one to ``keys`` and commit ``epoch`` (a RemoteStore after ``begin``) in ``run``."""
     rk = raw(keys)
     old = store.read(rk)
     new = [msgpack.packb((msgpack.unpackb(v) if v else 0) + 1) for v in old]
-    store.commit(epoch, rk, new, old, f"out{epoch}".encode(), list(installed))
+    store.commit(epoch, rk, new, old, f"out{epoch}".encode(), list(installed), run)
 
 
 def counts(store, keys) -> list[int | None]:
@@ -158,3 +164,98 @@ def test_a_service_running_other_code_is_replaced(tmp_path):
         remote.forget(local)
         if old.poll() is None:
             old.kill()
+
+
+def test_a_copy_that_a_failed_run_left_on_a_host_is_never_used(tmp_path):
+    """Two hosts (two services) and one checkpoint location. Run r1 applies epoch 1 on host A
+    and fails before committing it; run r2 applies epoch 1 to another batch on host B and
+    commits it. When the worker's task is back on host A, A's copy is at epoch 1 too, but
+    not the committed attempt (its token differs): it is restored from the checkpoint. A copy
+    of a worker that owned no bins at the commit is emptied."""
+    ckpt, hosts = str(tmp_path / "ckpt"), [str(tmp_path / h) for h in ("a", "b")]
+
+    def store(host: str, committed: str) -> RemoteStore:
+        return RemoteStore(host, f"{host}/w0", "rocksdb", "int64", BINS,
+                           DurableSpec(ckpt, 0, 50, committed))
+
+    try:
+        a = store(hosts[0], "")
+        assert a.begin(0, None, "r1") == (True, b"")
+        one_epoch(a, 0, [1], run="r1")  # committed by r1
+        t0 = a.token
+        a = store(hosts[0], t0)
+        assert a.begin(1, 0, "r1") == (True, b"")
+        one_epoch(a, 1, [1], run="r1")  # r1 fails before its commit
+        b = store(hosts[1], t0)
+        assert b.begin(1, 0, "r2") == (True, b"") and b.restored["epoch"] == 0
+        one_epoch(b, 1, [2], run="r2")  # committed by r2
+        a = store(hosts[0], b.token)
+        assert a.begin(2, 1, "r2") == (True, b"")
+        assert a.restored is not None and a.restored["epoch"] == 1
+        assert counts(a, [1, 2]) == [1, 1]
+        one_epoch(a, 2, [2], run="r2")
+        again = store(hosts[0], b.token)
+        assert again.begin(2, 1, "r2") == (False, b"out2") and again.token == a.token
+        b = store(hosts[1], a.token)  # its bins moved away at epoch 2: B's copy is emptied
+        assert b.begin(3, None, "r2") == (True, b"") and counts(b, [1, 2]) == [None, None]
+    finally:
+        for host in hosts:
+            if (pid := service_pid(host)) is not None:
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_durable_copy_another_attempt_overwrote_fails_the_restore_loudly(tmp_path):
+    """Two attempts of epoch 0 in one run, on two hosts: the driver takes B's, then A's late
+    write replaces B's changelog. A third host that must restore the committed attempt finds
+    the wrong one and says so, instead of restoring it."""
+    ckpt, hosts = str(tmp_path / "ckpt"), [str(tmp_path / h) for h in ("a", "b", "c")]
+
+    def store(host: str, committed: str = "") -> RemoteStore:
+        return RemoteStore(host, f"{host}/w0", "rocksdb", "int64", BINS,
+                           DurableSpec(ckpt, 0, 50, committed))
+
+    try:
+        b = store(hosts[1])
+        b.begin(0, None, "r")
+        one_epoch(b, 0, [1], run="r")  # the attempt the driver takes
+        a = store(hosts[0])
+        a.begin(0, None, "r")
+        one_epoch(a, 0, [1, 2], run="r")  # a late attempt: its changelog replaces B's
+        with pytest.raises(StoreError, match="not by the one the driver committed"):
+            store(hosts[2], b.token).begin(1, 0, "r")
+    finally:
+        for host in hosts:
+            if (pid := service_pid(host)) is not None:
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_copy_left_behind_on_the_committed_history_replays_only_what_it_lacks(tmp_path):
+    """A worker runs epoch 0 on host A, epochs 1 and 2 on host B, then epoch 3 on A again:
+    A's copy is caught up with the changelogs of epochs 1 and 2, not rebuilt."""
+    ckpt, hosts = str(tmp_path / "ckpt"), [str(tmp_path / h) for h in ("a", "b")]
+
+    def store(host: str, committed: str = "") -> RemoteStore:
+        return RemoteStore(host, f"{host}/w0", "rocksdb", "int64", BINS,
+                           DurableSpec(ckpt, 0, 50, committed))
+
+    try:
+        a = store(hosts[0])
+        a.begin(0, None, "r")
+        one_epoch(a, 0, [1, 2], run="r")
+        token = a.token
+        for epoch in (1, 2):
+            b = store(hosts[1], token)
+            b.begin(epoch, epoch - 1, "r")
+            one_epoch(b, epoch, [2, 3], run="r")
+            token = b.token
+        a = store(hosts[0], token)
+        assert a.begin(3, 2, "r") == (True, b"")
+        assert (a.restored["since"], a.restored["changelogs"], a.restored["snapshot"]) == \
+            (0, 2, None)
+        assert counts(a, [1, 2, 3]) == [1, 3, 2]
+        one_epoch(a, 3, [3], run="r")
+        assert counts(a, [1, 2, 3]) == [1, 3, 3]
+    finally:
+        for host in hosts:
+            if (pid := service_pid(host)) is not None:
+                os.kill(pid, signal.SIGKILL)

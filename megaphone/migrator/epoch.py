@@ -124,7 +124,7 @@ class EpochRun:
             try:
                 with queue.lock:
                     queue.committed(epoch, bytes_by_bin)
-                    commit = self._commit_record(layout, queue.to_list())
+                    commit = self._commit_record(layout, queue.to_list(), record["per_worker"])
                     state.write_commit(commit, after=kept.result)  # the epoch's commit point
                     pipe._commit = commit
             finally:
@@ -155,8 +155,10 @@ class EpochRun:
                             "again (attempt %d)", self.epoch, text.splitlines()[0][:200],
                             self.attempts + 1)
 
-    def _commit_record(self, layout: EpochLayout, plans: list[dict[str, Any]]) -> Commit:
+    def _commit_record(self, layout: EpochLayout, plans: list[dict[str, Any]],
+                       per_worker: dict[str, dict[str, Any]]) -> Commit:
         stream = self.stream if self.stream is not None else self.pipe._commit.stream
         return Commit(epoch=self.epoch, state_version=layout.version,
                       pending_drops=[[m.bin, m.src] for m in layout.moves], stream=stream,
-                      plans=plans)
+                      plans=plans, tokens={w: m["token"] for w, m in per_worker.items()
+                                           if m.get("token")})

@@ -477,7 +477,8 @@ class Pipeline:
     def _durable_read(self) -> DurableRead:
         return DurableRead(self.local_dir, self._settings["checkpoint"],
                            self._settings["snapshot_every"], self.epoch,
-                           self.fingerprint.pipeline_id, self._run_id)
+                           self.fingerprint.pipeline_id, self._run_id,
+                           self._commit.worker_tokens())
 
     def bin_load(self) -> np.ndarray:
         """Records per bin per epoch, exponentially smoothed over the epochs run in this process.
@@ -638,6 +639,7 @@ class Pipeline:
             local_dir=self.local_dir,
             pipeline_id=self.fingerprint.pipeline_id,
             run_id=self._run_id,
+            committed_tokens=self._commit.worker_tokens(),
             checkpoint=self._settings["checkpoint"],
             snapshot_every=self._settings["snapshot_every"],
             committed_owners=frozenset(self.routing.workers(self._commit.epoch))

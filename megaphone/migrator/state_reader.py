@@ -69,7 +69,8 @@ def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, own
 class DurableRead:
     """How a read reaches a pipeline with a checkpoint location: its store services'
     directory, the checkpoint, its snapshot interval, the committed epoch to read, the
-    pipeline and the driver's run (what another run applied past the commit is rolled back)."""
+    pipeline, the driver's run (what another run applied past the commit is rolled back)
+    and the tokens of the workers' attempts the commit took."""
 
     local_dir: str
     uri: str
@@ -77,12 +78,14 @@ class DurableRead:
     epoch: int
     pipeline_id: str
     run: str
+    committed_tokens: dict[int, str]
 
     def store(self, worker: int, backend: str, key_type: str, num_bins: int) -> RemoteStore:
         """Worker ``worker``'s working copy on this host, through its store service."""
         path = local_worker_path(self.local_dir, self.pipeline_id, worker)
         return RemoteStore(self.local_dir, str(path), backend, key_type, num_bins,
-                           DurableSpec(self.uri, worker, self.snapshot_every))
+                           DurableSpec(self.uri, worker, self.snapshot_every,
+                                       self.committed_tokens.get(worker, "")))
 
 
 def read_bin_stats(spark: SparkSession, durable: DurableRead, backend: str, key_type: str,

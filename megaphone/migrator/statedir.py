@@ -45,7 +45,9 @@ class Commit:
     ``state_version`` is the routing version the workers' state reflects; ``pending_drops``
     are ``[bin, worker]`` pairs that moved away in that epoch, which the old owners delete in
     the next epoch (so a re-run of the epoch can still export them); ``stream`` remembers the
-    last Structured Streaming batch id; ``plans`` are submitted plans not finished yet.
+    last Structured Streaming batch id; ``plans`` are submitted plans not finished yet;
+    ``tokens`` name, per worker, the attempt at the epoch whose results the driver took (a
+    worker's copy of the epoch from any other attempt, on any host, is not this commit's state).
     """
 
     epoch: int = -1
@@ -53,6 +55,7 @@ class Commit:
     pending_drops: list[list[int]] = field(default_factory=list)
     stream: dict[str, Any] = field(default_factory=dict)
     plans: list[dict[str, Any]] = field(default_factory=list)
+    tokens: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any) -> Commit:
@@ -62,7 +65,15 @@ class Commit:
         commit = cls(**data)
         if not isinstance(commit.epoch, int) or not isinstance(commit.state_version, int):
             raise ValueError("commit.json is malformed: epoch and state_version must be integers")
+        if not isinstance(commit.tokens, dict) or not all(
+                isinstance(w, str) and w.isdigit() and isinstance(t, str)
+                for w, t in commit.tokens.items()):
+            raise ValueError("commit.json is malformed: tokens must map workers to strings")
         return commit
+
+    def worker_tokens(self) -> dict[int, str]:
+        """``tokens`` by worker number."""
+        return {int(w): t for w, t in self.tokens.items()}
 
 
 class StateDir:

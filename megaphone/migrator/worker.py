@@ -87,6 +87,7 @@ class EpochSpec:
     snapshot_every: int = SNAPSHOT_EVERY
     committed_owners: frozenset[int] = frozenset()
     run_id: str = ""
+    committed_tokens: dict[int, str] = field(default_factory=dict)
 
     def required_epoch(self, worker: int) -> int | None:
         """The epoch ``worker``'s state must be at before this epoch (the last commit) when it
@@ -196,7 +197,8 @@ def check_state_dir(spec: EpochSpec) -> None:
 
 def _store(spec: EpochSpec, worker: int) -> RemoteStore:
     durable = None if spec.checkpoint is None else \
-        DurableSpec(spec.checkpoint, worker, spec.snapshot_every)
+        DurableSpec(spec.checkpoint, worker, spec.snapshot_every,
+                    spec.committed_tokens.get(worker, ""))
     return RemoteStore(spec.local_dir, str(spec.worker_path(worker)), spec.backend,
                        spec.key_type, spec.num_bins, durable)
 
@@ -336,6 +338,7 @@ def apply_worker(
         metrics["store_commit_s"] = health["seconds"]
         for name in ("stall_s", "pending_compaction_bytes", "l0_files"):
             metrics[name] = health[name]
+    metrics["token"] = store.token  # the driver's commit names the attempt it took
     metrics["records_out"] = outputs.num_rows
     schema = result_schema(spec.output_schema)
     for batch in outputs.cast(spec.output_schema).to_batches():

@@ -41,12 +41,14 @@ class DurableCopyError(RuntimeError):
 
 @dataclass(frozen=True)
 class Restored:
-    """What a restore read: the snapshot it started from and the changelogs it replayed."""
+    """What a restore read: the snapshot it started from and the changelogs it replayed;
+    ``since`` is the epoch of the working copy it caught up (``None``: rebuilt from empty)."""
 
     epoch: int
     snapshot: int | None
     changelogs: int
     rows: int
+    since: int | None = None
 
 
 def _name(epoch: int) -> str:
@@ -93,15 +95,16 @@ class DurableCopy:
     # -- writing -----------------------------------------------------------------------------
 
     def record(self, epoch: int, prev: int, drops: Sequence[int],
-               rows: Sequence[pa.RecordBatch]) -> None:
-        """Write epoch ``epoch``'s changelog: ``drops`` first, then ``rows`` in order.
+               rows: Sequence[pa.RecordBatch], token: str = "") -> None:
+        """Write epoch ``epoch``'s changelog: ``drops`` first, then ``rows`` in order;
+        ``token`` names this application of the epoch (see :meth:`plan_restore`).
 
         Files of ``epoch`` or later (left by attempts that were rolled back, here or on another
         host) go first.
         """
         self.refresh()
         self.forget_from(epoch)
-        meta = {"epoch": epoch, "prev": prev, "drops": sorted(set(drops))}
+        meta = {"epoch": epoch, "prev": prev, "drops": sorted(set(drops)), "token": token}
         self._write("changelog", epoch, meta, rows)
         self.changelogs.append(epoch)
 
@@ -110,13 +113,15 @@ class DurableCopy:
         last = self.snapshots[-1] if self.snapshots else -1
         return sum(1 for e in self.changelogs if last < e <= epoch) >= self.snapshot_every
 
-    def write_snapshot(self, epoch: int, rows: Iterable[pa.RecordBatch]) -> None:
-        """Write all state after ``epoch``; then prune what the snapshot before it superseded.
+    def write_snapshot(self, epoch: int, rows: Iterable[pa.RecordBatch], token: str = ""
+                       ) -> None:
+        """Write all state after ``epoch`` (the application ``token``); then prune what the
+        snapshot before it superseded.
 
         The previous snapshot and the changelogs after it stay: ``epoch`` itself is not
         committed by the driver yet, and restoring ``epoch - 1`` must remain possible.
         """
-        self._write("snapshot", epoch, {"epoch": epoch}, rows)
+        self._write("snapshot", epoch, {"epoch": epoch, "token": token}, rows)
         self.snapshots.append(epoch)
         if len(self.snapshots) > 2:
             keep_from = self.snapshots[-2]
@@ -168,20 +173,26 @@ class DurableCopy:
             raise DurableCopyError(f"{kind} at {path} does not hold epoch {epoch}'s rows")
         return meta, reader
 
-    def plan_restore(self, epoch: int) -> tuple[int | None, list[int]]:
+    def plan_restore(self, epoch: int, token: str = "") -> tuple[int | None, list[int]]:
         """The snapshot (or ``None``: an empty store) and the changelogs, in order, that make
-        up the worker's state after ``epoch``; a :class:`DurableCopyError` if a link is gone."""
+        up the worker's state after ``epoch``; a :class:`DurableCopyError` if a link is gone,
+        or if ``token`` (the application of ``epoch`` the driver committed) is given and the
+        copy holds another one (an attempt that lost, written after the one that won)."""
         self.refresh()
         chain: list[int] = []
         at = epoch
         while True:
             if at in self.snapshots:
+                if at == epoch:
+                    self._check_token(self._read("snapshot", at)[0], token)
                 return at, chain[::-1]
             if at not in self.changelogs:
                 raise DurableCopyError(
                     f"the durable copy of worker {self.worker} at {self.uri} has no changelog "
                     f"or snapshot of epoch {at}, needed to restore epoch {epoch}")
             meta, _ = self._read("changelog", at)
+            if at == epoch:
+                self._check_token(meta, token)
             chain.append(at)
             prev = int(meta["prev"])
             if prev < 0:
@@ -190,6 +201,38 @@ class DurableCopy:
                 raise DurableCopyError(f"changelog of epoch {at} of worker {self.worker} "
                                        f"follows epoch {prev}: corrupt")
             at = prev
+
+    def plan_catch_up(self, at: int, at_token: str, epoch: int, token: str
+                      ) -> list[int] | None:
+        """The changelogs, in order, that take a copy of epoch ``at`` (application
+        ``at_token``) to epoch ``epoch`` (application ``token``); ``None`` unless the links
+        from ``epoch`` lead back to ``at`` and the file of ``at`` names ``at_token`` (the copy
+        is on the committed history, not an attempt that lost)."""
+        self.refresh()
+        chain: list[int] = []
+        e = epoch
+        while e > at:
+            if e not in self.changelogs:
+                return None
+            meta, _ = self._read("changelog", e)
+            if e == epoch and meta.get("token") != token:
+                return None
+            chain.append(e)
+            e = int(meta["prev"])
+        if e != at:
+            return None
+        kinds = [k for k, have in (("changelog", self.changelogs), ("snapshot", self.snapshots))
+                 if at in have]
+        if not kinds or self._read(kinds[0], at)[0].get("token") != at_token:
+            return None
+        return chain[::-1]
+
+    def _check_token(self, meta: dict, token: str) -> None:
+        if token and meta.get("token") != token:
+            raise DurableCopyError(
+                f"the durable copy of worker {self.worker} at {self.uri} holds epoch "
+                f"{meta['epoch']} as written by attempt {meta.get('token')!r}, not by the one the "
+                f"driver committed ({token!r}): another attempt of the epoch overwrote it")
 
     def snapshot_rows(self, epoch: int) -> Iterator[pa.RecordBatch]:
         """The ``(k, v)`` rows of the snapshot of ``epoch``, in key order."""

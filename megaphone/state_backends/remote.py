@@ -257,11 +257,14 @@ def release_stores(local_dir: str, prefix: str) -> list[str]:
 @dataclass(frozen=True)
 class DurableSpec:
     """Where a worker's durable copy lives: the checkpoint location, the worker, how often
-    it is snapshotted (:class:`~megaphone.state_backends.durable.DurableCopy`)."""
+    it is snapshotted (:class:`~megaphone.state_backends.durable.DurableCopy`), and the token
+    of the worker's attempt the driver's last commit took (a working copy of that epoch from
+    any other attempt is restored instead of used)."""
 
     uri: str
     worker: int
     snapshot_every: int
+    committed_token: str = ""
 
 
 class RemoteStore:
@@ -276,10 +279,14 @@ class RemoteStore:
                                     "key_type": key_type, "num_bins": num_bins}
         if durable is not None:
             self._id.update(checkpoint=durable.uri, worker=durable.worker,
-                            snapshot_every=durable.snapshot_every)
+                            snapshot_every=durable.snapshot_every,
+                            committed_token=durable.committed_token)
         self.lease: int | None = None
         #: What restoring the store from its durable copy did at :meth:`begin`, if it had to.
         self.restored: dict[str, Any] | None = None
+        #: The token of the store's application of the epoch: set by :meth:`begin` when it
+        #: replays one, and by :meth:`commit`.
+        self.token = ""
 
     @property
     def service_pid(self) -> int:
@@ -309,6 +316,7 @@ class RemoteStore:
             reply = self._call("begin", **fields)
         self.lease = reply["lease"]
         self.restored = reply.get("restored")
+        self.token = reply.get("token", "")
         return reply["apply"], reply["outputs"]
 
     def drop_bins(self, bins: Sequence[int]) -> None:
@@ -335,10 +343,13 @@ class RemoteStore:
     def commit(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes | None],
                old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int],
                run: str = "") -> dict[str, Any]:
-        """The epoch's atomic write; returns its duration and the store's health figures."""
-        return self._call("commit", lease=self.lease, epoch=epoch, keys=list(keys),
-                          values=list(values), old=list(old), outputs=outputs,
-                          installed=list(installed), run=run)
+        """The epoch's atomic write; returns its duration, the store's health figures and the
+        application's ``token`` (also in :attr:`token`)."""
+        reply = self._call("commit", lease=self.lease, epoch=epoch, keys=list(keys),
+                           values=list(values), old=list(old), outputs=outputs,
+                           installed=list(installed), run=run)
+        self.token = reply["token"]
+        return reply
 
     def export(self, bins: Sequence[int], chunk_bytes: int, required: int | None = None,
                current: int | None = None, run: str = "") -> Iterator[pa.RecordBatch]:

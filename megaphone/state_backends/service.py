@@ -240,36 +240,52 @@ class StoreService:
             apply = entry.store.check_can_apply(req["epoch"])
             entry.lease += 1
             return {"lease": entry.lease, "apply": apply, "restored": restored,
-                    "outputs": b"" if apply else entry.store.stored_outputs()}
+                    "outputs": b"" if apply else entry.store.stored_outputs(),
+                    "token": "" if apply else entry.store.token}
 
     @staticmethod
     def _catch_up(entry: _Entry, req: dict[str, Any]) -> dict[str, Any] | None:
         """Bring the store to the driver's last commit before an epoch's attempt, an export or
         a read: roll back an epoch that a run which never committed it applied (``current``:
-        the epoch after the commit; ``run``: this attempt's run), and restore a store that is
-        behind the epoch the driver committed for it (``required``) from its durable copy.
+        the epoch after the commit; ``run``: this attempt's run). With a durable copy, also:
+        empty a working copy of a worker that owned no bins at the commit (``required`` is
+        ``None``: whatever it holds was left on this host before its bins moved away), and
+        restore one that is behind the epoch the driver committed for it (``required``) or at
+        that epoch but from an attempt the driver did not commit (``committed_token``; a copy
+        left on this host by a failed attempt while another host's attempt was committed).
         What the restore did, or ``None``."""
         store, current = entry.store, req.get("current")
-        if current is not None and store.epoch >= current and \
-                not (store.epoch == current and store.run == req.get("run")):
+        if current is not None and store.epoch >= current:
+            if store.epoch == current and store.run == req.get("run"):
+                return None  # this run applied it: a retry replays its outputs
             if store.epoch > current:
                 raise StoreVersionError(
                     f"worker state at {req['path']} is at epoch {store.epoch}, more than one "
                     f"epoch past the last commit ({current - 1}); it belongs to another run")
             store.rollback(current)  # applied by a run that never committed it
             log.info("rolled back epoch %d of %s (run %r)", current, req["path"], store.run)
-        required = req.get("required")
-        if required is None or entry.store.epoch >= required:
+        if store.durable is None:
+            if req.get("required") is not None and store.epoch < req["required"]:
+                store.restore(req["required"])  # raises: there is nothing to restore from
+            return None
+        required, token = req.get("required"), req.get("committed_token") or ""
+        if required is None:
+            if store.epoch != -1 or next(iter(store.backend.raw_items()), None) is not None:
+                _reopen_empty(entry, req)
+                log.info("emptied %s: its worker owned no bins at the last commit", req["path"])
+            return None
+        if store.epoch > required or (store.epoch == required and (
+                not token or store.token == token)):
             return None
         started = time.perf_counter()
-        path = req["path"]
-        entry.store.close()  # a stale or lost working copy: start it again from empty
-        shutil.rmtree(path, ignore_errors=True)
-        entry.store = _open_store(req)
-        done = entry.store.restore(required)
-        log.info("restored %s to epoch %d from its durable copy", path, required)
+        done = entry.store.catch_up(required, token)  # only what a copy left here lacks
+        if done is None:
+            _reopen_empty(entry, req)  # a stale or lost working copy: start again from empty
+            done = entry.store.restore(required, token)
+        log.info("restored %s to epoch %d from its durable copy (from epoch %s)", req["path"],
+                 required, done.since)
         return {"epoch": done.epoch, "snapshot": done.snapshot, "changelogs": done.changelogs,
-                "rows": done.rows, "seconds": time.perf_counter() - started}
+                "rows": done.rows, "since": done.since, "seconds": time.perf_counter() - started}
 
     def op_drop(self, req: dict[str, Any], owner) -> None:
         """Delete bins (departed ones, or a half-installed arrival of a failed attempt)."""
@@ -307,10 +323,10 @@ class StoreService:
         entry = self._leased(req, owner)
         with entry.lock:
             started = time.perf_counter()
-            entry.store.commit(req["epoch"], req["keys"], req["values"], req["old"],
-                               req["outputs"], req["installed"], req.get("run", ""))
+            token = entry.store.commit(req["epoch"], req["keys"], req["values"], req["old"],
+                                       req["outputs"], req["installed"], req.get("run", ""))
             seconds = time.perf_counter() - started
-            return {"seconds": seconds, **entry.store.health()}
+            return {"seconds": seconds, "token": token, **entry.store.health()}
 
     def _export(self, sock: socket.socket, req: dict[str, Any], owner) -> None:
         entry = self.entry(req, owner)
@@ -369,6 +385,13 @@ class StoreService:
 
 def _durable(req: dict[str, Any]) -> DurableCopy:
     return DurableCopy(req["checkpoint"], req["worker"], req.get("snapshot_every", SNAPSHOT_EVERY))
+
+
+def _reopen_empty(entry: _Entry, req: dict[str, Any]) -> None:
+    """Close the entry's store, delete its directory and open it again, empty."""
+    entry.store.close()
+    shutil.rmtree(req["path"], ignore_errors=True)
+    entry.store = _open_store(req)
 
 
 def _open_store(req: dict[str, Any]) -> WorkerStore:

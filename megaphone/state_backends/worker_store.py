@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ EPOCH_META = "epoch"
 OUTPUTS_META = "outputs"
 UNDO_META = "undo"
 RUN_META = "run"
+TOKEN_META = "token"
 
 _STALL = re.compile(r"Cumulative stall: (\d+):(\d+):([\d.]+) H:M:S")
 
@@ -86,6 +88,13 @@ class WorkerStore:
         """The run (a driver's session of the pipeline) that applied :attr:`epoch`."""
         return (self.backend.get_meta(RUN_META) or b"").decode()
 
+    @property
+    def token(self) -> str:
+        """Names this application of :attr:`epoch` (new at every commit; the driver records
+        the token of the attempt it committed, so a copy of the epoch made by any other
+        attempt, on any host, is told apart)."""
+        return (self.backend.get_meta(TOKEN_META) or b"").decode()
+
     def stored_outputs(self) -> bytes:
         """The outputs (Arrow IPC stream) of epoch :attr:`epoch`, empty bytes if none."""
         return self.backend.get_meta(OUTPUTS_META) or b""
@@ -103,20 +112,48 @@ class WorkerStore:
         self._dropped, self._installed = set(), []
         return at < epoch
 
-    def restore(self, epoch: int) -> Restored:
+    def restore(self, epoch: int, token: str = "") -> Restored:
         """Rebuild this store, which must be empty, as it was after ``epoch`` from the durable
-        copy (a working copy lost with its executor, or left behind on another host)."""
-        if self.durable is None:
-            raise StoreVersionError(f"worker state at {self.backend.path} is behind epoch "
-                                    f"{epoch} and the pipeline has no checkpoint location")
+        copy (a working copy lost with its executor, or left behind on another host); ``token``
+        names the application of ``epoch`` the driver committed (checked when given)."""
+        durable = self._durable_for(epoch)
         if self.epoch != -1 or next(iter(self.backend.raw_items()), None) is not None:
             raise StoreVersionError(f"restore needs an empty store; {self.backend.path} "
                                     f"holds state at epoch {self.epoch}")
-        snapshot, chain = self.durable.plan_restore(epoch)
+        snapshot, chain = durable.plan_restore(epoch, token)
         rows = 0
         if snapshot is not None:  # in key order into an empty store: bulk-loaded
-            rows += self.backend.import_bins(self.durable.snapshot_rows(snapshot),
+            rows += self.backend.import_bins(durable.snapshot_rows(snapshot),
                                              method="auto").keys
+        rows += self._replay(chain, epoch, token)
+        return Restored(epoch=epoch, snapshot=snapshot, changelogs=len(chain), rows=rows)
+
+    def catch_up(self, epoch: int, token: str) -> Restored | None:
+        """Bring a copy that holds an earlier epoch of the committed history (its token is the
+        one the durable copy recorded for it: the worker ran here before, then elsewhere) to
+        ``epoch`` by replaying only the changelogs it lacks; ``None``, changing nothing, when
+        that cannot be shown (then :meth:`restore` from empty)."""
+        durable = self._durable_for(epoch)
+        at, mine = self.epoch, self.token
+        if at < 0 or not mine or not token:
+            return None
+        chain = durable.plan_catch_up(at, mine, epoch, token)
+        if chain is None:
+            return None
+        rows = self._replay(chain, epoch, token)
+        return Restored(epoch=epoch, snapshot=None, changelogs=len(chain), rows=rows, since=at)
+
+    def _durable_for(self, epoch: int) -> DurableCopy:
+        if self.durable is None:
+            raise StoreVersionError(f"worker state at {self.backend.path} is behind epoch "
+                                    f"{epoch} and the pipeline has no checkpoint location")
+        return self.durable
+
+    def _replay(self, chain: Sequence[int], epoch: int, token: str) -> int:
+        """Apply the changelogs ``chain`` in order, then mark the store as the committed
+        ``epoch`` (no outputs to replay, nothing to undo); the rows written."""
+        assert self.durable is not None
+        rows = 0
         for e in chain:
             drops, batches = self.durable.changelog(e)
             if drops:
@@ -124,9 +161,11 @@ class WorkerStore:
             for batch in batches:
                 rows += batch.num_rows
                 self.backend.write_raw(batch.column(0).to_pylist(), batch.column(1).to_pylist())
-        self.backend.write_raw([], [], [], meta={EPOCH_META: pack_epoch(epoch)})
+        self.backend.write_raw([], [], [], meta={
+            EPOCH_META: pack_epoch(epoch), OUTPUTS_META: b"", UNDO_META: msgpack.packb(None),
+            RUN_META: b"", TOKEN_META: token.encode()})
         self.backend.flush()
-        return Restored(epoch=epoch, snapshot=snapshot, changelogs=len(chain), rows=rows)
+        return rows
 
     # -- one epoch's changes ---------------------------------------------------------------
 
@@ -149,8 +188,9 @@ class WorkerStore:
 
     def commit(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes | None],
                old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int],
-               run: str = "") -> None:
-        """Write epoch ``epoch``'s state, outputs, marker and undo record in one atomic write.
+               run: str = "") -> str:
+        """Write epoch ``epoch``'s state, outputs, marker and undo record in one atomic write;
+        returns the new :attr:`token` of this application of the epoch.
 
         ``old`` are the values ``keys`` had before the epoch (``None`` = absent); ``installed``
         the bins the epoch installed; ``run`` the driver's run that applied it (a later run
@@ -161,20 +201,23 @@ class WorkerStore:
         if at >= epoch:
             raise StoreVersionError(
                 f"worker state at {self.backend.path} is at epoch {at}; cannot commit {epoch}")
+        token = uuid.uuid4().hex
         if self.durable is not None:  # durable before the worker's commit, so before the driver's
             writes = pa.RecordBatch.from_arrays(
                 [pa.array(keys, pa.binary()), pa.array(values, pa.binary())], names=["k", "v"])
-            self.durable.record(epoch, at, sorted(self._dropped), [*self._installed, writes])
+            self.durable.record(epoch, at, sorted(self._dropped), [*self._installed, writes],
+                                token)
         undo = msgpack.packb({"epoch": epoch, "bins": list(installed), "keys": list(keys),
-                              "old": list(old)})
+                              "old": list(old), "run": self.run, "token": self.token})
         self.backend.write_raw(keys, values, old, meta={
             EPOCH_META: pack_epoch(epoch), OUTPUTS_META: outputs, UNDO_META: undo,
-            RUN_META: run.encode()})
+            RUN_META: run.encode(), TOKEN_META: token.encode()})
         self.backend.flush_if_volatile()
         self._installed = []
         if self.durable is not None and self.durable.snapshot_due(epoch):
             self.durable.write_snapshot(
-                epoch, self.backend.export_bins(range(self.backend.num_bins)))
+                epoch, self.backend.export_bins(range(self.backend.num_bins)), token)
+        return token
 
     def join(self, epoch: int) -> None:
         """Mark a worker that receives its first bins offline as being at ``epoch``."""
@@ -200,7 +243,7 @@ class WorkerStore:
             self.backend.drop_bins(undo["bins"])
         self.backend.write_raw([], [], [], meta={
             EPOCH_META: pack_epoch(epoch - 1), OUTPUTS_META: b"", UNDO_META: msgpack.packb(None),
-            RUN_META: b""})
+            RUN_META: undo.get("run", "").encode(), TOKEN_META: undo.get("token", "").encode()})
         self.backend.flush_if_volatile()
         if self.durable is not None:
             self.durable.forget_from(epoch)

@@ -18,14 +18,8 @@ from pathlib import Path
 
 from megaphone import MigrationPlan, Move, Pipeline
 from megaphone.spark import spark_session
+from tests.helpers.cluster import CLUSTER_CONF
 
-#: Settings for executors on simulated hosts: each reads only its own shuffle files.
-CLUSTER_CONF = {"spark.shuffle.readHostLocalDisk": "false", "spark.executor.cores": "1",
-                "spark.cores.max": "2", "spark.executor.memory": "768m",
-                "spark.task.maxFailures": "4",
-                # both hosts' executors are up before the first job is scheduled
-                "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-                "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s"}
 #: Epochs of the checkpointed run, and the bins, keys and seed of its plan and batches.
 EPOCHS, NUM_BINS, KEYS, SEED = 8, 16, 60, 7
 
