@@ -100,11 +100,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| after (host 0 alone) | {len(after)} | {steady_after:.2f} | {max(after):.2f} |")
     print(f"\nrecovery: the epoch host 1 died in took {kill_epoch_s:.2f} s, "
           f"{kill_epoch_s - steady:.2f} s over a steady epoch")
+    print(f"Spark ran the killed epoch's job {run['kill_job_attempts']} time(s); "
+          f"its phases (s): {run['kill_phases_s']}")
     for r in run["restores"]:
-        print(f"  epoch {r['at']}: worker {r['worker']} restored {r['rows']:,} rows (snapshot "
-              f"{r['snapshot']} + {r['changelogs']} changelogs) in {r['seconds']:.2f} s")
+        start = "empty" if r["snapshot"] is None else f"snapshot {r['snapshot']}"
+        how = (f"caught up from epoch {r['since']}" if r.get("since") is not None else
+               f"rebuilt from {start}")
+        print(f"  epoch {r['at']}: worker {r['worker']} {how}: {r['changelogs']} changelogs, "
+              f"{r['rows']:,} rows in {r['seconds']:.2f} s")
     swaps = [r for r in run["restores"] if r["at"] < args.before]
-    print(f"restores before the kill (a worker's task ran on the other host): {len(swaps)}")
+    full = [r for r in swaps if r.get("since") is None]
+    print(f"restores before the kill (a worker's task ran on the other host): {len(swaps)}, "
+          f"{len(full)} of them rebuilt from empty; median "
+          f"{statistics.median(r['seconds'] for r in swaps) if swaps else 0:.2f} s")
     ok = total == expected
     print(f"final state: {total:,} counted, {expected:,} expected: {'OK' if ok else 'WRONG'}")
     if args.json is not None:
@@ -122,7 +130,7 @@ def _run(spark, pipe: megaphone.Pipeline, host1, args: argparse.Namespace) -> di
     """The measured epochs: ``before``, the one host 1 dies in, ``after``."""
     times: list[float] = []
     found: list[dict] = []
-    kill_after = None
+    kill_after = attempts = phases = None
     for i in tqdm(range(args.before + 1 + args.after), desc="epochs", leave=False):
         frame = epoch_frame(spark, i + 1, args.records, args.keys)
         timer = None
@@ -136,9 +144,13 @@ def _run(spark, pipe: megaphone.Pipeline, host1, args: argparse.Namespace) -> di
         times.append(time.perf_counter() - t0)
         found += [{"at": i, **r} for r in restores(pipe)]
         if timer is not None:
+            last = pipe.metrics(last=1)[0]
+            attempts, phases = last.get("job_attempts"), last.get("phases_s")
             timer.join()
             host1.wait()
-    return {"epoch_s": times, "restores": found, "kill_after_s": kill_after}
+    return {"epoch_s": times, "restores": found, "kill_after_s": kill_after,
+            "kill_job_attempts": attempts,
+            "kill_phases_s": {k: round(v, 2) for k, v in (phases or {}).items()}}
 
 
 def _plot(run: dict, args: argparse.Namespace) -> None:

@@ -29,7 +29,7 @@ import msgpack
 import pyarrow as pa
 
 from megaphone.state_backends.base import ImportStats, StateBackend
-from megaphone.state_backends.durable import DurableCopy, Restored
+from megaphone.state_backends.durable import DurableCopy, Restored, merged_rows
 
 EPOCH_META = "epoch"
 OUTPUTS_META = "outputs"
@@ -121,11 +121,13 @@ class WorkerStore:
             raise StoreVersionError(f"restore needs an empty store; {self.backend.path} "
                                     f"holds state at epoch {self.epoch}")
         snapshot, chain = durable.plan_restore(epoch, token)
-        rows = 0
-        if snapshot is not None:  # in key order into an empty store: bulk-loaded
-            rows += self.backend.import_bins(durable.snapshot_rows(snapshot),
-                                             method="auto").keys
-        rows += self._replay(chain, epoch, token)
+        # The snapshot and changelogs merged into one key-sorted run: an empty store bulk-loads
+        # it (SST ingestion) instead of writing changelog rows one batch at a time.
+        state = merged_rows(durable.snapshot_rows(snapshot) if snapshot is not None else (),
+                            (durable.changelog(e) for e in chain))
+        rows = self.backend.import_bins(state.to_batches(max_chunksize=1 << 16),
+                                        method="auto").keys if state.num_rows else 0
+        self._replay((), epoch, token)
         return Restored(epoch=epoch, snapshot=snapshot, changelogs=len(chain), rows=rows)
 
     def catch_up(self, epoch: int, token: str) -> Restored | None:
@@ -161,10 +163,11 @@ class WorkerStore:
             for batch in batches:
                 rows += batch.num_rows
                 self.backend.write_raw(batch.column(0).to_pylist(), batch.column(1).to_pylist())
+        # The marker's write is synced, and with it every write before it.
         self.backend.write_raw([], [], [], meta={
             EPOCH_META: pack_epoch(epoch), OUTPUTS_META: b"", UNDO_META: msgpack.packb(None),
             RUN_META: b"", TOKEN_META: token.encode()})
-        self.backend.flush()
+        self.backend.flush_if_volatile()
         return rows
 
     # -- one epoch's changes ---------------------------------------------------------------
