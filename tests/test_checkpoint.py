@@ -3,7 +3,9 @@ restored from the durable copy, and outputs and state equal a run where nothing 
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -11,9 +13,11 @@ from collections.abc import Iterator
 import pytest
 
 from megaphone import MigrationPlan, Move, Pipeline, PlanError
+from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.offline import migrate_offline
 from megaphone.migrator.worker import local_worker_path
-from megaphone.state_backends.remote import release_stores
+from megaphone.state_backends.durable import claim_checkpoint
+from megaphone.state_backends.remote import release_stores, service_pid
 from tests.helpers.servers import s3_endpoint
 
 EPOCHS = 7
@@ -77,9 +81,90 @@ def test_lost_and_stale_working_copies_are_restored_from_the_checkpoint(spark, t
     with pytest.raises(PlanError, match="offline migration does not write it"):
         migrate_offline(str(state_dir), MigrationPlan.from_moves(
             pipe.routing, [[Move(2, pipe.routing.owner(2), 1)]]))
+    for other in ({"pipeline_id": "another"}, {"key": "x"}):  # another pipeline's checkpoint
+        with pytest.raises(ValueError, match=f"{next(iter(other))} .* != "):
+            Pipeline(spark, str(tmp_path / "other"), **{"key": "k", **other}, num_bins=16,
+                     key_type="int64", checkpoint=checkpoint)
+        assert not (tmp_path / "other").exists()  # refused: nothing written
+    claim_checkpoint(str(tmp_path / "claimed"), "another")  # claimed, no driver copy yet
     with pytest.raises(ValueError, match="belongs to pipeline"):
-        Pipeline(spark, str(tmp_path / "other"), key="k", num_bins=16, key_type="int64",
+        Pipeline(spark, str(tmp_path / "fresh"), key="k", num_bins=16, key_type="int64",
+                 pipeline_id="mine", checkpoint=str(tmp_path / "claimed"))
+
+
+def test_a_driver_restarts_anywhere_from_the_checkpoint(spark, tmp_path, checkpoint):
+    """The driver's disk is lost with the executors' (a new host): the pipeline restarts
+    from the checkpoint location alone, with its epoch, routing, plans, metrics and kept
+    outputs, and goes on as if nothing had been lost."""
+    pipe = Pipeline(spark, str(tmp_path / "state"), key="k", update="count", workers=2,
+                    num_bins=16, key_type="int64", pipeline_id=uuid.uuid4().hex,
+                    checkpoint=checkpoint, snapshot_every=3, keep_outputs=3,
+                    local_dir=str(tmp_path / "host-a"))
+    expected: Counter = Counter()
+
+    def run(p: Pipeline, epoch: int) -> dict[int, int]:
+        keys = batch_keys(epoch)
+        expected.update(keys)
+        out = p.process_arrow(spark.createDataFrame([(k,) for k in keys], "k long"))
+        return dict(zip(out.column("k").to_pylist(), out.column("count").to_pylist(),
+                        strict=True))
+
+    for epoch in range(EPOCHS):
+        run(pipe, epoch)
+    plan = MigrationPlan.from_moves(  # in flight when the host is lost
+        pipe.routing, [[Move(3, pipe.routing.owner(3), 2)], [Move(9, pipe.routing.owner(9), 2)]])
+    pipe.migrate(plan)
+    outputs = {e: pipe.state_dir.read_outputs(e) for e in pipe.state_dir.output_epochs()}
+    metrics = pipe.metrics()
+    pipe.close()
+    pid = service_pid(pipe.local_dir)
+    if pid is not None:  # the host is gone: its store service too
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(tmp_path / "state")
+    shutil.rmtree(tmp_path / "host-a")
+
+    moved = Pipeline(spark, str(tmp_path / "elsewhere" / "state"), key="k", update="count",
+                     num_bins=16, checkpoint=checkpoint, local_dir=str(tmp_path / "host-b"))
+    assert moved.epoch == EPOCHS - 1
+    assert moved.metrics() == metrics
+    assert [h.plan.to_dict() for h in moved.in_flight] == [plan.to_dict()]
+    assert {e: moved.state_dir.read_outputs(e) for e in moved.state_dir.output_epochs()} == outputs
+    for epoch in range(EPOCHS, EPOCHS + 3):
+        keys = set(batch_keys(epoch))
+        assert run(moved, epoch) == {k: expected[k] for k in keys}
+    assert moved.routing.owner(3) == 2 and moved.routing.owner(9) == 2
+    assert {r[0]: r[1] for r in moved.state().collect()} == dict(expected)
+    moved.close()
+
+
+def test_a_state_directory_behind_its_checkpoint_is_brought_forward(spark, tmp_path):
+    """The driver's copy is written before the state directory's commit record: a driver lost
+    between the two has committed the epoch, and reopening finds it committed."""
+    state_dir, checkpoint = tmp_path / "state", str(tmp_path / "checkpoint")
+    pipe = Pipeline(spark, str(state_dir), key="k", update="count", workers=2, num_bins=16,
+                    key_type="int64", pipeline_id=uuid.uuid4().hex, checkpoint=checkpoint)
+    pipe.process_arrow(spark.createDataFrame([(1,), (2,)], "k long"))
+    before = {n: (state_dir / n).read_bytes() for n in ("commit.json", "routing.json")}
+    pipe.process_arrow(spark.createDataFrame([(2,), (3,)], "k long"))
+    pipe.close()
+    for name, data in before.items():  # as if the local rename had not happened
+        (state_dir / name).write_bytes(data)
+    (state_dir / "outputs" / "e000000001.arrow").unlink()
+    reopened = Pipeline(spark, str(state_dir), key="k", update="count", num_bins=16)
+    assert reopened.epoch == 1 and reopened.recovery.clean
+    assert reopened.state_dir.read_outputs(1).num_rows == 2
+    assert {r[0]: r[1] for r in reopened.state().collect()} == {1: 1, 2: 2, 3: 1}
+    reopened.close()
+
+    copy = DriverCopy(checkpoint)  # corrupt: a clear error, and the directory is left alone
+    newest = f"{copy.root}/commits/s{copy.latest_commit()['seq']:012d}.json"
+    with open(newest, "r+b") as fh:
+        fh.truncate(20)
+    shutil.rmtree(state_dir)
+    with pytest.raises(ValueError, match="corrupt"):
+        Pipeline(spark, str(state_dir), key="k", update="count", num_bins=16,
                  checkpoint=checkpoint)
+    assert not state_dir.exists()
 
 
 def test_a_failed_epoch_is_rolled_back_by_the_executors(spark, tmp_path, monkeypatch):

@@ -28,6 +28,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
 from megaphone.migrator.controller import MigrationHandle, PlanQueue, PolicyInputs
+from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.epoch import EpochRun
 from megaphone.migrator.layout import EpochLayout
 from megaphone.migrator.recovery import RecoveryReport, check_and_recover
@@ -183,6 +184,12 @@ class Pipeline:
         self.recovery = RecoveryReport()  # what opening the state directory discarded
         # Adaptive execution must not merge partitions: partition w is worker w.
         spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
+        # With a checkpoint location the driver's copy there is the truth: a state directory
+        # that is missing (a lost driver disk) or behind it is brought to it first.
+        uri = (StateDir.open(self._path).manifest.get("checkpoint")
+               if StateDir.exists(self._path) else None) or checkpoint
+        if uri is not None:
+            StateDir.restore(self._path, DriverCopy(uri), lambda m: self._check_restore(m, uri))
         if StateDir.exists(self._path):
             self._open(StateDir.open(self._path))
         elif key_type is not None:
@@ -190,9 +197,8 @@ class Pipeline:
 
     # -- state directory -----------------------------------------------------------------
 
-    def _open(self, state: StateDir) -> None:
-        m = state.manifest
-        fp = state.fingerprint
+    def _check_config(self, m: dict[str, Any], fp: Fingerprint, where: str) -> None:
+        """Raise ``ValueError`` unless manifest ``m`` (at ``where``) is this configuration's."""
         mismatches = [
             f"{name} {mine!r} != {theirs!r}"
             for name, mine, theirs in [
@@ -215,9 +221,22 @@ class Pipeline:
             mismatches.append(f"key_type {self._key_type!r} != {fp.key_type!r}")
         if mismatches:
             raise ValueError(
-                f"{state.path} holds state of another pipeline configuration: "
-                + "; ".join(mismatches)
+                f"{where} holds state of another pipeline configuration: " + "; ".join(mismatches)
             )
+
+    def _check_restore(self, m: dict[str, Any], uri: str) -> None:
+        """Refuse to restore a state directory from the driver's copy at ``uri`` for another
+        configuration, or for a pipeline already open in this process."""
+        fp = Fingerprint.from_dict(m.get("fingerprint"))
+        self._check_config(m, fp, f"checkpoint location {uri}")
+        other = _PIPELINES.get(fp.pipeline_id)
+        if other is not None:
+            raise ValueError(f"pipeline {fp.pipeline_id} of checkpoint location {uri} is open "
+                             f"in this process on {other._path}; close it first")
+
+    def _open(self, state: StateDir) -> None:
+        fp = state.fingerprint
+        self._check_config(state.manifest, fp, str(state.path))
         state.lock()
         commit = state.read_commit()
         self._recover(state, commit)
@@ -405,6 +424,9 @@ class Pipeline:
             self._autoscaler.stop()
         self.stop()
         if self._state is not None:
+            with self._lock:  # the last epoch's metrics, into the driver's durable copy
+                if self._state.durable is not None and self._state.durable.has_pending_metrics:
+                    self._state.write_commit(self._commit)
             self._release_stores(self._state)
             self._state.unlock()
             if _PIPELINES.get(self._state.fingerprint.pipeline_id) is self:

@@ -9,6 +9,9 @@ Layout::
       metrics.jsonl      one JSON line per committed epoch
       workers/w00007/    one state backend per worker
       outputs/e<N>.arrow each epoch's outputs (Arrow IPC file), the last few kept
+
+With a checkpoint location, everything but ``workers/`` is kept there as well (the driver's
+durable copy, :mod:`megaphone.migrator.driver_copy`), and the copy there is written first.
 """
 
 from __future__ import annotations
@@ -16,14 +19,18 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from megaphone._io import atomic_write_bytes, atomic_write_json, read_json
+from megaphone.migrator.driver_copy import DriverCopy, DriverCopyError
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
 
@@ -47,7 +54,8 @@ class Commit:
     the next epoch (so a re-run of the epoch can still export them); ``stream`` remembers the
     last Structured Streaming batch id; ``plans`` are submitted plans not finished yet;
     ``tokens`` name, per worker, the attempt at the epoch whose results the driver took (a
-    worker's copy of the epoch from any other attempt, on any host, is not this commit's state).
+    worker's copy of the epoch from any other attempt, on any host, is not this commit's state);
+    ``seq`` counts the records written (the driver's durable copy names its files by it).
     """
 
     epoch: int = -1
@@ -56,6 +64,7 @@ class Commit:
     stream: dict[str, Any] = field(default_factory=dict)
     plans: list[dict[str, Any]] = field(default_factory=list)
     tokens: dict[str, str] = field(default_factory=dict)
+    seq: int = 0
 
     @classmethod
     def from_dict(cls, data: Any) -> Commit:
@@ -63,8 +72,9 @@ class Commit:
         if not isinstance(data, dict) or not set(data) <= set(cls.__dataclass_fields__):
             raise ValueError(f"commit.json is malformed: {data!r:.200}")
         commit = cls(**data)
-        if not isinstance(commit.epoch, int) or not isinstance(commit.state_version, int):
-            raise ValueError("commit.json is malformed: epoch and state_version must be integers")
+        if not all(isinstance(n, int) for n in (commit.epoch, commit.state_version, commit.seq)):
+            raise ValueError("commit.json is malformed: epoch, state_version and seq must be "
+                             "integers")
         if not isinstance(commit.tokens, dict) or not all(
                 isinstance(w, str) and w.isdigit() and isinstance(t, str)
                 for w, t in commit.tokens.items()):
@@ -84,6 +94,12 @@ class StateDir:
         self.manifest = manifest
         self.fingerprint = Fingerprint.from_dict(manifest["fingerprint"])
         self._lock_file: Any = None
+
+    @cached_property
+    def durable(self) -> DriverCopy | None:
+        """The driver's durable copy under the checkpoint location (``None`` without one)."""
+        uri = self.manifest.get("checkpoint")
+        return DriverCopy(uri) if uri else None
 
     def lock(self) -> StateDir:
         """Take the directory's exclusive lock for this object's lifetime (or :meth:`unlock`).
@@ -139,10 +155,71 @@ class StateDir:
             **settings,
         }
         state = cls(root, manifest)
+        if state.durable is not None:
+            state.durable.write_manifest(manifest)
         RoutingTable.initial(fingerprint, workers).save(state.routing_path)
         state.write_commit(Commit())
         atomic_write_json(root / "megaphone.json", manifest)  # written last: the dir is ready
         return state
+
+    @classmethod
+    def restore(cls, path: str | os.PathLike[str], copy: DriverCopy,
+                check: Callable[[dict[str, Any]], None]) -> bool:
+        """Bring the state directory at ``path`` to the last commit point of ``copy`` (a
+        checkpoint's driver copy) if it is missing or behind; True if anything changed.
+
+        ``check(manifest)`` sees the kept manifest first and may raise: a checkpoint of another
+        pipeline or configuration changes nothing. A missing directory is built aside and
+        renamed into place; one behind gets the outputs and metrics it lacks, then the commit
+        record. A directory ahead of the copy is refused (the copy is always written first).
+        """
+        root = Path(path)
+        local = cls.open(root) if cls.exists(root) else None
+        manifest = copy.manifest()
+        if manifest is None:
+            return False
+        check(manifest)
+        commit = Commit.from_dict(copy.latest_commit())
+        if local is not None:
+            at = local.read_commit().seq
+            if at > commit.seq:
+                raise DriverCopyError(
+                    f"{root} is at commit {at}, past the copy in its checkpoint {copy.uri} (at "
+                    f"{commit.seq}): that checkpoint is not this state directory's")
+            if at == commit.seq:
+                return False
+        kept = [e for e in copy.output_epochs() if e <= commit.epoch]
+        metrics = copy.metrics()
+        if local is None:
+            root.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.restoring-", dir=root.parent))
+            try:
+                (staging / "workers").mkdir()
+                (staging / ".lock").touch()
+                state = cls(staging, manifest)
+                state._restore_files(copy, kept, metrics)
+                state.write_commit(commit, durable=False)
+                atomic_write_json(staging / "megaphone.json", manifest)
+                os.rename(staging, root)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            return True
+        last = max((int(m["epoch"]) for m in local.read_metrics()), default=-1)
+        local._restore_files(copy, [e for e in kept if e not in local.output_epochs()],
+                             [m for m in metrics if int(m.get("epoch", -1)) > last])
+        local.write_commit(commit, durable=False)  # last: the directory is at the commit now
+        return True
+
+    def _restore_files(self, copy: DriverCopy, outputs: list[int],
+                       metrics: list[dict[str, Any]]) -> None:
+        self.outputs_path(0).parent.mkdir(exist_ok=True)
+        for epoch in outputs:
+            path = self.outputs_path(epoch)
+            atomic_write_bytes(path, copy.read("outputs", path.name))
+        atomic_write_bytes(self.routing_path, copy.read("routing.json"))
+        with open(self.metrics_path, "a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(m, separators=(",", ":")) + "\n" for m in metrics)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> StateDir:
@@ -163,6 +240,8 @@ class StateDir:
     def set_manifest(self, name: str, value: Any) -> None:
         """Record a setting learned after creation (e.g. the value type), atomically."""
         self.manifest[name] = value
+        if self.durable is not None:
+            self.durable.write_manifest(self.manifest)
         atomic_write_json(self.path / "megaphone.json", self.manifest)
 
     # -- paths ---------------------------------------------------------------------------
@@ -205,8 +284,11 @@ class StateDir:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, outputs.schema) as writer:
             writer.write_table(outputs)
+        data = sink.getvalue().to_pybytes()
+        if self.durable is not None:
+            self.durable.write_outputs(epoch, data)
         self.outputs_path(epoch).parent.mkdir(exist_ok=True)
-        atomic_write_bytes(self.outputs_path(epoch), sink.getvalue().to_pybytes())
+        atomic_write_bytes(self.outputs_path(epoch), data)
 
     def read_outputs(self, epoch: int) -> pa.Table:
         """The kept outputs of ``epoch``; a ``ValueError`` when they are gone or unreadable."""
@@ -223,6 +305,8 @@ class StateDir:
         """Delete the kept outputs of ``epochs``."""
         for epoch in epochs:
             self.outputs_path(epoch).unlink(missing_ok=True)
+        if self.durable is not None and epochs:
+            self.durable.drop_outputs(epochs)
 
     # -- metadata ------------------------------------------------------------------------
 
@@ -234,19 +318,28 @@ class StateDir:
         """The last commit record."""
         return Commit.from_dict(read_json(self.path / "commit.json", "commit record"))
 
-    def write_commit(self, commit: Commit, after: Callable[[], Any] | None = None) -> None:
+    def write_commit(self, commit: Commit, after: Callable[[], Any] | None = None, *,
+                     durable: bool = True) -> None:
         """Atomically replace the commit record: the commit point of an epoch (fsynced).
 
         ``after`` (if given) is what must be durable before the commit point; it is called
         once the record's own bytes are synced, just before the rename, so both are written
-        at the same time. If it raises, nothing is committed.
+        at the same time. If it raises, nothing is committed. With a checkpoint location the
+        record (numbered: ``commit.seq`` is set here) is written there first, and that write is
+        the commit point: a driver lost after it restarts from the checkpoint at this commit.
         """
         from megaphone.migrator.faults import crash_point
+
+        if durable:
+            commit.seq = self.read_commit().seq + 1 if (self.path / "commit.json").exists() \
+                else 1
 
         def before_rename() -> None:
             if after is not None:
                 after()
             crash_point("commit", commit.epoch)
+            if durable and self.durable is not None:
+                self.durable.write_commit(asdict(commit), self.routing_path)
 
         atomic_write_json(self.path / "commit.json", asdict(commit), before_rename)
 
@@ -254,6 +347,8 @@ class StateDir:
         """Append one epoch's metrics as a JSON line."""
         with open(self.metrics_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+        if self.durable is not None:
+            self.durable.add_metrics(record)
 
     def read_metrics(self, last: int | None = None) -> list[dict[str, Any]]:
         """The recorded per-epoch metrics (the ``last`` N when given); torn lines are skipped."""

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -59,11 +60,12 @@ def stop(procs: list[subprocess.Popen]) -> None:
 @contextlib.contextmanager
 def s3_endpoint(bucket: str) -> Iterator[Callable[[str], str]]:
     """An S3-compatible endpoint (moto's server) on 127.0.0.1 with ``bucket``, for the test's
-    duration; yields ``uri(path)``: the URI of ``s3://bucket/path`` with the endpoint and the
-    test credentials."""
+    duration (named ``bucket-<random>``); yields ``uri(path)``: the URI of
+    ``s3://bucket/path`` with the endpoint and the test credentials."""
     import pyarrow.fs as pafs
     from moto.server import ThreadedMotoServer
 
+    bucket = f"{bucket}-{uuid.uuid4().hex[:12]}"  # moto keeps buckets across servers in a process
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:

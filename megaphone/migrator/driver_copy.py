@@ -1,0 +1,195 @@
+"""The driver's durable copy: its state directory's files kept under the checkpoint location.
+
+With a checkpoint location, the driver writes what it alone holds (manifest, routing, commit
+record, metrics, kept outputs) there as well, so a driver whose disk is lost restarts on any
+host from the checkpoint alone, as the workers do. Layout under ``CHECKPOINT/driver/``::
+
+    megaphone.json               the state directory's manifest
+    routing.json                 the routing table, rewritten when a commit follows a new one
+    commits/sSSSSSSSSSSSS.json   one per commit record written, with the metrics the
+                                 driver recorded since the one before; the last ones kept
+    metrics/sSSSSSSSSSSSS.jsonl  the metrics of the pruned commit files up to S
+    outputs/eEEEEEEEE.arrow      the kept outputs (a stream's replay needs them)
+
+Writing commit file ``S`` is the commit point: it is written after everything the epoch
+must have made durable (outputs, the workers' changelogs) and before the state directory's
+own ``commit.json``, so the checkpoint is never behind the state directory. Opening a pipeline
+whose state directory is missing or behind its checkpoint first brings it forward
+(:meth:`megaphone.migrator.statedir.StateDir.restore`). Every file is written whole (under a
+temporary name, then moved).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from megaphone.state_backends.durable import _sync_if_local, filesystem
+
+#: Commit files kept; older ones are folded into a metrics file and deleted, in steps of
+#: :data:`FOLD_COMMITS` (as Spark keeps its last 100 batches' offsets and commits).
+KEEP_COMMITS = 100
+FOLD_COMMITS = 50
+
+
+class DriverCopyError(ValueError):
+    """A checkpoint's driver copy that is corrupt, or does not fit the state directory."""
+
+
+def _seq_name(seq: int, suffix: str) -> str:
+    return f"s{seq:012d}{suffix}"
+
+
+def _seq_of(name: str, suffix: str) -> int | None:
+    stem = name.removesuffix(suffix)
+    return int(stem[1:]) if stem != name and stem[:1] == "s" and stem[1:].isdigit() else None
+
+
+class DriverCopy:
+    """The driver's files under ``CHECKPOINT/driver/``, through ``pyarrow.fs``."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.fs, root = filesystem(uri)
+        self.root = f"{root.rstrip('/')}/driver"
+        self._routing: bytes | None = None  # the routing table's bytes last written here
+        self._pending: list[dict[str, Any]] = []  # metrics not yet in a commit file
+        self._commits: list[int] | None = None  # commit files present (listed once)
+        self._folders: set[str] = set()  # folders known to exist
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _path(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def _put(self, path: str, data: bytes) -> None:
+        folder = path.rsplit("/", 1)[0]
+        if folder not in self._folders:
+            self.fs.create_dir(folder, recursive=True)
+            self._folders.add(folder)
+        tmp = f"{path}.tmp"
+        with self.fs.open_output_stream(tmp) as sink:
+            sink.write(data)
+        _sync_if_local(self.fs, tmp)
+        self.fs.move(tmp, path)  # readers never see a torn file (on S3 a copy: still whole)
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Keep the state directory's manifest."""
+        self._put(self._path("megaphone.json"), json.dumps(manifest).encode())
+
+    def write_commit(self, commit: dict[str, Any], routing_file: Path) -> None:
+        """Write commit file ``commit["seq"]``: the commit point. The routing table (read from
+        the state directory, where the epoch saved it) goes first if it changed since."""
+        routing = routing_file.read_bytes()
+        if routing != self._routing:
+            self._put(self._path("routing.json"), routing)
+            self._routing = routing
+        record = {"commit": commit, "metrics": self._pending}
+        self._put(self._path("commits", _seq_name(commit["seq"], ".json")),
+                  json.dumps(record, separators=(",", ":")).encode())
+        self._pending = []
+        commits = self._listed_commits()
+        commits.append(commit["seq"])
+        if len(commits) >= KEEP_COMMITS + FOLD_COMMITS:
+            self._fold(commits[:FOLD_COMMITS])
+            del commits[:FOLD_COMMITS]
+
+    def add_metrics(self, record: dict[str, Any]) -> None:
+        """Carry an epoch's metrics in the next commit file (they are recorded after the commit
+        point; a driver lost before the next commit loses that line, not the epoch)."""
+        self._pending.append(record)
+
+    @property
+    def has_pending_metrics(self) -> bool:
+        """True when metrics wait for the next commit file."""
+        return bool(self._pending)
+
+    def _listed_commits(self) -> list[int]:
+        if self._commits is None:
+            self._commits = self._list("commits", ".json")
+        return self._commits
+
+    def _fold(self, seqs: list[int]) -> None:
+        lines = []
+        for seq in seqs:
+            lines += [json.dumps(m, separators=(",", ":")) for m in self._commit_file(seq)[1]]
+        self._put(self._path("metrics", _seq_name(seqs[-1], ".jsonl")),
+                  "".join(f"{line}\n" for line in lines).encode())
+        for seq in seqs:
+            self.fs.delete_file(self._path("commits", _seq_name(seq, ".json")))
+
+    def write_outputs(self, epoch: int, data: bytes) -> None:
+        """Keep the outputs of ``epoch`` (an Arrow IPC file's bytes)."""
+        self._put(self._path("outputs", f"e{epoch:09d}.arrow"), data)
+
+    def drop_outputs(self, epochs: list[int]) -> None:
+        """Delete the kept outputs of ``epochs``."""
+        for epoch in epochs:
+            path = self._path("outputs", f"e{epoch:09d}.arrow")
+            if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
+                self.fs.delete_file(path)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _list(self, folder: str, suffix: str) -> list[int]:
+        infos = self.fs.get_file_info(pafs.FileSelector(self._path(folder), allow_not_found=True))
+        return sorted(s for i in infos if (s := _seq_of(i.base_name, suffix)) is not None)
+
+    def read(self, *parts: str) -> bytes:
+        """The bytes of a file of the copy (``"outputs", "e000000007.arrow"``)."""
+        path = self._path(*parts)
+        try:
+            with self.fs.open_input_stream(path) as src:
+                return src.read()
+        except (FileNotFoundError, OSError) as exc:
+            raise DriverCopyError(f"driver copy file {self.uri} {path} is unreadable: {exc}"
+                                  ) from None
+
+    def _json(self, *parts: str) -> Any:
+        try:
+            return json.loads(self.read(*parts))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DriverCopyError(f"driver copy file {'/'.join(parts)} under {self.uri} is "
+                                  f"corrupt: {exc}") from None
+
+    def _commit_file(self, seq: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        record = self._json("commits", _seq_name(seq, ".json"))
+        if not isinstance(record, dict) or not isinstance(record.get("commit"), dict) \
+                or record["commit"].get("seq") != seq or not isinstance(record.get("metrics"),
+                                                                        list):
+            raise DriverCopyError(f"driver copy commit file {seq} under {self.uri} is malformed")
+        return record["commit"], record["metrics"]
+
+    def manifest(self) -> dict[str, Any] | None:
+        """The kept manifest, or ``None`` when this checkpoint holds no driver copy yet."""
+        if not self._listed_commits():
+            return None
+        manifest = self._json("megaphone.json")
+        if not isinstance(manifest, dict):
+            raise DriverCopyError(f"driver copy manifest under {self.uri} is malformed")
+        return manifest
+
+    def latest_commit(self) -> dict[str, Any]:
+        """The commit record of the last commit point."""
+        return self._commit_file(self._listed_commits()[-1])[0]
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every kept metrics record, in order (folded files, then commit files)."""
+        records: list[dict[str, Any]] = []
+        for seq in self._list("metrics", ".jsonl"):
+            for line in self.read("metrics", _seq_name(seq, ".jsonl")).decode().splitlines():
+                records.append(json.loads(line))
+        for seq in self._listed_commits():
+            records += self._commit_file(seq)[1]
+        return records
+
+    def output_epochs(self) -> list[int]:
+        """The epochs whose outputs are kept here."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self._path("outputs"),
+                                                        allow_not_found=True))
+        names = (i.base_name.removesuffix(".arrow")[1:] for i in infos
+                 if i.base_name.endswith(".arrow") and i.base_name.startswith("e"))
+        return sorted(int(n) for n in names if n.isdigit())
