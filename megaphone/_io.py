@@ -11,12 +11,15 @@ from typing import Any
 
 
 def atomic_write_bytes(
-    path: str | os.PathLike[str], data: bytes, before_rename: Callable[[], None] | None = None
+    path: str | os.PathLike[str], data: bytes, before_rename: Callable[[], None] | None = None,
+    *, sync: bool = True,
 ) -> None:
     """Write ``data`` to ``path`` so readers see the old or the new file, never a torn one.
 
     The bytes go to a temporary file in the same directory, are fsynced, then renamed over
-    ``path``; the directory is fsynced so the rename itself survives a crash.
+    ``path``; the directory is fsynced so the rename itself survives a crash. ``sync=False``
+    skips both fsyncs, for a file with a durable copy elsewhere (it survives a process crash,
+    not a power loss).
     """
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -24,7 +27,8 @@ def atomic_write_bytes(
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         if before_rename is not None:
             before_rename()
         os.replace(tmp, target)
@@ -32,6 +36,8 @@ def atomic_write_bytes(
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    if not sync:
+        return
     dir_fd = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -40,10 +46,12 @@ def atomic_write_bytes(
 
 
 def atomic_write_json(
-    path: str | os.PathLike[str], obj: Any, before_rename: Callable[[], None] | None = None
+    path: str | os.PathLike[str], obj: Any, before_rename: Callable[[], None] | None = None,
+    *, sync: bool = True,
 ) -> None:
     """Write ``obj`` as JSON atomically (see :func:`atomic_write_bytes`)."""
-    atomic_write_bytes(path, json.dumps(obj, separators=(",", ":")).encode(), before_rename)
+    atomic_write_bytes(path, json.dumps(obj, separators=(",", ":")).encode(), before_rename,
+                       sync=sync)
 
 
 def read_json(path: str | os.PathLike[str], what: str) -> Any:

@@ -181,7 +181,10 @@ class StateDir:
         check(manifest)
         commit = Commit.from_dict(copy.latest_commit())
         if local is not None:
-            at = local.read_commit().seq
+            try:
+                at = local.read_commit().seq
+            except ValueError:  # not synced here: a power loss can leave it torn
+                at = -1
             if at > commit.seq:
                 raise DriverCopyError(
                     f"{root} is at commit {at}, past the copy in its checkpoint {copy.uri} (at "
@@ -288,7 +291,8 @@ class StateDir:
         if self.durable is not None:
             self.durable.write_outputs(epoch, data)
         self.outputs_path(epoch).parent.mkdir(exist_ok=True)
-        atomic_write_bytes(self.outputs_path(epoch), data)
+        # With a driver's copy, that one is durable: this one need not be synced too.
+        atomic_write_bytes(self.outputs_path(epoch), data, sync=self.durable is None)
 
     def read_outputs(self, epoch: int) -> pa.Table:
         """The kept outputs of ``epoch``; a ``ValueError`` when they are gone or unreadable."""
@@ -299,6 +303,10 @@ class StateDir:
         except FileNotFoundError:
             raise ValueError(f"outputs of epoch {epoch} are no longer kept ({path})") from None
         except (OSError, pa.ArrowInvalid) as exc:
+            if self.durable is not None and epoch in self.durable.output_epochs():
+                # not synced here (a power loss can leave it torn): the driver's copy is
+                return pa.ipc.open_file(pa.BufferReader(
+                    self.durable.read("outputs", path.name))).read_all()
             raise ValueError(f"outputs of epoch {epoch} at {path} are corrupt: {exc}") from None
 
     def drop_outputs(self, epochs: list[int]) -> None:
@@ -341,7 +349,8 @@ class StateDir:
             if durable and self.durable is not None:
                 self.durable.write_commit(asdict(commit), self.routing_path)
 
-        atomic_write_json(self.path / "commit.json", asdict(commit), before_rename)
+        atomic_write_json(self.path / "commit.json", asdict(commit), before_rename,
+                          sync=self.durable is None)  # with a driver's copy, that is synced
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Append one epoch's metrics as a JSON line."""
