@@ -12,6 +12,7 @@ The driver holds only metadata: routing, plans and metrics.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 import uuid
@@ -27,6 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
+from megaphone.migrator.connect_stream import ServerBatch
 from megaphone.migrator.controller import MigrationHandle, PlanQueue, PolicyInputs
 from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.epoch import EpochRun
@@ -50,6 +52,8 @@ from megaphone.spark import is_connect, task_slots
 from megaphone.state_backends import BACKENDS, DEFAULT_CHUNK_BYTES
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, claim_checkpoint
 from megaphone.state_backends.remote import default_local_dir, release_stores
+
+log = logging.getLogger("megaphone.pipeline")
 
 #: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
 LOAD_SMOOTHING = 0.3
@@ -152,6 +156,7 @@ class Pipeline:
         self.local_dir = str(Path(local_dir or default_local_dir()).absolute())
         self._update_arg = update
         self._output_type = T._parse_datatype_string(output_type)  # once: it asks the JVM
+        self._output_type_arg = output_type
         self._settings = {
             "backend": backend,
             "key": key,
@@ -176,7 +181,9 @@ class Pipeline:
         self._commit = Commit()
         self._path = Path(state_dir)
         self._streaming = False
+        self._on_server = False  # a stream runs this pipeline on a Spark Connect server
         self._query = None
+        self._watcher: threading.Thread | None = None
         self._uncommitted = False  # an epoch failed after workers may have applied it
         # This session's run: an epoch a worker applied in another run (one that crashed or
         # failed before its commit point) is rolled back there, never replayed.
@@ -224,13 +231,13 @@ class Pipeline:
                 f"{where} holds state of another pipeline configuration: " + "; ".join(mismatches)
             )
 
-    def _check_restore(self, m: dict[str, Any], uri: str) -> None:
+    def _check_restore(self, m: dict[str, Any], uri: str, owner: Pipeline | None = None) -> None:
         """Refuse to restore a state directory from the driver's copy at ``uri`` for another
-        configuration, or for a pipeline already open in this process."""
+        configuration, or for a pipeline already open in this process (but ``owner``)."""
         fp = Fingerprint.from_dict(m.get("fingerprint"))
         self._check_config(m, fp, f"checkpoint location {uri}")
         other = _PIPELINES.get(fp.pipeline_id)
-        if other is not None:
+        if other is not None and other is not owner:
             raise ValueError(f"pipeline {fp.pipeline_id} of checkpoint location {uri} is open "
                              f"in this process on {other._path}; close it first")
 
@@ -340,18 +347,22 @@ class Pipeline:
         same checkpoint replays uncommitted batches; a batch id already committed is not
         applied again, only its stored outputs are handed to ``sink`` once more.
 
-        Not over Spark Connect: its ``foreachBatch`` runs the function in a process on the
-        server, away from this pipeline's driver state; call :meth:`process` per batch there.
+        Over Spark Connect, ``foreachBatch`` runs on the server: the batch function opens this
+        pipeline there from its checkpoint location (``Pipeline(checkpoint=...)`` is needed, and
+        ``checkpoint_location`` a path of the server's), ``sink`` runs there too, and this
+        object is brought forward from the checkpoint when the query ends; meanwhile
+        :meth:`process` and :meth:`migrate` are refused (submit plans before :meth:`start`).
         """
         if is_connect(self.spark):
-            raise NotImplementedError(
-                "Pipeline.start() needs a classic SparkSession: over Spark Connect, foreachBatch "
-                "runs on the server, away from the pipeline; call process() per batch instead")
-        location = checkpoint_location or str(self._path / "_stream_checkpoint")
+            on_batch: Callable[[DataFrame, int], None] = self._server_batch(
+                sink, checkpoint_location)
+            location = checkpoint_location
+        else:
+            location = checkpoint_location or str(self._path / "_stream_checkpoint")
 
-        def on_batch(batch_df: DataFrame, batch_id: int) -> None:
-            outputs, epoch = self._run_batch(batch_df, batch_id, location)
-            sink(outputs, epoch)
+            def on_batch(batch_df: DataFrame, batch_id: int) -> None:
+                outputs, epoch = self._run_batch(batch_df, batch_id, location)
+                sink(outputs, epoch)
 
         writer = stream.writeStream.foreachBatch(on_batch).option(
             "checkpointLocation", location
@@ -359,10 +370,53 @@ class Pipeline:
         if trigger:
             writer = writer.trigger(**trigger)
         self._streaming = True
-        query = writer.start()
+        try:
+            query = writer.start()
+        except BaseException:
+            self._streaming = False
+            if self._on_server:
+                self._rejoin()
+            raise
         self._query = query
-        threading.Thread(target=self._watch, args=(query,), daemon=True).start()
+        self._watcher = threading.Thread(target=self._watch, args=(query,), daemon=True)
+        self._watcher.start()
         return query
+
+    def _server_batch(self, sink: Callable[[DataFrame, int], None],
+                      location: str | None) -> ServerBatch:
+        """Step aside for a stream over Spark Connect; the batch function that runs the
+        pipeline on the server (:mod:`megaphone.migrator.connect_stream`)."""
+        if self._settings["checkpoint"] is None or location is None:
+            raise ValueError(
+                "over Spark Connect, start() runs the pipeline on the server: it needs the "
+                "pipeline's checkpoint location (Pipeline(..., checkpoint=URI)) and a "
+                "checkpoint_location for the query, both reachable from the server")
+        if self._state is None:
+            raise RuntimeError("the pipeline has no state yet: process a batch or give key_type")
+        fp = self.fingerprint
+        settings = {"key": self.key, "value": self.value, "update": self._update_arg,
+                    "num_bins": self._num_bins, "backend": self._settings["backend"],
+                    "key_type": fp.key_type, "pipeline_id": fp.pipeline_id,
+                    "event_time": self.event_time, "output_type": self._output_type_arg,
+                    "chunk_bytes": self.chunk_bytes, "keep_outputs": self.keep_outputs,
+                    "checkpoint": self._settings["checkpoint"],
+                    "snapshot_every": self._settings["snapshot_every"]}
+        with self._lock:  # the server opens the stores and writes the checkpoint from now on
+            self._release_stores(self._state)
+            self._state.unlock()
+            self._on_server = True
+        return ServerBatch(settings, location, sink)
+
+    def _rejoin(self) -> None:
+        """Bring this pipeline forward from the checkpoint after its stream ran on a Spark
+        Connect server (the epochs, routing, plans and metrics the server committed)."""
+        with self._lock:
+            uri = self._settings["checkpoint"]
+            StateDir.restore(self._path, DriverCopy(uri), lambda m: self._check_restore(m, uri,
+                                                                                        self))
+            self._metrics.clear()
+            self._open(StateDir.open(self._path))
+            self._on_server = False
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the stream started by :meth:`start` between two epochs, not in the middle of one.
@@ -378,6 +432,9 @@ class Pipeline:
             time.sleep(0.05)
         query.stop()
         self._query = None
+        if self._watcher is not None:  # over Spark Connect it brings the pipeline forward
+            self._watcher.join()
+            self._watcher = None
 
     def _watch(self, query) -> None:
         try:
@@ -385,7 +442,14 @@ class Pipeline:
         except Exception:  # the query's error is the user's to see; we only clear the flag
             pass
         finally:
-            self._streaming = False
+            try:
+                if self._on_server:
+                    self._rejoin()
+            except Exception:
+                log.exception("the pipeline could not be brought forward from its checkpoint "
+                              "after its stream on the Spark Connect server ended")
+            finally:
+                self._streaming = False
 
     def migrate(self, plan: MigrationPlan, policy: MigrationPolicy | None = None
                 ) -> MigrationHandle:
@@ -399,6 +463,9 @@ class Pipeline:
         """
         if self._queue is None:
             raise RuntimeError("the pipeline has no state yet: process a batch or give key_type")
+        if self._on_server:
+            raise RuntimeError("the pipeline's stream runs it on the Spark Connect server: "
+                               "submit plans before start(), or stop() the stream first")
         with self._lock:  # between epochs: the plan is durable once this returns
             handle = self._queue.submit(plan, self._commit.epoch + 1, policy)
             self._commit.plans = self._queue.to_list()
