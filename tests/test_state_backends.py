@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import megaphone.state_backends.common as common
 import megaphone.state_backends.rocksdb as rocksdb_mod
+from megaphone.routing.bins import MAX_NUM_BINS
 from megaphone.state_backends import (
     BACKENDS,
     EXPORT_SCHEMA,
@@ -34,7 +35,6 @@ from megaphone.state_backends import (
     unpack_values,
 )
 from megaphone.state_backends.encoding import (
-    MAX_BINS,
     bin_prefix,
     bin_runs,
     bins_of_raw,
@@ -73,7 +73,7 @@ def assert_stats_exact(be: StateBackend) -> None:
 # ----------------------------------------------------------------------------- encoding
 
 
-@given(st.lists(st.tuples(st.integers(0, MAX_BINS - 1), INT64), max_size=50))
+@given(st.lists(st.tuples(st.integers(0, MAX_NUM_BINS - 1), INT64), max_size=50))
 def test_int64_encoding_roundtrip_and_order(pairs: list[tuple[int, int]]) -> None:
     bins = np.array([b for b, _ in pairs], dtype=np.int64)
     keys = np.array([k for _, k in pairs], dtype=np.int64)
@@ -86,7 +86,7 @@ def test_int64_encoding_roundtrip_and_order(pairs: list[tuple[int, int]]) -> Non
     assert sorted(raw) == [r for _, r in sorted(zip(pairs, raw, strict=True))]
 
 
-@given(st.lists(st.tuples(st.integers(0, MAX_BINS - 1), TEXT), max_size=50))
+@given(st.lists(st.tuples(st.integers(0, MAX_NUM_BINS - 1), TEXT), max_size=50))
 def test_str_encoding_roundtrip(pairs: list[tuple[int, str]]) -> None:
     bins = [b for b, _ in pairs]
     keys = [k for _, k in pairs]
@@ -98,7 +98,7 @@ def test_str_encoding_roundtrip(pairs: list[tuple[int, str]]) -> None:
 
 def test_ranges_and_meta_prefix() -> None:
     assert bin_range(5) == (b"\x00\x00\x00\x05", b"\x00\x00\x00\x06")
-    assert bin_prefix(MAX_BINS - 1) + b"\xff" * 16 < META_PREFIX
+    assert bin_prefix(MAX_NUM_BINS - 1) + b"\xff" * 16 < META_PREFIX
     assert meta_key("x") == META_PREFIX + b"x"
     assert bin_runs([7, 1, 2, 3, 9, 8, 3]) == [(1, 4), (7, 10)]
     assert bin_runs([]) == []
@@ -464,3 +464,12 @@ def test_decode_int_keys_matches_the_per_key_decoder(pairs):
     assert got is not None
     assert got[0].tolist() == bins.tolist() and got[1].tolist() == keys.tolist()
     assert decode_int_keys(pa.array([b"\x00\x00\x00\x01abc"], pa.binary())) is None  # str key
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_backends_check_key_type_and_bins_like_routing(tmp_path: Path, kind: str) -> None:
+    """Backends apply routing's rules: 1 bin (no migration possible) and unknown types fail."""
+    with pytest.raises(ValueError, match=r"power of two from 2 to 2\*\*20"):
+        open_backend(kind, str(tmp_path / "one"), "int64", 1)
+    with pytest.raises(ValueError, match="key_type must be one of"):
+        open_backend(kind, str(tmp_path / "bad"), "int32", 16)

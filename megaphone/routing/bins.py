@@ -26,6 +26,7 @@ __all__ = [
     "SEED",
     "bin_column",
     "bin_of",
+    "check_key_type",
     "key_type_of",
     "validate_num_bins",
     "xxhash64_unsigned",
@@ -92,7 +93,8 @@ def validate_num_bins(num_bins: int) -> int:
     return int(num_bins).bit_length() - 1
 
 
-def _check_key_type(key_type: str) -> str:
+def check_key_type(key_type: str) -> str:
+    """Return ``key_type`` if it is one of :data:`KEY_TYPES`, else raise ``ValueError``."""
     if key_type not in KEY_TYPES:
         raise ValueError(f"key_type must be one of {KEY_TYPES}, got {key_type!r}")
     return key_type
@@ -433,7 +435,7 @@ def bin_column(
     from pyspark.sql import functions as F
 
     k = validate_num_bins(num_bins)
-    _check_key_type(key_type)
+    check_key_type(key_type)
     if isinstance(col, str):
         col = F.col(col)
     elif not isinstance(col, Column):

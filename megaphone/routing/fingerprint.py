@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from megaphone.routing.bins import KEY_TYPES, validate_num_bins
+from megaphone.routing.bins import check_key_type, validate_num_bins
 
 
 class FingerprintMismatch(ValueError):
@@ -28,8 +28,7 @@ class Fingerprint:
         if not isinstance(self.pipeline_id, str) or not self.pipeline_id:
             raise ValueError(f"pipeline_id must be a non-empty string, got {self.pipeline_id!r}")
         validate_num_bins(self.num_bins)
-        if self.key_type not in KEY_TYPES:
-            raise ValueError(f"key_type must be one of {KEY_TYPES}, got {self.key_type!r}")
+        check_key_type(self.key_type)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, as stored in routing tables, manifests and plans."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from megaphone.routing.bins import KEY_TYPES
 from megaphone.state_backends.base import (
     DEFAULT_CHUNK_BYTES,
     EXPORT_SCHEMA,
@@ -18,7 +19,6 @@ from megaphone.state_backends.base import (
 )
 from megaphone.state_backends.common import SST_MIN_BYTES
 from megaphone.state_backends.encoding import (
-    KEY_TYPES,
     META_PREFIX,
     bin_range,
     bins_range,

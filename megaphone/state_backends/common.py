@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from megaphone.routing.bins import check_key_type, validate_num_bins
 from megaphone.state_backends.base import (
     DEFAULT_CHUNK_BYTES,
     EXPORT_SCHEMA,
@@ -30,8 +31,6 @@ from megaphone.state_backends.encoding import (
     bins_of_arrow,
     bins_of_raw,
     byte_lengths,
-    check_key_type,
-    check_num_bins,
     decode_keys,
     encode_keys,
     pack_values,
@@ -162,7 +161,8 @@ class BackendBase:
     def __init__(self, key_type: str, num_bins: int) -> None:
         """Validate and record the key type and bin count."""
         self.key_type = check_key_type(key_type)
-        self.num_bins = check_num_bins(num_bins)
+        validate_num_bins(num_bins)
+        self.num_bins = int(num_bins)
 
     # ------------------------------------------------------------------ primitives (override)
 

@@ -26,14 +26,10 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
-KEY_TYPES: tuple[str, ...] = ("int64", "str")
-"""The key types every backend supports."""
-
-MAX_BINS = 1 << 20
-"""Upper bound on ``num_bins`` so a 4-byte bin prefix can never collide with :data:`META_PREFIX`."""
+from megaphone.routing.bins import check_key_type
 
 META_PREFIX = b"\xff\xff\xff\xff"
-"""Prefix of metadata keys; sorts after every bin key range."""
+"""Prefix of metadata keys; sorts after every bin key range (bin ids are below 2**20)."""
 
 BIN_PREFIX_LEN = 4
 """Length in bytes of the bin-id prefix of a raw key."""
@@ -44,21 +40,6 @@ _UNPACK = partial(msgpack.unpackb, raw=False, strict_map_key=False)
 
 
 # --------------------------------------------------------------------------- validation
-
-
-def check_key_type(key_type: str) -> str:
-    """Return ``key_type`` if it is supported, else raise ``ValueError`` (fail early on typos)."""
-    if key_type not in KEY_TYPES:
-        raise ValueError(f"unknown key_type {key_type!r}; expected one of {KEY_TYPES}")
-    return key_type
-
-
-def check_num_bins(num_bins: int) -> int:
-    """Return ``num_bins`` if it is a power of two in ``[1, 2**20]``, else raise ``ValueError``."""
-    n = int(num_bins)
-    if n < 1 or n > MAX_BINS or n & (n - 1):
-        raise ValueError(f"num_bins must be a power of two in [1, {MAX_BINS}], got {num_bins!r}")
-    return n
 
 
 def as_bins(bins: Any, num_bins: int, n: int | None = None) -> np.ndarray:
@@ -126,6 +107,7 @@ def encode_keys(bins: Any, keys: Any, key_type: str) -> list[bytes]:
     int64 keys go through a ``[('b','>u4'),('k','>u8')]`` structured array viewed as ``V12``,
     so the bytes objects are built in C with no per-key Python loop.
     """
+    check_key_type(key_type)
     b = np.asarray(bins, dtype=np.int64).reshape(-1)
     if key_type == "int64":
         k = _as_int64_keys(keys)
@@ -135,13 +117,11 @@ def encode_keys(bins: Any, keys: Any, key_type: str) -> list[bytes]:
         rec["b"] = b
         rec["k"] = k.view(np.uint64) ^ _SIGN
         return rec.view("V12").tolist()
-    if key_type == "str":
-        ks = keys.tolist() if isinstance(keys, np.ndarray) else list(keys)
-        if len(ks) != b.shape[0]:
-            raise ValueError(f"got {b.shape[0]} bins for {len(ks)} keys")
-        prefixes = b.astype(">u4").view("V4").tolist()
-        return [p + k.encode("utf-8") for p, k in zip(prefixes, ks, strict=True)]
-    raise ValueError(f"unknown key_type {key_type!r}; expected one of {KEY_TYPES}")
+    ks = keys.tolist() if isinstance(keys, np.ndarray) else list(keys)
+    if len(ks) != b.shape[0]:
+        raise ValueError(f"got {b.shape[0]} bins for {len(ks)} keys")
+    prefixes = b.astype(">u4").view("V4").tolist()
+    return [p + k.encode("utf-8") for p, k in zip(prefixes, ks, strict=True)]
 
 
 def byte_lengths(items: Sequence[bytes | None]) -> np.ndarray:
@@ -223,17 +203,15 @@ def decode_keys(raw: Sequence[bytes], key_type: str) -> tuple[np.ndarray, list[A
 
     The int64 path is one ``b"".join`` plus ``np.frombuffer``; str keys are decoded per key.
     """
-    if key_type == "int64":
+    if check_key_type(key_type) == "int64":
         if not raw:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         joined = b"".join(raw)
         if len(joined) != 12 * len(raw):
             raise ValueError("int64 raw keys must be exactly 12 bytes")
         return _split_int_keys(joined)
-    if key_type == "str":
-        bins = bins_of_raw(raw)
-        return bins, [r[BIN_PREFIX_LEN:].decode("utf-8") for r in raw]
-    raise ValueError(f"unknown key_type {key_type!r}; expected one of {KEY_TYPES}")
+    bins = bins_of_raw(raw)
+    return bins, [r[BIN_PREFIX_LEN:].decode("utf-8") for r in raw]
 
 
 def decode_int_keys(raw: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
