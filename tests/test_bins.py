@@ -10,14 +10,8 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megaphone.routing.bins import (
-    KEY_TYPES,
-    bin_column,
-    bin_of,
-    key_type_of,
-    validate_num_bins,
-    xxhash64_unsigned,
-)
+from megaphone.routing.bins import bin_column, bin_of, validate_num_bins, xxhash64_unsigned
+from megaphone.routing.keys import KEY_TYPES, key_type_of
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 # Characters of 1, 2, 3 and 4 UTF-8 bytes, so string byte lengths hit every tail size.

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from megaphone.routing.bins import check_key_type, validate_num_bins
+from megaphone.routing.bins import validate_num_bins
+from megaphone.routing.keys import check_key_type
 
 
 class FingerprintMismatch(ValueError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from megaphone.routing.bins import KEY_TYPES
+from megaphone.routing.keys import KEY_TYPES
 from megaphone.state_backends.base import (
     DEFAULT_CHUNK_BYTES,
     EXPORT_SCHEMA,

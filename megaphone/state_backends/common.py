@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from megaphone.routing.bins import check_key_type, validate_num_bins
+from megaphone.routing.bins import validate_num_bins
+from megaphone.routing.keys import check_key_type
 from megaphone.state_backends.base import (
     DEFAULT_CHUNK_BYTES,
     EXPORT_SCHEMA,

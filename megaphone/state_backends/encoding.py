@@ -26,7 +26,7 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
-from megaphone.routing.bins import check_key_type
+from megaphone.routing.keys import check_key_type
 
 META_PREFIX = b"\xff\xff\xff\xff"
 """Prefix of metadata keys; sorts after every bin key range (bin ids are below 2**20)."""
