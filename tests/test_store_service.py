@@ -20,7 +20,8 @@ from megaphone.state_backends.remote import (
     release_stores,
     service_pid,
 )
-from megaphone.state_backends.service import StoreService, process_start
+from megaphone.state_backends.service import StoreService
+from megaphone.state_backends.service_identity import process_start
 from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
 
 BINS = 16
@@ -148,8 +149,9 @@ def test_a_service_running_other_code_is_replaced(tmp_path):
     local = str(tmp_path / "local")
     os.makedirs(local)
     old = subprocess.Popen(
-        [sys.executable, "-c", "from megaphone.state_backends import service; "
-         "service._CODE_ID = 'code-before-an-upgrade'; service.main()", local],
+        [sys.executable, "-c",
+         "from megaphone.state_backends import service_identity, service_process; "
+         "service_identity._CODE_ID = 'code-before-an-upgrade'; service_process.main()", local],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 60

@@ -1,9 +1,9 @@
 """The task side of the store service: find or start it, and a handle on one worker's store.
 
 :func:`connect` returns this host's service connection for a local directory, starting the
-service (:mod:`megaphone.state_backends.service`) if none runs; Python workers that Spark reuses
-keep their connection from epoch to epoch. :class:`RemoteStore` is what an epoch's task uses:
-``begin`` an epoch, drop, install, read, ``commit``, or ``export`` bins.
+service (:mod:`megaphone.state_backends.service_process`) if none runs; Python workers that
+Spark reuses keep their connection from epoch to epoch. :class:`RemoteStore` is what an epoch's
+task uses: ``begin`` an epoch, drop, install, read, ``commit``, or ``export`` bins.
 
 A service that dies (killed, out of memory) surfaces as :class:`StoreUnavailable`; the driver
 runs the epoch's job again, which starts a new service that reopens the stores from their
@@ -27,15 +27,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from megaphone.state_backends.service import (
-    batch_to_ipc,
-    code_id,
-    ipc_to_batches,
-    pid_file,
-    recv_frame,
-    send_frame,
-    socket_path,
-)
+from megaphone.state_backends.service_identity import code_id, pid_file, socket_path
+from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
 
 log = logging.getLogger("megaphone.store")
 
@@ -211,8 +204,8 @@ def _start(local_dir: str) -> _Connection:
         log_path = os.path.join(local_dir, "store-service.log")
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-c", "from megaphone.state_backends.service import main; main()",
-                 local_dir],
+                [sys.executable, "-c",
+                 "from megaphone.state_backends.service_process import main; main()", local_dir],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                 close_fds=True)
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -17,35 +17,31 @@ connection for ``idle_exit_s``, or on ``shutdown``. It never leaves a lock behin
 service releases its RocksDB locks with its process, and its WAL brings every synced commit
 back when the next service opens the store.
 
-Wire format: each frame is a 4-byte big-endian length and a msgpack map (never pickle). Arrow
-data travels as IPC stream bytes. An epoch's writes carry the *lease* its ``begin`` returned,
-so a zombie task of an earlier attempt cannot change a store after a retry has begun.
+Requests and replies are frames of :mod:`megaphone.state_backends.wire`. An epoch's writes carry
+the *lease* its ``begin`` returned, so a zombie task of an earlier attempt cannot change a store
+after a retry has begun. :mod:`megaphone.state_backends.service_identity` says where a host's
+service listens and how a client recognizes it.
 
-Run as ``python -m megaphone.state_backends.service DIR`` (the client does this).
+The process that hosts it is :mod:`megaphone.state_backends.service_process`.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import logging
 import os
 import shutil
 import socket
-import socketserver
-import struct
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import msgpack
 import pyarrow as pa
 
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
+from megaphone.state_backends.service_identity import code_id, process_start
+from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
 from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
 
 log = logging.getLogger("megaphone.store_service")
@@ -54,65 +50,10 @@ log = logging.getLogger("megaphone.store_service")
 STORE_IDLE_CLOSE_S = 600.0
 #: The service exits after this long with no store open and no connection.
 IDLE_EXIT_S = 30.0
-_LEN = struct.Struct(">I")
 
 
-# -- wire ---------------------------------------------------------------------------------------
 
 
-def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
-    """Send one msgpack frame."""
-    body = msgpack.packb(message, use_bin_type=True)
-    sock.sendall(_LEN.pack(len(body)) + body)
-
-
-def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
-    """Receive one frame; ``None`` if the peer closed the connection before it."""
-    head = _recv_exact(sock, 4)
-    if head is None:
-        return None
-    body = _recv_exact(sock, _LEN.unpack(head)[0])
-    if body is None:
-        raise ConnectionError("connection closed in the middle of a frame")
-    return msgpack.unpackb(body, raw=False)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        part = sock.recv(min(n - len(buf), 1 << 20))
-        if not part:
-            if buf:
-                raise ConnectionError("connection closed in the middle of a frame")
-            return None
-        buf += part
-    return bytes(buf)
-
-
-def batch_to_ipc(batch: pa.RecordBatch) -> bytes:
-    """One record batch as Arrow IPC stream bytes."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
-def ipc_to_batches(data: bytes) -> list[pa.RecordBatch]:
-    """The record batches of Arrow IPC stream bytes."""
-    return list(pa.ipc.open_stream(pa.py_buffer(data)))
-
-
-def process_start(pid: int) -> int | None:
-    """A process's start time (clock ticks since boot), ``None`` if it does not exist.
-
-    A pid together with its start time names one process even after the pid is reused.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(b")") + 2:].split()[19])
 
 
 # -- the service --------------------------------------------------------------------------------
@@ -398,86 +339,3 @@ def _open_store(req: dict[str, Any]) -> WorkerStore:
     """Open the store a request names, with its durable copy when it has a checkpoint."""
     return WorkerStore.open(req["kind"], req["path"], req["key_type"], req["num_bins"],
                             durable=_durable(req) if req.get("checkpoint") else None)
-
-
-def code_id() -> str:
-    """A digest of the store service's code (this package's modules): a client that reaches a
-    service running other code (one started before an upgrade) replaces it, since the two may
-    not agree on the protocol."""
-    global _CODE_ID
-    if _CODE_ID is None:
-        import hashlib
-
-        digest = hashlib.sha256()
-        for path in sorted(Path(__file__).parent.glob("*.py")):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
-        _CODE_ID = digest.hexdigest()[:16]
-    return _CODE_ID
-
-
-_CODE_ID: str | None = None
-
-
-def socket_path(local_dir: str) -> str:
-    """Where the service of ``local_dir`` listens (a short path: Unix sockets allow ~107 bytes)."""
-    path = os.path.join(local_dir, "store.sock")
-    if len(path.encode()) < 100:
-        return path
-    import hashlib
-
-    digest = hashlib.sha256(os.path.abspath(local_dir).encode()).hexdigest()[:16]
-    return os.path.join("/tmp", f"megaphone-{digest}.sock")
-
-
-def pid_file(local_dir: str) -> str:
-    """The file holding the running service's pid."""
-    return os.path.join(local_dir, "store-service.pid")
-
-
-def run(local_dir: str, idle_exit_s: float = IDLE_EXIT_S) -> None:
-    """Serve ``local_dir``'s socket until shut down, idle, or the executors using it are gone."""
-    service = StoreService(idle_exit_s)
-    path = socket_path(local_dir)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)  # the caller holds the start lock: no live service owns it
-
-    class Handler(socketserver.BaseRequestHandler):
-        def handle(self) -> None:
-            service.serve(self.request)
-
-    class Server(socketserver.ThreadingUnixStreamServer):
-        daemon_threads = True
-        request_queue_size = 64
-
-    server = Server(path, Handler)
-    os.chmod(path, 0o600)
-    with open(pid_file(local_dir) + ".tmp", "w") as fh:
-        fh.write(str(os.getpid()))
-    os.replace(pid_file(local_dir) + ".tmp", pid_file(local_dir))
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                     daemon=True).start()
-    log.info("store service %d listening on %s", os.getpid(), path)
-    try:
-        while service.housekeeping():
-            service.stopping.wait(0.5)
-    finally:
-        server.shutdown()
-        service.close_stores(lambda p, e: True, "service stopping")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        log.info("store service %d stopped", os.getpid())
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Command-line entry of the service process (started by the client)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("local_dir")
-    parser.add_argument("--idle-exit", type=float, default=IDLE_EXIT_S)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(process)d %(levelname)s %(message)s")
-    run(args.local_dir, args.idle_exit)
-
-
-if __name__ == "__main__":
-    main()
