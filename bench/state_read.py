@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from megaphone.migrator.state_reader import _batch
 from megaphone.routing.bins import bin_of
 from megaphone.state_backends import open_backend
-from megaphone.state_backends.common import kv_columns
 from megaphone.state_backends.encoding import encode_keys, pack_values
+from megaphone.state_backends.kv_batches import kv_columns
 
 BINS = 4096
 #: Rows per Arrow batch of the per-key path (what the earlier reader used).

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import megaphone.state_backends.common as common
+import megaphone.state_backends.backend_base as backend_base
 import megaphone.state_backends.rocksdb as rocksdb_mod
 from megaphone.routing.bins import MAX_NUM_BINS
 from megaphone.state_backends import (
@@ -344,7 +344,7 @@ def test_import_auto_picks_by_size(tmp_path: Path, kind: str,
         src.put_many(np.arange(2000) % 16, np.arange(2000), [b"x" * 20] * 2000)
         small = dst.import_bins(src.export_bins([0]), method="auto")
         assert small.method == "chunk" and small.keys == 125
-        monkeypatch.setattr(common, "SST_MIN_BYTES", 1000)
+        monkeypatch.setattr(backend_base, "SST_MIN_BYTES", 1000)
         big = dst.import_bins(src.export_bins(range(1, 16), chunk_bytes=500))
         assert big.method == ("sst" if kind == "rocksdb" else "chunk")
         assert big.keys == 1875

@@ -14,13 +14,13 @@ from pyspark.sql.pandas.types import to_arrow_type
 
 from megaphone.migrator.worker import local_worker_path
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES, open_backend
-from megaphone.state_backends.common import kv_columns
 from megaphone.state_backends.encoding import (
     decode_int_keys,
     decode_keys,
     unpack_ints,
     unpack_values,
 )
+from megaphone.state_backends.kv_batches import kv_columns
 from megaphone.state_backends.remote import DurableSpec, RemoteStore
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from megaphone.routing.keys import KEY_TYPES
+from megaphone.state_backends.backend_base import SST_MIN_BYTES
 from megaphone.state_backends.base import (
     DEFAULT_CHUNK_BYTES,
     EXPORT_SCHEMA,
@@ -17,7 +18,6 @@ from megaphone.state_backends.base import (
     ImportStats,
     StateBackend,
 )
-from megaphone.state_backends.common import SST_MIN_BYTES
 from megaphone.state_backends.encoding import (
     META_PREFIX,
     bin_range,

@@ -27,7 +27,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from megaphone.state_backends.common import INFO_META, BackendBase, check_info, info_bytes
+from megaphone.state_backends.backend_base import BackendBase
+from megaphone.state_backends.descriptor import INFO_META, check_info, info_bytes
 from megaphone.state_backends.encoding import bins_of_raw
 from megaphone.state_backends.stats import STATS_META, BinCounters
 

@@ -33,22 +33,17 @@ from rocksdict import (
     WriteOptions,
 )
 
+from megaphone.state_backends.backend_base import BackendBase
 from megaphone.state_backends.base import ImportStats
-from megaphone.state_backends.common import (
-    INFO_META,
-    BackendBase,
-    FreshTracker,
-    check_info,
-    info_bytes,
-    kv_columns,
-    sorted_unique,
-)
+from megaphone.state_backends.descriptor import INFO_META, check_info, info_bytes
 from megaphone.state_backends.encoding import (
     arrow_lengths,
     bin_prefix,
     bins_of_arrow,
     meta_key,
 )
+from megaphone.state_backends.fresh_keys import FreshTracker
+from megaphone.state_backends.kv_batches import kv_columns, sorted_unique
 from megaphone.state_backends.memory import STATE_FILE
 from megaphone.state_backends.stats import STATS_META, BinCounters
 

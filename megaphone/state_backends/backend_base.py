@@ -1,4 +1,4 @@
-"""Engine-independent half of every backend: batching, counters, export chunking, import logic.
+"""Engine-independent half of every backend: batching, counters, export and import logic.
 
 A concrete backend only supplies a handful of primitives (multi-get, one atomic commit, an
 ordered range scan, range drop, metadata get, SST bulk load); everything the
@@ -12,19 +12,17 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import msgpack
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from megaphone.routing.bins import validate_num_bins
 from megaphone.routing.keys import check_key_type
 from megaphone.state_backends.base import (
     DEFAULT_CHUNK_BYTES,
-    EXPORT_SCHEMA,
     BinStats,
     ImportStats,
 )
+from megaphone.state_backends.descriptor import RESERVED_META
 from megaphone.state_backends.encoding import (
     arrow_lengths,
     as_bins,
@@ -37,114 +35,15 @@ from megaphone.state_backends.encoding import (
     pack_values,
     unpack_values,
 )
-from megaphone.state_backends.stats import STATS_META, BinCounters, stats_from_scan
-
-FORMAT_VERSION = 1
-"""Version of the on-disk layout, stored in the ``megaphone.backend`` metadata entry."""
-
-INFO_META = "megaphone.backend"
-"""Metadata name of the store descriptor (format version, key_type, num_bins)."""
-
-RESERVED_META = frozenset({INFO_META, STATS_META})
-"""Metadata names managed by the backend itself; user writes to them are refused."""
+from megaphone.state_backends.fresh_keys import FreshTracker
+from megaphone.state_backends.kv_batches import cut_batches, kv_columns, strictly_increasing
+from megaphone.state_backends.stats import BinCounters, stats_from_scan
 
 IMPORT_METHODS = ("auto", "chunk", "sst")
 """Accepted values of ``import_bins(method=...)``."""
 
 SST_MIN_BYTES = 32 << 20
-
-_SCAN_BLOCK = 1024  # entries pulled from a range scan at a time while exporting
 """``import_bins(method="auto")`` switches to SST ingestion once an import exceeds this size."""
-
-
-def info_bytes(key_type: str, num_bins: int) -> bytes:
-    """The ``megaphone.backend`` descriptor written when a store is created."""
-    return msgpack.packb(
-        {"format": FORMAT_VERSION, "key_type": key_type, "num_bins": int(num_bins)},
-        use_bin_type=True,
-    )
-
-
-def check_info(raw: bytes, key_type: str, num_bins: int, where: str) -> None:
-    """Refuse (``ValueError``) a store created for another format, key_type or num_bins."""
-    try:
-        info = msgpack.unpackb(raw, raw=False)
-        found = (int(info["format"]), info["key_type"], int(info["num_bins"]))
-    except Exception as exc:  # corrupt or foreign descriptor
-        raise ValueError(f"{where}: unreadable megaphone.backend descriptor") from exc
-    if found[0] != FORMAT_VERSION:
-        raise ValueError(f"{where}: state format {found[0]} unsupported (need {FORMAT_VERSION})")
-    if found[1:] != (key_type, int(num_bins)):
-        raise ValueError(
-            f"{where} holds state for key_type={found[1]!r}, num_bins={found[2]}; "
-            f"refusing to open it as key_type={key_type!r}, num_bins={num_bins}"
-        )
-
-
-def strictly_increasing(keys: pa.Array) -> bool:
-    """True if the binary Arrow array is sorted with no duplicates (byte order)."""
-    n = len(keys)
-    if n < 2:
-        return True
-    return bool(pc.all(pc.less(keys.slice(0, n - 1), keys.slice(1))).as_py())
-
-
-def sorted_unique(keys: pa.Array, values: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """Sort an import batch by key, keeping the last value of a repeated key (SST needs it)."""
-    if strictly_increasing(keys):
-        return keys, values
-    order = pc.sort_indices(keys)  # stable: among equal keys, later rows stay later
-    keys, values = keys.take(order), values.take(order)
-    n = len(keys)
-    keep = pc.not_equal(keys.slice(0, n - 1), keys.slice(1))
-    keep = pa.concat_arrays([keep, pa.array([True])])
-    return keys.filter(keep), values.filter(keep)
-
-
-def kv_columns(batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
-    """The ``k`` and ``v`` binary columns of an exported batch (``ValueError`` if missing)."""
-    names = batch.schema.names
-    if "k" not in names or "v" not in names:
-        raise ValueError(f"state batches need columns 'k' and 'v', got {names}")
-    return batch.column("k"), batch.column("v")
-
-
-class FreshTracker:
-    """Knows which keys of an import stream are certainly absent at the receiver.
-
-    A bin that was empty when an increasing run of the stream started can only hold keys this
-    run wrote, all smaller than the current batch; its keys need no lookup of old values.  This
-    is the common migration case (the receiver does not own the bins yet) and saves a multi-get
-    per imported key.  Assumes nobody else writes the imported bins during the import.
-    """
-
-    def __init__(self, backend: BackendBase) -> None:
-        """Start tracking from the committed counters of ``backend``."""
-        self._backend = backend
-        self._fresh: np.ndarray | None = backend._counters.empty_mask()
-        self._last: bytes | None = None
-
-    def old_lens(
-        self, keys_arr: pa.Array, keys: list[bytes], bins: np.ndarray
-    ) -> tuple[np.ndarray, bool]:
-        """Old value length of every key (``-1`` = absent) and whether the keys are unique.
-
-        Looks up old values only where the key is not certainly absent.
-        """
-        be = self._backend
-        if not strictly_increasing(keys_arr):
-            self._fresh, self._last = None, None
-            return byte_lengths(be.get_raw(keys)), False
-        if self._fresh is None or (self._last is not None and keys[0] <= self._last):
-            self._fresh = be._counters.empty_mask()  # restart from what is committed now
-        self._last = keys[-1]
-        need = np.flatnonzero(~self._fresh[bins])
-        old = np.full(len(keys), -1, dtype=np.int64)
-        if need.size == len(keys):
-            return byte_lengths(be.get_raw(keys)), True
-        if need.size:
-            old[need] = byte_lengths(be.get_raw([keys[i] for i in need]))
-        return old, True
 
 
 class BackendBase:
@@ -349,41 +248,7 @@ class BackendBase:
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
         runs = bin_runs(self._check_bin_ids(bins))
-        return self._export_runs(runs, int(chunk_bytes))
-
-    def _export_runs(self, runs: list[tuple[int, int]], chunk_bytes: int
-                     ) -> Iterator[pa.RecordBatch]:
-        # Pull entries in small blocks and cut batches with a vectorized cumulative size, so
-        # memory stays bounded by one batch + one block and no per-entry Python arithmetic runs.
-        ks: list[bytes] = []
-        vs: list[bytes] = []
-        size = 0
-        for start, stop in runs:
-            it = self._scan(start, stop)
-            while block := list(itertools.islice(it, _SCAN_BLOCK)):
-                bk = [k for k, _ in block]
-                bv = [v for _, v in block]
-                csum = np.cumsum(byte_lengths(bk) + byte_lengths(bv)) + size
-                i = 0
-                while True:
-                    # first entry (from i) at which the open batch reaches chunk_bytes
-                    j = int(np.searchsorted(csum[i:], chunk_bytes))
-                    if i + j >= len(block):
-                        ks += bk[i:]
-                        vs += bv[i:]
-                        size = int(csum[-1])
-                        break
-                    ks += bk[i:i + j + 1]
-                    vs += bv[i:i + j + 1]
-                    yield _record_batch(ks, vs)
-                    ks, vs = [], []
-                    csum = csum - csum[i + j]
-                    i += j + 1
-                    size = 0
-                    if i == len(block):
-                        break
-        if ks:
-            yield _record_batch(ks, vs)
+        return cut_batches((self._scan(start, stop) for start, stop in runs), int(chunk_bytes))
 
     def import_chunk(self, batch: pa.RecordBatch) -> None:
         """Put one exported ``(k, v)`` batch in one atomic write (counters included)."""
@@ -496,10 +361,3 @@ class BackendBase:
     def __exit__(self, *exc: object) -> None:
         """Close the backend."""
         self.close()
-
-
-def _record_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array(keys, type=pa.binary()), pa.array(values, type=pa.binary())],
-        schema=EXPORT_SCHEMA,
-    )
