@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from megaphone.errors import MegaphoneError
 from megaphone.routing.bins import validate_num_bins
 from megaphone.routing.keys import check_key_type
 
 
-class FingerprintMismatch(ValueError):
+class FingerprintMismatch(MegaphoneError, ValueError):
     """Raised when state, a routing table or a plan belongs to another pipeline."""
 
 

@@ -28,6 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
+from megaphone.errors import MegaphoneError
+
 #: Rows of changelogs and snapshots: raw key and value bytes (a null value deletes the key).
 ROW_SCHEMA = pa.schema([("k", pa.binary()), ("v", pa.binary())])
 #: Durable files are LZ4-compressed Arrow IPC: 1.35x smaller than plain IPC in
@@ -37,7 +39,7 @@ _WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 SNAPSHOT_EVERY = 50
 
 
-class DurableCopyError(RuntimeError):
+class DurableCopyError(MegaphoneError, RuntimeError):
     """A durable copy that cannot give the requested epoch (missing or corrupt files)."""
 
 

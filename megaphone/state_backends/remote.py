@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from megaphone.errors import MegaphoneError
 from megaphone.state_backends.service_identity import code_id, pid_file, socket_path
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
 
@@ -37,11 +38,11 @@ START_TIMEOUT_S = 60.0
 _CONNECTIONS: dict[str, _Connection] = {}
 
 
-class StoreUnavailable(RuntimeError):
+class StoreUnavailable(MegaphoneError, RuntimeError):
     """The store service could not be reached or died during a request (the epoch is retried)."""
 
 
-class StoreError(RuntimeError):
+class StoreError(MegaphoneError, RuntimeError):
     """The store service refused or failed an operation; the message names the cause."""
 
 

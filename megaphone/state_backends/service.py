@@ -39,6 +39,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from megaphone.errors import MegaphoneError
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
 from megaphone.state_backends.service_identity import code_id, process_start
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
@@ -59,7 +60,7 @@ IDLE_EXIT_S = 30.0
 # -- the service --------------------------------------------------------------------------------
 
 
-class LeaseLost(RuntimeError):
+class LeaseLost(MegaphoneError, RuntimeError):
     """A newer attempt of the epoch has begun at this store; this attempt may not write."""
 
 

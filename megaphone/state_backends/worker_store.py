@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 import pyarrow as pa
 
+from megaphone.errors import MegaphoneError
 from megaphone.state_backends.base import ImportStats, StateBackend
 from megaphone.state_backends.durable import DurableCopy, Restored, merged_rows
 
@@ -50,7 +51,7 @@ def unpack_epoch(raw: bytes | None) -> int:
     return struct.unpack(">q", raw)[0] if raw else -1
 
 
-class StoreVersionError(RuntimeError):
+class StoreVersionError(MegaphoneError, RuntimeError):
     """A worker's state is at an epoch that the requested step cannot follow from."""
 
 
