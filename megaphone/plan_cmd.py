@@ -128,8 +128,8 @@ def summary(meta: dict[str, Any], pipeline_id: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, print the summary (or the plan as JSON) and write the plan; exit 0."""
+    from megaphone.migrator.api import rescale
     from megaphone.plans.plan import PlanError
-    from megaphone.plans.rescale import rescale
 
     if args.ds2:
         return run_ds2(args)
@@ -161,10 +161,11 @@ def run(args: argparse.Namespace) -> int:
 
 def run_ds2(args: argparse.Namespace) -> int:
     """``plan --ds2``: print DS2's decision on the last window; with ``-o`` write its plan."""
+    from megaphone.migrator.api import rescale
     from megaphone.migrator.autoscale import Policy, decide_once, explain
+    from megaphone.migrator.planning import committed_table
     from megaphone.migrator.statedir import StateDir
     from megaphone.plans.plan import PlanError
-    from megaphone.plans.rescale import committed_table, rescale
 
     if args.window <= 0:
         raise PlanError(f"--window must be > 0 seconds, got {args.window}")

@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 from megaphone.migrator.controller import PlanQueue, PolicyInputs
 from megaphone.plans import MigrationPlan, PlanError, PlanStep, make_plan, schedule
 from megaphone.plans.deadline import APPLY, EXPORT, CostModel, DeadlinePolicy, stages_s
-from megaphone.plans.policy import AllAtOnce, Batched, EpochView, Fluid, drive, policy_from_spec
+from megaphone.plans.policy import (
+    AllAtOnce,
+    Batched,
+    EpochView,
+    Fluid,
+    drive,
+    plan_policy,
+    policy_from_spec,
+)
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move, RoutingTable
 
@@ -262,6 +270,9 @@ def test_deadline_plans_are_adaptive_json_and_validated():
     data = plan.to_dict()
     data["policy"] = {"name": "deadline", "target_latency_s": "soon"}
     with pytest.raises(PlanError, match="target_latency_s"):
+        plan_policy(MigrationPlan.from_dict(data))
+    data["policy"] = "deadline"
+    with pytest.raises(PlanError, match="string 'name'"):
         MigrationPlan.from_dict(data)
 
 

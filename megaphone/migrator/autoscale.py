@@ -50,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from megaphone.migrator.planning import pipeline_source, plan_from
 from megaphone.plans.ds2 import optimal_workers, rates_from_metrics
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.plans.strategies import FLUID, STRATEGIES
@@ -550,11 +551,10 @@ class Autoscaler:
         return Decision(action="scale", **base, reason=reason, plan=summary)
 
     def _rescale(self, pipe: Any, workers: int) -> MigrationPlan:
-        from megaphone.plans.rescale import rescale
-
         p = self.policy
-        return rescale(pipe, workers=workers, strategy=p.strategy, gap=p.gap, balance=p.balance,
-                       per_worker=p.per_worker, target_latency=p.target_latency)
+        return plan_from(pipeline_source(pipe), workers=workers, strategy=p.strategy, gap=p.gap,
+                         balance=p.balance, per_worker=p.per_worker,
+                         target_latency=p.target_latency)
 
     def _record(self, decision: Decision) -> Decision:
         self.decisions.append(decision)

@@ -40,7 +40,7 @@ from statistics import median
 from typing import Any
 
 from megaphone.plans.plan import PlanError
-from megaphone.plans.policy import EpochView
+from megaphone.plans.policy import EpochView, register_policy
 from megaphone.routing.table import Move
 
 log = logging.getLogger("megaphone.deadline")
@@ -426,6 +426,8 @@ class DeadlinePolicy:
                                        round(self.calibration, 3)))
         return moves
 
+
+register_policy("deadline", DeadlinePolicy.from_spec)
 
 __all__ = ["PRIORITIES", "CostModel", "DeadlinePolicy", "Decision", "Priority", "Work",
            "stages_s"]

@@ -39,7 +39,8 @@ class MigrationPlan:
     submitted (0 = that epoch); ``"absolute"`` names epochs outright. A plan with a ``policy``
     (e.g. ``{"name": "deadline", "target_latency_s": 2.0}``) is *adaptive*: its steps only
     list the moves, each bin once, and the policy decides at every epoch which of them start
-    (:mod:`megaphone.plans.policy`). Plans are plain data:
+    (:mod:`megaphone.plans.policy`, whose ``plan_policy`` builds it: the plan keeps only its
+    spec, checked when the policy is built). Plans are plain data:
     :meth:`to_json` and :meth:`from_json` are the only ways in and out; nothing is unpickled.
 
     >>> from megaphone.routing.fingerprint import Fingerprint
@@ -228,10 +229,9 @@ class MigrationPlan:
         if not isinstance(raw_steps, list):
             raise PlanError("steps must be a list")
         policy = data.get("policy")
-        if policy is not None:
-            from megaphone.plans.policy import policy_from_spec
-
-            policy_from_spec(policy)  # raises PlanError for an unknown or malformed policy
+        if policy is not None and not (isinstance(policy, dict)
+                                       and isinstance(policy.get("name"), str)):
+            raise PlanError(f"policy must be an object with a string 'name', got {policy!r}")
         return cls(fingerprint, base_version, tuple(_step(s, i) for i, s in enumerate(raw_steps)),
                    epochs, strategy, meta, policy)
 
