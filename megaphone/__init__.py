@@ -8,8 +8,8 @@ JVM), :class:`RoutingTable`, :class:`MigrationPlan`, :class:`Pipeline`, :func:`r
 from megaphone import plans
 from megaphone._version import __version__
 from megaphone.migrator.api import migrate, rescale
-from megaphone.migrator.controller import MigrationHandle
 from megaphone.migrator.pipeline import Pipeline
+from megaphone.migrator.plan_queue import MigrationHandle
 from megaphone.plans.plan import MigrationPlan, PlanError, PlanStep
 from megaphone.routing.bins import bin_column, bin_of
 from megaphone.routing.fingerprint import Fingerprint

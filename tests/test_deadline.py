@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megaphone.migrator.controller import PlanQueue, PolicyInputs
+from megaphone.migrator.plan_queue import PlanQueue, PolicyInputs
 from megaphone.plans import MigrationPlan, PlanError, PlanStep, make_plan, schedule
 from megaphone.plans.deadline import APPLY, EXPORT, CostModel, DeadlinePolicy, stages_s
 from megaphone.plans.policy import (

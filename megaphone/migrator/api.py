@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from megaphone.migrator.controller import MigrationHandle
 from megaphone.migrator.offline import migrate_offline
 from megaphone.migrator.pipeline import Pipeline, running_pipeline
+from megaphone.migrator.plan_queue import MigrationHandle
 from megaphone.migrator.planning import pipeline_source, plan_from, state_dir_source
 from megaphone.migrator.statedir import StateDir
 from megaphone.plans.plan import MigrationPlan, PlanError

@@ -46,7 +46,7 @@ from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.plans.scale_decision import ScaleDecision, decide
 
 if TYPE_CHECKING:
-    from megaphone.migrator.controller import MigrationHandle
+    from megaphone.migrator.plan_queue import MigrationHandle
 
 log = logging.getLogger("megaphone.autoscale")
 

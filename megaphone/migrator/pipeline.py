@@ -29,10 +29,10 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
 from megaphone.migrator.connect_stream import ServerBatch
-from megaphone.migrator.controller import MigrationHandle, PlanQueue, PolicyInputs
 from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.epoch import EpochRun
 from megaphone.migrator.layout import EpochLayout
+from megaphone.migrator.plan_queue import MigrationHandle, PlanQueue, PolicyInputs
 from megaphone.migrator.planning import bin_sizes, sizes_from_stats
 from megaphone.migrator.recovery import RecoveryReport, check_and_recover
 from megaphone.migrator.spark_job import MapSide

@@ -184,7 +184,7 @@ class CostModel:
 
 
 @dataclass(frozen=True)
-class Decision:
+class StepDecision:
     """What the deadline policy did before one epoch, and why (see ``DeadlinePolicy.decisions``).
 
     ``action``: ``warm-up`` (too few epochs measured), ``behind`` (no slack: nothing moves),
@@ -268,7 +268,7 @@ class DeadlinePolicy:
             "patience": patience, "window": window, "min_history": min_history,
             "max_behind": max_behind, "max_compaction_debt": max_compaction_debt,
         }
-        self.decisions: deque[Decision] = deque(maxlen=10_000)
+        self.decisions: deque[StepDecision] = deque(maxlen=10_000)
         self.model: CostModel | None = None
         self.calibration = 1.0
         self._starved = 0
@@ -421,7 +421,7 @@ class DeadlinePolicy:
     def _decide(self, view: EpochView, action: str, moves: list[Move], predicted: float,
                 budget: float, note: str = "") -> list[Move]:
         nbytes = sum(view.bin_bytes.get(m.bin, 0) for m in moves)
-        self.decisions.append(Decision(view.epoch, action, len(moves), nbytes,
+        self.decisions.append(StepDecision(view.epoch, action, len(moves), nbytes,
                                        round(predicted, 4), round(budget, 4), note,
                                        round(self.calibration, 3)))
         return moves
@@ -429,5 +429,12 @@ class DeadlinePolicy:
 
 register_policy("deadline", DeadlinePolicy.from_spec)
 
-__all__ = ["PRIORITIES", "CostModel", "DeadlinePolicy", "Decision", "Priority", "Work",
-           "stages_s"]
+__all__ = [
+    "PRIORITIES",
+    "CostModel",
+    "DeadlinePolicy",
+    "Priority",
+    "StepDecision",
+    "Work",
+    "stages_s",
+]
