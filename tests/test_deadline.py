@@ -20,6 +20,7 @@ from megaphone.plans.policy import (
     plan_policy,
     policy_from_spec,
 )
+from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move, RoutingTable
 
@@ -31,7 +32,7 @@ MB = 1_000_000
 
 
 def epoch(workers=(0, 1, 2, 3), moved: dict[int, tuple[int, int]] | None = None,
-          parallelism: int = 8) -> dict:
+          parallelism: int = 8) -> EpochMetrics:
     """A metrics record of the synthetic model: ``moved[w] = (bytes out, bytes in)``."""
     per_worker = {}
     for w in workers:
@@ -47,7 +48,10 @@ def epoch(workers=(0, 1, 2, 3), moved: dict[int, tuple[int, int]] | None = None,
         work[APPLY, int(w)] = pw["useful_s"]
     duration = OVERHEAD_S + stages_s(work, parallelism)
     total = sum(o for o, _ in (moved or {}).values())
-    return {"duration_s": duration, "per_worker": per_worker, "bytes_moved": total}
+    return EpochMetrics.from_dict({
+        "epoch": 0, "started": 0.0, "finished": duration, "duration_s": duration,
+        "per_worker": {w: {"worker": int(w), **pw} for w, pw in per_worker.items()},
+        "bytes_moved": total})
 
 
 HISTORY = (epoch(), epoch(), epoch(moved={0: (MB, 0), 1: (0, MB)}), epoch())
@@ -89,12 +93,12 @@ def test_predictions_are_calibrated_by_the_measured_error():
     assert policy.calibration == 1.0
     # A moving epoch that took twice what the model makes of it: predictions grow.
     slow = epoch(moved={0: (MB, 0), 1: (0, MB)})
-    slow["duration_s"] *= 2
+    slow.duration_s *= 2
     assert 1 <= len(policy(view(moves, sizes, (*HISTORY, slow)))) < 6
     assert policy.calibration > 1.2 and policy.decisions[-1].calibration > 1.2
     # A faster one never makes the policy bolder than its model.
     fast = epoch(moved={0: (MB, 0), 1: (0, MB)})
-    fast["duration_s"] /= 2
+    fast.duration_s /= 2
     assert len(policy(view(moves, sizes, (*HISTORY, fast)))) == 6
     assert policy.calibration == 1.0
 
@@ -333,7 +337,7 @@ def test_no_bins_go_to_a_worker_that_owes_compaction():
     # Worker 1's store owes 2 GiB of compaction at the newest epoch: the bins bound for it
     # wait, the ones for worker 2 still move; once only worker 1's are left, nothing moves.
     last = epoch()
-    last["per_worker"]["1"]["pending_compaction_bytes"] = 2 << 30
+    last.per_worker[1].pending_compaction_bytes = 2 << 30
     history = (*HISTORY, last)
     moves = [Move(0, 0, 1), Move(1, 0, 2), Move(2, 0, 1)]
     sizes = dict.fromkeys(range(3), MB)

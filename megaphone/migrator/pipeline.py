@@ -33,7 +33,7 @@ from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.epoch import EpochRun
 from megaphone.migrator.layout import EpochLayout
 from megaphone.migrator.plan_queue import MigrationHandle, PlanQueue, PolicyInputs
-from megaphone.migrator.planning import bin_sizes, sizes_from_stats
+from megaphone.migrator.planning import bin_sizes, epoch_records, sizes_from_stats
 from megaphone.migrator.recovery import RecoveryReport, check_and_recover
 from megaphone.migrator.spark_job import MapSide
 from megaphone.migrator.state_reader import DurableRead, read_bin_stats, read_state
@@ -581,7 +581,7 @@ class Pipeline:
         if self._task_slots is None:  # asked once
             self._task_slots = task_slots(self.spark)
         return PolicyInputs(
-            history=lambda: self.metrics(last=POLICY_HISTORY), bin_bytes=sizes,
+            history=lambda: epoch_records(self.metrics(last=POLICY_HISTORY)), bin_bytes=sizes,
             bin_records=load, lag_s=lag_s, parallelism=self._task_slots)
 
     def _run_batch(self, batch: DataFrame, batch_id: int, location: str) -> tuple[DataFrame, int]:

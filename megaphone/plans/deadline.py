@@ -41,6 +41,7 @@ from typing import Any
 
 from megaphone.plans.plan import PlanError
 from megaphone.plans.policy import EpochView, register_policy
+from megaphone.records import EpochMetrics, WorkerMetrics
 from megaphone.routing.table import Move
 
 log = logging.getLogger("megaphone.deadline")
@@ -74,9 +75,9 @@ def _median(values: Iterable[float]) -> float | None:
     return median(values) if values else None
 
 
-def _processing_s(pw: Mapping[str, Any]) -> float:
+def _processing_s(wm: WorkerMetrics) -> float:
     """A worker's busy time in an epoch apart from installing state."""
-    return max(0.0, float(pw.get("useful_s", 0.0)) - float(pw.get("install_s", 0.0)))
+    return max(0.0, float(wm.useful_s) - float(wm.install_s))
 
 
 @dataclass(frozen=True)
@@ -101,39 +102,43 @@ class CostModel:
     transfers_seen: int
 
     @classmethod
-    def fit(cls, history: Iterable[Mapping[str, Any]], parallelism: int = 1,
+    def fit(cls, history: Iterable[EpochMetrics], parallelism: int = 1,
             window: int = 20) -> CostModel:
-        """Fit the model to the newest ``window`` epochs of ``history`` (metrics records)."""
-        recent = [m for m in history if m.get("per_worker")][-window:]
+        """Fit the model to the newest ``window`` epochs of ``history`` (metrics records).
+
+        Per worker only rows with useful time count (a worker that only exported state has
+        none): its records, its time per record and its export and install times per byte.
+        """
+        recent = [m for m in history if m.per_worker][-window:]
         par = max(1, parallelism)
         per_record: dict[int, list[float]] = defaultdict(list)
         records: dict[int, list[float]] = defaultdict(list)
         export: dict[int, list[float]] = defaultdict(list)
         install: dict[int, list[float]] = defaultdict(list)
         for m in recent:
-            for w, pw in m["per_worker"].items():
-                if "useful_s" not in pw:
+            for w, wm in m.per_worker.items():
+                if not wm.useful_s:
                     continue
-                n = int(pw.get("records_in", 0))
+                n = int(wm.records_in)
                 records[int(w)].append(n)
                 if n:
-                    per_record[int(w)].append(_processing_s(pw) / n)
-                if pw.get("bytes_out") and "export_s" in pw:
-                    export[int(w)].append(pw["export_s"] / pw["bytes_out"])
-                if pw.get("bytes_in") and "install_s" in pw:
-                    install[int(w)].append(pw["install_s"] / pw["bytes_in"])
+                    per_record[int(w)].append(_processing_s(wm) / n)
+                if wm.bytes_out:
+                    export[int(w)].append(wm.export_s / wm.bytes_out)
+                if wm.bytes_in:
+                    install[int(w)].append(wm.install_s / wm.bytes_in)
 
-        def outside(m: Mapping[str, Any]) -> float:
+        def outside(m: EpochMetrics) -> float:
             work = {}
-            for w, pw in m["per_worker"].items():
-                work[EXPORT, int(w)] = float(pw.get("export_s", 0.0))
-                work[APPLY, int(w)] = _processing_s(pw) + float(pw.get("install_s", 0.0))
-            return m["duration_s"] - stages_s(work, par)
+            for w, wm in m.per_worker.items():
+                work[EXPORT, int(w)] = float(wm.export_s)
+                work[APPLY, int(w)] = _processing_s(wm) + float(wm.install_s)
+            return m.duration_s - stages_s(work, par)
 
-        quiet = [outside(m) for m in recent if not m.get("bytes_moved")]
+        quiet = [outside(m) for m in recent if not m.bytes_moved]
         overhead = max(0.0, _median(quiet) or _median(outside(m) for m in recent) or 0.0)
-        moving = [m for m in recent if m.get("bytes_moved")]
-        ship = _median(max(0.0, outside(m) - overhead) / m["bytes_moved"] for m in moving)
+        moving = [m for m in recent if m.bytes_moved]
+        ship = _median(max(0.0, outside(m) - overhead) / m.bytes_moved for m in moving)
         return cls(
             overhead_s=overhead,
             per_record_s={w: median(v) for w, v in per_record.items()},
@@ -171,15 +176,14 @@ class CostModel:
         """Predicted epoch duration for ``work`` (seconds per stage and worker)."""
         return self.overhead_s + stages_s(work, parallelism)
 
-    def replay_s(self, record: Mapping[str, Any], parallelism: int = 1) -> float:
+    def replay_s(self, record: EpochMetrics, parallelism: int = 1) -> float:
         """The duration this model predicts for a recorded epoch, from its records and the
         bytes each worker sent and received."""
         work: dict[tuple[int, int], float] = {}
-        for w, pw in record.get("per_worker", {}).items():
+        for w, wm in record.per_worker.items():
             w = int(w)
-            work[EXPORT, w] = self.export_s(w, pw.get("bytes_out", 0))
-            work[APPLY, w] = self.record_s(w) * pw.get("records_in", 0) + \
-                self.install_s(w, pw.get("bytes_in", 0))
+            work[EXPORT, w] = self.export_s(w, wm.bytes_out)
+            work[APPLY, w] = self.record_s(w) * wm.records_in + self.install_s(w, wm.bytes_in)
         return self.epoch_s(work, parallelism)
 
 
@@ -310,7 +314,7 @@ class DeadlinePolicy:
                                 f"{self.max_compaction_debt:,} bytes of compaction")
         if len(movable) < len(view.remaining):
             view = replace(view, remaining=tuple(movable))
-        workers = {int(w) for m in view.history[-self.window:] for w in m.get("per_worker", {})}
+        workers = {int(w) for m in view.history[-self.window:] for w in m.per_worker}
         workers |= {w for m in view.remaining for w in (m.src, m.dst)}
         base = {(APPLY, w): model.processing_s(w) for w in workers}
         idle = self._predict(model, base, par)
@@ -359,23 +363,23 @@ class DeadlinePolicy:
         log.warning("deadline policy, epoch %d: %s", view.epoch, note)
         return self._decide(view, "oversized", [smallest], alone, budget, note)
 
-    def _indebted(self, history: Sequence[Mapping[str, Any]]) -> set[int]:
+    def _indebted(self, history: Sequence[EpochMetrics]) -> set[int]:
         """Workers whose store owed more compaction than allowed at the newest epoch."""
         if self.max_compaction_debt is None or not history:
             return set()
-        return {int(w) for w, pw in history[-1].get("per_worker", {}).items()
-                if pw.get("pending_compaction_bytes", 0) > self.max_compaction_debt}
+        return {int(w) for w, wm in history[-1].per_worker.items()
+                if wm.pending_compaction_bytes > self.max_compaction_debt}
 
-    def _calibrate(self, model: CostModel, history: Sequence[Mapping[str, Any]],
+    def _calibrate(self, model: CostModel, history: Sequence[EpochMetrics],
                    parallelism: int) -> float:
         """The 75th percentile of measured / replayed duration over the epochs of the newest
         ``window`` that moved state (1 without any; never below 1)."""
         ratios = []
         for m in history[-self.window:]:
-            if m.get("bytes_moved") and m.get("per_worker"):
+            if m.bytes_moved and m.per_worker:
                 predicted = model.replay_s(m, parallelism)
                 if predicted > 0:
-                    ratios.append(m["duration_s"] / predicted)
+                    ratios.append(m.duration_s / predicted)
         if not ratios:
             return 1.0
         ratios.sort()

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from megaphone._io import atomic_write_bytes
+from megaphone.errors import MegaphoneError
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import MAX_WORKERS, Move, RoutingTable
 
@@ -19,7 +20,7 @@ PLAN_FORMAT = "megaphone.plan/1"
 EPOCH_MODES = ("relative", "absolute")
 
 
-class PlanError(ValueError):
+class PlanError(MegaphoneError, ValueError):
     """A plan that cannot be applied; the message names the offending step and bin."""
 
 

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 from megaphone.plans.matching import iter_rounds
 from megaphone.plans.plan import MigrationPlan, PlanError
+from megaphone.records import EpochMetrics
 from megaphone.routing.table import Move
 
 
@@ -36,7 +37,9 @@ class EpochView:
 
     ``remaining``: moves not started yet, in plan order. ``bin_bytes`` / ``bin_records``:
     size (keys + values) and recent records per bin, where known. ``history``: the newest
-    per-epoch metrics records (as ``Pipeline.metrics()``), oldest first. ``lag_s``: how long
+    per-epoch metrics, oldest first, as :class:`~megaphone.records.EpochMetrics` records
+    (``Pipeline.metrics()`` gives the same records as dicts; read ``m.duration_s``,
+    ``m.per_worker[w].useful_s``). ``lag_s``: how long
     after the end of its input the epoch starts (0 when unknown). ``idle_epochs``: epochs in a
     row the plan has started no move. ``parallelism``: tasks that can run at once.
     """
@@ -45,7 +48,7 @@ class EpochView:
     remaining: tuple[Move, ...]
     bin_bytes: Mapping[int, int] = field(default_factory=dict)
     bin_records: Mapping[int, float] = field(default_factory=dict)
-    history: tuple[Mapping[str, Any], ...] = ()
+    history: tuple[EpochMetrics, ...] = ()
     lag_s: float = 0.0
     idle_epochs: int = 0
     parallelism: int = 1
