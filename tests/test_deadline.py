@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from megaphone.migrator.plan_queue import PlanQueue, PolicyInputs
 from megaphone.plans import MigrationPlan, PlanError, PlanStep, make_plan, schedule
-from megaphone.plans.deadline import APPLY, EXPORT, CostModel, DeadlinePolicy, stages_s
+from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, stages_s
+from megaphone.plans.deadline import DeadlinePolicy
 from megaphone.plans.policy import (
     AllAtOnce,
     Batched,
