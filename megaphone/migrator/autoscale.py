@@ -207,4 +207,5 @@ class DS2Controller(Autoscaler):
         return ds2_proposal(window, self.policy, self.source_rate)
 
 
+# ``Policy`` is re-exported: the README documents ``megaphone.migrator.autoscale.Policy``.
 __all__ = ["MAX_DECISIONS", "Autoscaler", "DS2Controller", "Planner", "Policy"]
