@@ -13,6 +13,7 @@ from megaphone.plans import MigrationPlan, PlanError, PlanStep, make_plan, sched
 from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, stages_s
 from megaphone.plans.deadline import DeadlinePolicy
 from megaphone.plans.policy import (
+    _FACTORIES,
     AllAtOnce,
     Batched,
     EpochView,
@@ -20,6 +21,7 @@ from megaphone.plans.policy import (
     drive,
     plan_policy,
     policy_from_spec,
+    register_policy,
 )
 from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint
@@ -236,6 +238,15 @@ def test_policy_specs_are_checked():
     ]:
         with pytest.raises(PlanError, match=message):
             policy_from_spec(bad)
+
+
+def test_registered_policies_are_built_from_their_spec():
+    register_policy("every-other", lambda params: Batched(params.get("per_worker", 2)))
+    try:
+        policy = policy_from_spec({"name": "every-other"})
+        assert isinstance(policy, Batched) and policy.per_worker == 2
+    finally:
+        _FACTORIES.pop("every-other")
 
 
 def test_fixed_strategies_are_policies_driven_ahead_of_time():

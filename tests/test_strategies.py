@@ -339,6 +339,20 @@ def test_plan_rescale_argument_errors():
         plan_rescale(PlanningInputs(table, BinSizes.zeros(4)), 2, balance="load")
 
 
+def test_plan_rescale_reads_its_inputs():
+    table = table_with([0, 0, 1, 1])
+    sizes = BinSizes(np.array([1, 1, 1, 1]), np.array([10, 10, 10, 10]))
+    with pytest.raises(PlanError, match="1 plan\\(s\\) in flight"):
+        plan_rescale(PlanningInputs(table, sizes, in_flight=1), 3)
+    # measured load wins over the estimate from metrics; without it the metrics are used
+    measured = PlanningInputs(table, sizes, load=np.array([9.0, 1.0, 1.0, 1.0]))
+    assert plan_rescale(measured, 2, balance="load").meta["before"]["0"]["records"] == 10.0
+    metrics = (epoch_record(epoch=1, per_worker={"0": {"worker": 0, "records_in": 4}}),)
+    observed = PlanningInputs(table, sizes, metrics=metrics)
+    assert plan_rescale(observed, 2, balance="load").meta["before"]["0"]["records"] == 4.0
+    assert plan_rescale(observed, 2).meta["estimate"]["rate_source"].startswith("default")
+
+
 def epoch_record(**fields) -> EpochMetrics:
     """An epoch's metrics record with the given fields (times default to 0)."""
     return EpochMetrics.from_dict({"epoch": 0, "started": 0.0, "finished": 0.0,
