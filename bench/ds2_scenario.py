@@ -62,14 +62,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from megaphone import Pipeline
-from megaphone.migrator.autoscale import (
-    Autoscaler,
-    Decision,
-    Policy,
-    Proposal,
-    Window,
-    input_span,
-)
+from megaphone.migrator.autoscale import Autoscaler
+from megaphone.plans.autoscale import Policy, Proposal, Window, input_span
+from megaphone.plans.scale_decision import ScaleDecision
 from megaphone.spark import spark_session
 from megaphone.state_backends import unpack_value
 
@@ -239,15 +234,14 @@ class ThresholdController(Autoscaler):
 
     def propose(self, window: Window, current: int) -> Proposal:
         """``current + 1``, ``current - 1`` or ``current`` (see the class docstring)."""
-        latencies = [float(m["latency_s"]) for m in window.epochs
-                     if m.get("latency_s") is not None]
+        latencies = [float(m.latency_s) for m in window.epochs if m.latency_s is not None]
         if not latencies:
             raise ValueError("no latency in the window (the pipeline needs event_time)")
         _, _, span, _ = input_span(window)
         useful: dict[str, float] = {}
         for m in window.epochs:
-            for w, wm in (m.get("per_worker") or {}).items():
-                useful[w] = useful.get(w, 0.0) + float(wm.get("useful_s") or 0)
+            for w, wm in m.per_worker.items():
+                useful[str(w)] = useful.get(str(w), 0.0) + float(wm.useful_s or 0)
         busy = max(useful.values(), default=0.0) / span
         numbers = {"latency_s": round(latencies[-1], 3), "busy": round(busy, 3)}
         if latencies[-1] > self.up_latency_s and latencies[-1] >= latencies[0]:
@@ -354,7 +348,7 @@ def run_policy(spark: SparkSession, cfg: Config, name: str) -> RunResult:
     return RunResult(name, rows, decisions, t0, offset, total)
 
 
-def decision_row(d: Decision, t0: float) -> dict[str, Any]:
+def decision_row(d: ScaleDecision, t0: float) -> dict[str, Any]:
     """A decision flattened for CSV (time relative to the run's start)."""
     n = d.numbers
     return {

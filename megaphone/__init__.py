@@ -1,13 +1,15 @@
 """megaphone: move keyed streaming state between workers while a PySpark pipeline runs.
 
 The public API: :func:`bin_of` and :func:`bin_column` (keys to bins, in Python and in the
-JVM), :class:`RoutingTable`, :class:`MigrationPlan`, :class:`Pipeline` and :func:`migrate`.
+JVM), :class:`RoutingTable`, :class:`MigrationPlan`, :class:`Pipeline`, :func:`rescale` and
+:func:`migrate`.
 """
 
+from megaphone import plans
 from megaphone._version import __version__
-from megaphone.migrator.api import migrate
-from megaphone.migrator.controller import MigrationHandle
+from megaphone.migrator.api import migrate, rescale
 from megaphone.migrator.pipeline import Pipeline
+from megaphone.migrator.plan_queue import MigrationHandle
 from megaphone.plans.plan import MigrationPlan, PlanError, PlanStep
 from megaphone.routing.bins import bin_column, bin_of
 from megaphone.routing.fingerprint import Fingerprint
@@ -26,4 +28,9 @@ __all__ = [
     "bin_column",
     "bin_of",
     "migrate",
+    "rescale",
 ]
+
+# ``megaphone.plans.rescale`` (as documented) is the runtime's rescale; the plans package
+# itself never imports the runtime, so the name is bound here, where both are loaded.
+plans.rescale = rescale

@@ -22,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def describe(state_dir: str) -> dict[str, Any]:
     """Everything ``inspect`` shows, as a JSON-ready dict (the ``--json`` output)."""
+    from megaphone.migrator.planning import bin_sizes
     from megaphone.migrator.statedir import StateDir
-    from megaphone.plans.rescale import bin_sizes
 
     state = StateDir.open(state_dir)
     fp = state.fingerprint

@@ -43,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from megaphone.migrator.pipeline import running_pipeline
     from megaphone.migrator.statedir import StateDir, StateDirLocked
     from megaphone.plans.plan import MigrationPlan
+    from megaphone.plans.policy import plan_policy
 
     plan = MigrationPlan.load(args.plan)
+    plan_policy(plan)  # an adaptive plan's policy spec is checked before anything else
     state = StateDir.open(args.state_dir)
     state.fingerprint.check(plan.fingerprint, f"plan {args.plan}")
     running = running_pipeline(plan.fingerprint.pipeline_id)
@@ -62,8 +64,8 @@ def _offline(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> 
     from tqdm import tqdm
 
     from megaphone.migrator.offline import migrate_offline
+    from megaphone.migrator.planning import bin_sizes, committed_table
     from megaphone.plans.plan import PlanError
-    from megaphone.plans.rescale import bin_sizes, committed_table
 
     commit = state.read_commit()
     # The checks migrate_offline makes (after discarding what a crash left past the commit),

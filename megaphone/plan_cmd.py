@@ -128,8 +128,8 @@ def summary(meta: dict[str, Any], pipeline_id: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, print the summary (or the plan as JSON) and write the plan; exit 0."""
+    from megaphone.migrator.api import rescale
     from megaphone.plans.plan import PlanError
-    from megaphone.plans.rescale import rescale
 
     if args.ds2:
         return run_ds2(args)
@@ -161,10 +161,12 @@ def run(args: argparse.Namespace) -> int:
 
 def run_ds2(args: argparse.Namespace) -> int:
     """``plan --ds2``: print DS2's decision on the last window; with ``-o`` write its plan."""
-    from megaphone.migrator.autoscale import Policy, decide_once, explain
+    from megaphone.migrator.api import rescale
+    from megaphone.migrator.planning import committed_table, epoch_records
     from megaphone.migrator.statedir import StateDir
+    from megaphone.plans.autoscale import Policy
     from megaphone.plans.plan import PlanError
-    from megaphone.plans.rescale import committed_table, rescale
+    from megaphone.plans.scale_decision import decide_once, explain
 
     if args.window <= 0:
         raise PlanError(f"--window must be > 0 seconds, got {args.window}")
@@ -175,7 +177,7 @@ def run_ds2(args: argparse.Namespace) -> int:
     state = StateDir.open(args.state_dir)
     commit = state.read_commit()
     table = committed_table(state, commit.state_version)
-    decision = decide_once(state.read_metrics(), len(table.workers()), policy,
+    decision = decide_once(epoch_records(state.read_metrics()), len(table.workers()), policy,
                            source_rate=args.source_rate, num_bins=table.num_bins,
                            in_flight=len(commit.plans))
     if args.json:

@@ -16,14 +16,10 @@ from pyspark.sql import functions as F
 
 from megaphone import Pipeline
 from megaphone.cli import main
-from megaphone.migrator.autoscale import (
-    DS2Controller,
-    Policy,
-    decide_once,
-    explain,
-    input_span,
-    select_window,
-)
+from megaphone.migrator.autoscale import DS2Controller
+from megaphone.migrator.planning import epoch_records
+from megaphone.plans.autoscale import Policy, input_span, select_window
+from megaphone.plans.scale_decision import decide_once, explain
 
 # -- a fake pipeline -------------------------------------------------------------------------
 
@@ -192,9 +188,10 @@ def test_warmup_seconds_after_a_rescale():
 def test_step_only_sees_epochs_finished_by_now():
     pipe = FakePipe(workers=2)
     pipe.run(4, rate=1000)
-    window = select_window(pipe.metrics(), after_epoch=0, now=3.9, policy=Policy())
-    assert [m["epoch"] for m in window.epochs] == [1, 2]
-    assert window.previous["epoch"] == 0
+    window = select_window(epoch_records(pipe.metrics()), after_epoch=0, now=3.9,
+                           policy=Policy())
+    assert [m.epoch for m in window.epochs] == [1, 2]
+    assert window.previous.epoch == 0
 
 
 def test_epoch_overhead_headroom_and_bounds():
@@ -254,8 +251,8 @@ def test_source_rate_override_and_wall_time_fallback():
                         planner=lambda p, n: FakePlan(n))
     d = ctl.step(pipe.now)
     assert (d.numbers["source"], d.source_rate, d.target, seen) == ("given", 6000, 6, [3])
-    records, epochs, seconds, method = input_span(select_window(pipe.metrics(), 1, 99,
-                                                                Policy()))
+    records, epochs, seconds, method = input_span(select_window(epoch_records(pipe.metrics()),
+                                                                1, 99, Policy()))
     assert (records, epochs, method) == (1000, 1, "wall-time") and seconds == pytest.approx(1)
 
 
@@ -295,12 +292,13 @@ def test_decide_once_on_a_record_and_explain():
     pipe.run(20, rate=1500)
     pipe.run(5, rate=4200)
     policy = Policy(interval_s=3.0, warmup_epochs=0)
-    d = decide_once(pipe.metrics(), 2, policy, num_bins=64)
+    d = decide_once(epoch_records(pipe.metrics()), 2, policy, num_bins=64)
     assert d.epochs == (22, 24) and d.action == "scale" and d.target == 5
     text = explain(d)
     assert "decision    scale: 2 -> 5 workers" in text
     assert "DS2         ceil(4200.0 / 1000.0) = 5 worker(s)" in text
-    assert decide_once(pipe.metrics(), 2, policy, in_flight=1).action == "in-flight"
+    assert decide_once(epoch_records(pipe.metrics()), 2, policy, in_flight=1).action == \
+        "in-flight"
     assert decide_once([], 2, policy).action == "no-data"
 
 

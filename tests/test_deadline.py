@@ -8,10 +8,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megaphone.migrator.controller import PlanQueue, PolicyInputs
+from megaphone.migrator.plan_queue import PlanQueue, PolicyInputs
 from megaphone.plans import MigrationPlan, PlanError, PlanStep, make_plan, schedule
-from megaphone.plans.deadline import APPLY, EXPORT, CostModel, DeadlinePolicy, stages_s
-from megaphone.plans.policy import AllAtOnce, Batched, EpochView, Fluid, drive, policy_from_spec
+from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, stages_s
+from megaphone.plans.deadline import DeadlinePolicy
+from megaphone.plans.policy import (
+    _FACTORIES,
+    AllAtOnce,
+    Batched,
+    EpochView,
+    Fluid,
+    drive,
+    plan_policy,
+    policy_from_spec,
+    register_policy,
+)
+from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move, RoutingTable
 
@@ -23,7 +35,7 @@ MB = 1_000_000
 
 
 def epoch(workers=(0, 1, 2, 3), moved: dict[int, tuple[int, int]] | None = None,
-          parallelism: int = 8) -> dict:
+          parallelism: int = 8) -> EpochMetrics:
     """A metrics record of the synthetic model: ``moved[w] = (bytes out, bytes in)``."""
     per_worker = {}
     for w in workers:
@@ -39,7 +51,10 @@ def epoch(workers=(0, 1, 2, 3), moved: dict[int, tuple[int, int]] | None = None,
         work[APPLY, int(w)] = pw["useful_s"]
     duration = OVERHEAD_S + stages_s(work, parallelism)
     total = sum(o for o, _ in (moved or {}).values())
-    return {"duration_s": duration, "per_worker": per_worker, "bytes_moved": total}
+    return EpochMetrics.from_dict({
+        "epoch": 0, "started": 0.0, "finished": duration, "duration_s": duration,
+        "per_worker": {w: {"worker": int(w), **pw} for w, pw in per_worker.items()},
+        "bytes_moved": total})
 
 
 HISTORY = (epoch(), epoch(), epoch(moved={0: (MB, 0), 1: (0, MB)}), epoch())
@@ -81,12 +96,12 @@ def test_predictions_are_calibrated_by_the_measured_error():
     assert policy.calibration == 1.0
     # A moving epoch that took twice what the model makes of it: predictions grow.
     slow = epoch(moved={0: (MB, 0), 1: (0, MB)})
-    slow["duration_s"] *= 2
+    slow.duration_s *= 2
     assert 1 <= len(policy(view(moves, sizes, (*HISTORY, slow)))) < 6
     assert policy.calibration > 1.2 and policy.decisions[-1].calibration > 1.2
     # A faster one never makes the policy bolder than its model.
     fast = epoch(moved={0: (MB, 0), 1: (0, MB)})
-    fast["duration_s"] /= 2
+    fast.duration_s /= 2
     assert len(policy(view(moves, sizes, (*HISTORY, fast)))) == 6
     assert policy.calibration == 1.0
 
@@ -225,6 +240,15 @@ def test_policy_specs_are_checked():
             policy_from_spec(bad)
 
 
+def test_registered_policies_are_built_from_their_spec():
+    register_policy("every-other", lambda params: Batched(params.get("per_worker", 2)))
+    try:
+        policy = policy_from_spec({"name": "every-other"})
+        assert isinstance(policy, Batched) and policy.per_worker == 2
+    finally:
+        _FACTORIES.pop("every-other")
+
+
 def test_fixed_strategies_are_policies_driven_ahead_of_time():
     moves = [Move(b, b % 3, 3 + b % 2) for b in range(12)]
     assert drive(Fluid(), moves) == schedule(moves, "fluid")
@@ -262,6 +286,9 @@ def test_deadline_plans_are_adaptive_json_and_validated():
     data = plan.to_dict()
     data["policy"] = {"name": "deadline", "target_latency_s": "soon"}
     with pytest.raises(PlanError, match="target_latency_s"):
+        plan_policy(MigrationPlan.from_dict(data))
+    data["policy"] = "deadline"
+    with pytest.raises(PlanError, match="string 'name'"):
         MigrationPlan.from_dict(data)
 
 
@@ -322,7 +349,7 @@ def test_no_bins_go_to_a_worker_that_owes_compaction():
     # Worker 1's store owes 2 GiB of compaction at the newest epoch: the bins bound for it
     # wait, the ones for worker 2 still move; once only worker 1's are left, nothing moves.
     last = epoch()
-    last["per_worker"]["1"]["pending_compaction_bytes"] = 2 << 30
+    last.per_worker[1].pending_compaction_bytes = 2 << 30
     history = (*HISTORY, last)
     moves = [Move(0, 0, 1), Move(1, 0, 2), Move(2, 0, 1)]
     sizes = dict.fromkeys(range(3), MB)

@@ -16,6 +16,7 @@ from megaphone.plans.ds2 import (
     rates_from_metrics,
     topological_order,
 )
+from megaphone.records import EpochMetrics
 
 
 def rates(p: int, per_instance: float, selectivity: float = 1.0) -> OperatorRates:
@@ -144,8 +145,10 @@ def test_linear_scaling_converges_in_one_step(cap_f, cap_c, sel, p_f, p_c, rate)
     assert second == first
 
 
-def epoch(epoch: int, per_worker: dict[str, dict]) -> dict:
-    return {"epoch": epoch, "per_worker": per_worker}
+def epoch(epoch: int, per_worker: dict[str, dict]) -> EpochMetrics:
+    return EpochMetrics.from_dict({
+        "epoch": epoch, "started": 0.0, "finished": 0.0, "duration_s": 0.0,
+        "per_worker": {w: {"worker": int(w), **row} for w, row in per_worker.items()}})
 
 
 def test_rates_from_metrics_sums_each_worker_over_the_window():

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import megaphone.plans
+from megaphone.errors import MegaphoneError
 from megaphone.plans.plan import MigrationPlan, PlanError, PlanStep
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move, RoutingTable
@@ -107,3 +111,26 @@ def test_from_moves_spaces_steps_by_gap():
     p = MigrationPlan.from_moves(table(), [[Move(0, 0, 1)], [Move(1, 1, 0)]], gap=2)
     assert [s.epoch for s in p.steps] == [0, 3]
     p.validate(table())
+
+
+def _imported(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any level (TYPE_CHECKING blocks included)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_plans_never_import_the_runtime_and_plan_not_the_policies():
+    root = Path(megaphone.plans.__file__).parent
+    for path in root.glob("*.py"):
+        runtime = {n for n in _imported(path) if n.startswith("megaphone.migrator")}
+        assert not runtime, f"{path.name} imports {sorted(runtime)}"
+    assert not {n for n in _imported(root / "plan.py") if n.startswith("megaphone.plans.policy")}
+
+
+def test_plan_error_is_a_megaphone_error_and_a_value_error():
+    assert issubclass(PlanError, MegaphoneError) and issubclass(PlanError, ValueError)

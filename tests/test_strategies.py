@@ -18,6 +18,7 @@ from megaphone.plans import (
     BinSizes,
     MigrationPlan,
     PlanError,
+    PlanningInputs,
     balanced_target,
     explicit_target,
     make_plan,
@@ -26,8 +27,9 @@ from megaphone.plans import (
     schedule,
     target_moves,
 )
-from megaphone.plans.rescale import DEFAULT_TRANSFER_RATE, observed_load, transfer_rate
+from megaphone.plans.planner import DEFAULT_TRANSFER_RATE, observed_load, transfer_rate
 from megaphone.plans.strategies import hopcroft_karp
+from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move, RoutingTable
 
@@ -236,7 +238,7 @@ def test_same_input_same_plan(layout, strategy, seed):
     owners, n = layout
     weights = np.random.default_rng(seed).integers(0, 100, owners.size)
     sizes = BinSizes(weights, weights * 10)
-    plans = [plan_rescale(table_with(owners), sizes, n, strategy=strategy).to_dict()
+    plans = [plan_rescale(PlanningInputs(table_with(owners), sizes), n, strategy=strategy).to_dict()
              for _ in range(2)]
     assert plans[0] == plans[1]
 
@@ -255,7 +257,7 @@ def test_n_to_n_moves_nothing(n):
     owners = np.arange(64) % n
     assert target_moves(owners, balanced_target(owners, np.ones(64), n)) == []
     sizes = BinSizes(np.full(64, 5), np.full(64, 50))
-    plan = plan_rescale(table_with(owners), sizes, n, strategy=BATCHED)
+    plan = plan_rescale(PlanningInputs(table_with(owners), sizes), n, strategy=BATCHED)
     assert plan.steps == () and plan.meta["bins_moved"] == 0
 
 
@@ -302,7 +304,7 @@ def test_plan_rescale_meta_summarizes_the_plan():
     keys = rng.integers(1, 100, 64)
     sizes = BinSizes(keys, keys * 37)
     table = table_with(np.arange(64) % 2)
-    plan = plan_rescale(table, sizes, 3, strategy=BATCHED, gap=2, balance="bytes")
+    plan = plan_rescale(PlanningInputs(table, sizes), 3, strategy=BATCHED, gap=2, balance="bytes")
     plan.validate(table, 0)
     meta = plan.meta
     moved = [m.bin for m in plan.moves]
@@ -320,28 +322,51 @@ def test_plan_rescale_meta_summarizes_the_plan():
 
 def test_plan_rescale_with_explicit_target():
     table = table_with([0, 1, 0, 1])
-    plan = plan_rescale(table, BinSizes.zeros(4), target={"0": 1, "3": 1}, strategy=FLUID)
+    plan = plan_rescale(PlanningInputs(table, BinSizes.zeros(4)), target={"0": 1, "3": 1},
+                        strategy=FLUID)
     assert plan.moves == [Move(0, 0, 1)] and plan.meta["balance"] == "explicit"
 
 
 def test_plan_rescale_argument_errors():
     table = table_with([0, 1, 0, 1])
     with pytest.raises(PlanError, match="exactly one"):
-        plan_rescale(table, BinSizes.zeros(4))
+        plan_rescale(PlanningInputs(table, BinSizes.zeros(4)))
     with pytest.raises(PlanError, match="exactly one"):
-        plan_rescale(table, BinSizes.zeros(4), 2, target={0: 1})
+        plan_rescale(PlanningInputs(table, BinSizes.zeros(4)), 2, target={0: 1})
     with pytest.raises(PlanError, match="unknown balance"):
-        plan_rescale(table, BinSizes.zeros(4), 2, balance="vibes")
+        plan_rescale(PlanningInputs(table, BinSizes.zeros(4)), 2, balance="vibes")
     with pytest.raises(PlanError, match="needs recorded epoch metrics"):
-        plan_rescale(table, BinSizes.zeros(4), 2, balance="load")
+        plan_rescale(PlanningInputs(table, BinSizes.zeros(4)), 2, balance="load")
+
+
+def test_plan_rescale_reads_its_inputs():
+    table = table_with([0, 0, 1, 1])
+    sizes = BinSizes(np.array([1, 1, 1, 1]), np.array([10, 10, 10, 10]))
+    with pytest.raises(PlanError, match="1 plan\\(s\\) in flight"):
+        plan_rescale(PlanningInputs(table, sizes, in_flight=1), 3)
+    # measured load wins over the estimate from metrics; without it the metrics are used
+    measured = PlanningInputs(table, sizes, load=np.array([9.0, 1.0, 1.0, 1.0]))
+    assert plan_rescale(measured, 2, balance="load").meta["before"]["0"]["records"] == 10.0
+    metrics = (epoch_record(epoch=1, per_worker={"0": {"worker": 0, "records_in": 4}}),)
+    observed = PlanningInputs(table, sizes, metrics=metrics)
+    assert plan_rescale(observed, 2, balance="load").meta["before"]["0"]["records"] == 4.0
+    assert plan_rescale(observed, 2).meta["estimate"]["rate_source"].startswith("default")
+
+
+def epoch_record(**fields) -> EpochMetrics:
+    """An epoch's metrics record with the given fields (times default to 0)."""
+    return EpochMetrics.from_dict({"epoch": 0, "started": 0.0, "finished": 0.0,
+                                   "duration_s": 0.0, **fields})
 
 
 def test_observed_load_spreads_worker_records_by_keys():
     table = table_with([0, 0, 1, 1])  # this layout is in force from epoch 1
     keys = np.array([1, 3, 0, 0])
     metrics = [
-        {"epoch": 1, "per_worker": {"0": {"records_in": 100}, "1": {"records_in": 10}}},
-        {"epoch": 2, "per_worker": {"0": {"records_in": 300}, "1": {"records_in": 30}}},
+        epoch_record(epoch=1, per_worker={"0": {"worker": 0, "records_in": 100},
+                                          "1": {"worker": 1, "records_in": 10}}),
+        epoch_record(epoch=2, per_worker={"0": {"worker": 0, "records_in": 300},
+                                          "1": {"worker": 1, "records_in": 30}}),
     ]
     load = observed_load(table, keys, metrics)
     assert load.tolist() == [50.0, 150.0, 10.0, 10.0]  # per epoch; empty bins share evenly
@@ -349,8 +374,9 @@ def test_observed_load_spreads_worker_records_by_keys():
 
 
 def test_transfer_rate_measured_or_default():
-    assert transfer_rate([{"bytes_moved": 0, "duration_s": 1}]) == (DEFAULT_TRANSFER_RATE, 0)
-    rate, n = transfer_rate([{"bytes_moved": 300, "duration_s": 1.0},
-                             {"bytes_moved": 100, "duration_s": 1.0},
-                             {"bytes_moved": 0, "duration_s": 5.0}])
+    assert transfer_rate([epoch_record(bytes_moved=0, duration_s=1)]) == \
+        (DEFAULT_TRANSFER_RATE, 0)
+    rate, n = transfer_rate([epoch_record(bytes_moved=300, duration_s=1.0),
+                             epoch_record(bytes_moved=100, duration_s=1.0),
+                             epoch_record(bytes_moved=0, duration_s=5.0)])
     assert (rate, n) == (200.0, 2)

@@ -1,14 +1,20 @@
-"""``megaphone.migrate``: one call for a running pipeline or a stopped state directory."""
+"""``megaphone.migrate`` and ``megaphone.rescale``: one call each for a running pipeline or a
+stopped state directory."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from megaphone.migrator.controller import MigrationHandle
 from megaphone.migrator.offline import migrate_offline
 from megaphone.migrator.pipeline import Pipeline, running_pipeline
+from megaphone.migrator.plan_queue import MigrationHandle
+from megaphone.migrator.planning import pipeline_source, plan_from, state_dir_source
+from megaphone.migrator.statedir import StateDir
 from megaphone.plans.plan import MigrationPlan, PlanError
-from megaphone.plans.policy import MigrationPolicy
+from megaphone.plans.policy import MigrationPolicy, plan_policy
+from megaphone.plans.strategies import FLUID
+from megaphone.plans.targets import TargetSpec
 
 
 def migrate(
@@ -38,4 +44,55 @@ def migrate(
             f"no pipeline {plan.fingerprint.pipeline_id!r} is running in this process and no "
             "state_dir was given"
         )
+    plan_policy(plan)  # offline the policy does not run, but its spec must be valid
     return migrate_offline(os.fspath(state_dir), plan)
+
+
+def rescale(
+    pipeline_or_state_dir: Pipeline | StateDir | str | os.PathLike[str],
+    workers: int | None = None,
+    strategy: str = FLUID,
+    gap: int = 0,
+    balance: str = "keys",
+    per_worker: int = 1,
+    target: TargetSpec | str | os.PathLike[str] | None = None,
+    target_latency: float | None = None,
+) -> MigrationPlan:
+    """Plan moving a pipeline's bins onto ``workers`` workers (or onto ``target``).
+
+    ``pipeline_or_state_dir`` is a ``Pipeline`` (its live routing table is used) or a state
+    directory path (a pipeline with that id and directory open in this process is used
+    instead). ``target`` is a ``{bin: worker}`` map, a list of owners or a JSON file of
+    either. The plan starts from the newest routing version, so ``megaphone.migrate(plan)``
+    accepts it unchanged; ``plan.meta`` also holds a duration estimate from the measured
+    transfer rate. Raises :class:`PlanError` (a ``ValueError``) for bad arguments or while
+    another plan is still in flight. ``strategy="deadline"`` with ``target_latency=L``
+    (seconds) gives an adaptive plan: each epoch moves what still lets it finish within L.
+    ``balance="load"`` uses the records per bin the pipeline measured, when it has run.
+
+    >>> plan = megaphone.rescale(pipe, workers=4, strategy="batched")  # doctest: +SKIP
+    >>> megaphone.migrate(plan, pipe).wait()  # doctest: +SKIP
+    """
+    pipeline = _as_pipeline(pipeline_or_state_dir)
+    source = pipeline_source(pipeline) if pipeline is not None else \
+        state_dir_source(pipeline_or_state_dir)  # type: ignore[arg-type]
+    return plan_from(source, workers, strategy, gap, balance, per_worker, target,
+                     target_latency)
+
+
+def _as_pipeline(obj: object) -> Pipeline | None:
+    """The Pipeline behind ``obj``: itself, or one open in this process on that directory."""
+    if isinstance(obj, Pipeline):
+        return obj
+    if isinstance(obj, StateDir):
+        state = obj
+    elif isinstance(obj, (str, os.PathLike)):
+        if not StateDir.exists(Path(obj)):
+            return None
+        state = StateDir.open(obj)
+    else:
+        raise TypeError(f"rescale needs a Pipeline or a state directory, got {type(obj).__name__}")
+    running = running_pipeline(state.fingerprint.pipeline_id)
+    if running is not None and running.state_dir.path.resolve() == state.path.resolve():
+        return running
+    return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 
-from megaphone.migrator.controller import MigrationHandle
+from megaphone.migrator.plan_queue import MigrationHandle
 from megaphone.migrator.recovery import check_and_recover
 from megaphone.migrator.statedir import StateDir
 from megaphone.plans.plan import MigrationPlan, PlanError

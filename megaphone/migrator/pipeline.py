@@ -29,10 +29,11 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
 from megaphone.migrator.connect_stream import ServerBatch
-from megaphone.migrator.controller import MigrationHandle, PlanQueue, PolicyInputs
 from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.epoch import EpochRun
 from megaphone.migrator.layout import EpochLayout
+from megaphone.migrator.plan_queue import MigrationHandle, PlanQueue, PolicyInputs
+from megaphone.migrator.planning import bin_sizes, epoch_records, sizes_from_stats
 from megaphone.migrator.recovery import RecoveryReport, check_and_recover
 from megaphone.migrator.spark_job import MapSide
 from megaphone.migrator.state_reader import DurableRead, read_bin_stats, read_state
@@ -61,7 +62,7 @@ LOAD_SMOOTHING = 0.3
 POLICY_HISTORY = 50
 #: Pipelines alive in this process, by pipeline id, so ``megaphone.migrate(plan)`` finds them.
 if TYPE_CHECKING:
-    from megaphone.plans.rescale import BinSizes
+    from megaphone.plans.planner import BinSizes
 
 _PIPELINES: weakref.WeakValueDictionary[str, Pipeline] = weakref.WeakValueDictionary()
 
@@ -541,19 +542,13 @@ class Pipeline:
         """Keys and bytes of every bin at its owner under ``owners`` (default: the routing in
         force), as of the last commit. With a checkpoint location the working copies live on
         the executors, so this runs a small Spark job (one task per worker)."""
-        from megaphone.plans.rescale import BinSizes, bin_sizes
-
         owners = self.routing.owners() if owners is None else owners
         if self._settings["checkpoint"] is None or self.epoch < 0:
             return bin_sizes(self.state_dir, owners)
         committed = self.routing.owners(self.epoch)
-        stats = read_bin_stats(self.spark, self._durable_read(), self._settings["backend"],
-                               self._key_type, committed)
-        keys = np.zeros(self._num_bins, np.int64)
-        nbytes = np.zeros(self._num_bins, np.int64)
-        for b, k, n in stats:
-            keys[b], nbytes[b] = k, n
-        return BinSizes(keys=keys, bytes=nbytes)
+        return sizes_from_stats(read_bin_stats(self.spark, self._durable_read(),
+                                               self._settings["backend"], self._key_type,
+                                               committed), self._num_bins)
 
     def _stateful_workers(self) -> list[int]:
         """Workers that may hold state: those with a directory in the state directory, or
@@ -586,7 +581,7 @@ class Pipeline:
         if self._task_slots is None:  # asked once
             self._task_slots = task_slots(self.spark)
         return PolicyInputs(
-            history=lambda: self.metrics(last=POLICY_HISTORY), bin_bytes=sizes,
+            history=lambda: epoch_records(self.metrics(last=POLICY_HISTORY)), bin_bytes=sizes,
             bin_records=load, lag_s=lag_s, parallelism=self._task_slots)
 
     def _run_batch(self, batch: DataFrame, batch_id: int, location: str) -> tuple[DataFrame, int]:

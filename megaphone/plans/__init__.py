@@ -1,17 +1,19 @@
-"""Migration plans: the plan format, target assignments, strategies and ``rescale``.
+"""Migration plans: the plan format, target assignments, strategies and the rescale planner.
 
-``rescale(pipeline_or_state_dir, workers=N, strategy="fluid")`` is the usual way in: it picks
+``megaphone.rescale(pipeline_or_state_dir, workers=N, strategy="fluid")`` (also reachable as
+``megaphone.plans.rescale``) is the usual way in: it picks
 a balanced target that moves little state and orders the moves by a strategy of the Megaphone
 paper (``all-at-once``, ``fluid`` or ``batched``) into a :class:`MigrationPlan`, or makes an
 adaptive plan whose moves a latency target paces (``deadline``, :mod:`.deadline`); policies
 (:mod:`.policy`) are the per-epoch interface behind every strategy.
 
-Only modules free of ``megaphone.migrator`` imports are imported here (``megaphone`` itself
-imports this package while it loads the migrator), so there are no import cycles.
+No module of this package imports the runtime (the migrator package): planning works on plain
+data (:class:`PlanningInputs`), which the runtime's ``planning`` module supplies.
 """
 
+from megaphone.plans.deadline import DeadlinePolicy  # registers the "deadline" policy
 from megaphone.plans.plan import MigrationPlan, PlanError, PlanStep
-from megaphone.plans.rescale import BinSizes, plan_rescale, rescale
+from megaphone.plans.planner import BinSizes, PlanningInputs, plan_rescale
 from megaphone.plans.strategies import (
     ALL_AT_ONCE,
     BATCHED,
@@ -39,15 +41,16 @@ __all__ = [
     "FLUID",
     "STRATEGIES",
     "BinSizes",
+    "DeadlinePolicy",
     "MigrationPlan",
     "PlanError",
     "PlanStep",
+    "PlanningInputs",
     "balanced_target",
     "explicit_target",
     "make_plan",
     "matching_rounds",
     "plan_rescale",
-    "rescale",
     "schedule",
     "target_moves",
 ]

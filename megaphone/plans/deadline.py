@@ -4,7 +4,8 @@ Cameo (Xu et al., NSDI 2021) runs work by deadline, ``ddl = t_MF + L - C_OM - C_
 time the input was complete plus the latency target, minus the cost still ahead. For
 migration, the epoch whose input ended at ``t_MF`` must finish by ``t_MF + L``; it starts
 ``lag`` seconds after ``t_MF``. Before each epoch the :class:`DeadlinePolicy` predicts the
-epoch's duration from a :class:`CostModel` learned online from the per-epoch metrics, and
+epoch's duration from a :class:`~megaphone.plans.cost_model.CostModel` learned online from the
+per-epoch metrics, and
 starts the moves that keep the prediction within the deadline. An epoch is one Spark job of
 two stages, the senders' exports (map) and then every worker's install and processing
 (reduce), so::
@@ -22,9 +23,8 @@ underestimates large moves corrects itself, also for a new plan or after a resta
 
 So the policy moves more while there is slack, nothing while the pipeline is behind, and
 never lets a move push an epoch past its deadline by prediction -- except a bin that does not
-fit even
-into an epoch with full slack, which moves alone after ``patience`` such epochs and says so,
-and, if the pipeline stays behind for ``max_behind`` epochs in a row (the target cannot be
+fit even into an epoch with full slack, which moves alone after ``patience`` such epochs and
+says so, and, if the pipeline stays behind for ``max_behind`` epochs in a row (the target cannot be
 met even without migrating, e.g. an overloaded pipeline that needs this very rescale), the
 smallest bin alone, so the plan still makes progress; both are logged as warnings.
 """
@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from statistics import median
 from typing import Any
 
+from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, Work
 from megaphone.plans.plan import PlanError
-from megaphone.plans.policy import EpochView
+from megaphone.plans.policy import EpochView, register_policy
+from megaphone.records import EpochMetrics
 from megaphone.routing.table import Move
 
 log = logging.getLogger("megaphone.deadline")
@@ -53,138 +54,8 @@ PRIORITIES = ("auto", "largest", "smallest", "hottest")
 """Built-in orders in which the deadline policy tries bins (see :class:`DeadlinePolicy`)."""
 
 
-EXPORT, APPLY = 0, 1
-"""The two stages of an epoch's job: the senders' exports, then installs and processing."""
-Work = Mapping[tuple[int, int], float]
-"""Seconds of work per ``(stage, worker)``."""
-
-
-def stages_s(work: Work, parallelism: int = 1) -> float:
-    """Time of the stages one after the other; a stage takes its busiest worker's time or its
-    total over the task slots, whichever is longer."""
-    total = 0.0
-    for stage in (EXPORT, APPLY):
-        values = [t for (s, _), t in work.items() if s == stage]
-        total += max(max(values, default=0.0), sum(values) / max(1, parallelism))
-    return total
-
-
-def _median(values: Iterable[float]) -> float | None:
-    values = list(values)
-    return median(values) if values else None
-
-
-def _processing_s(pw: Mapping[str, Any]) -> float:
-    """A worker's busy time in an epoch apart from installing state."""
-    return max(0.0, float(pw.get("useful_s", 0.0)) - float(pw.get("install_s", 0.0)))
-
-
 @dataclass(frozen=True)
-class CostModel:
-    """Costs in seconds learned from recent epochs (medians, so one slow epoch does not rule).
-
-    ``overhead_s``: an epoch's time outside the workers' stages (scheduling, the records'
-    shuffle). Per worker:
-    ``per_record_s`` processing per record, ``records`` records per epoch, and per byte of
-    state ``export_s_per_byte`` at the sender and ``install_s_per_byte`` at the receiver;
-    ``ship_s_per_byte`` is what moving epochs took beyond that (the shuffle). Workers never
-    measured get the median of the others.
-    """
-
-    overhead_s: float
-    per_record_s: Mapping[int, float]
-    records: Mapping[int, float]
-    export_s_per_byte: Mapping[int, float]
-    install_s_per_byte: Mapping[int, float]
-    ship_s_per_byte: float
-    epochs_seen: int
-    transfers_seen: int
-
-    @classmethod
-    def fit(cls, history: Iterable[Mapping[str, Any]], parallelism: int = 1,
-            window: int = 20) -> CostModel:
-        """Fit the model to the newest ``window`` epochs of ``history`` (metrics records)."""
-        recent = [m for m in history if m.get("per_worker")][-window:]
-        par = max(1, parallelism)
-        per_record: dict[int, list[float]] = defaultdict(list)
-        records: dict[int, list[float]] = defaultdict(list)
-        export: dict[int, list[float]] = defaultdict(list)
-        install: dict[int, list[float]] = defaultdict(list)
-        for m in recent:
-            for w, pw in m["per_worker"].items():
-                if "useful_s" not in pw:
-                    continue
-                n = int(pw.get("records_in", 0))
-                records[int(w)].append(n)
-                if n:
-                    per_record[int(w)].append(_processing_s(pw) / n)
-                if pw.get("bytes_out") and "export_s" in pw:
-                    export[int(w)].append(pw["export_s"] / pw["bytes_out"])
-                if pw.get("bytes_in") and "install_s" in pw:
-                    install[int(w)].append(pw["install_s"] / pw["bytes_in"])
-
-        def outside(m: Mapping[str, Any]) -> float:
-            work = {}
-            for w, pw in m["per_worker"].items():
-                work[EXPORT, int(w)] = float(pw.get("export_s", 0.0))
-                work[APPLY, int(w)] = _processing_s(pw) + float(pw.get("install_s", 0.0))
-            return m["duration_s"] - stages_s(work, par)
-
-        quiet = [outside(m) for m in recent if not m.get("bytes_moved")]
-        overhead = max(0.0, _median(quiet) or _median(outside(m) for m in recent) or 0.0)
-        moving = [m for m in recent if m.get("bytes_moved")]
-        ship = _median(max(0.0, outside(m) - overhead) / m["bytes_moved"] for m in moving)
-        return cls(
-            overhead_s=overhead,
-            per_record_s={w: median(v) for w, v in per_record.items()},
-            records={w: median(v) for w, v in records.items()},
-            export_s_per_byte={w: median(v) for w, v in export.items()},
-            install_s_per_byte={w: median(v) for w, v in install.items()},
-            ship_s_per_byte=ship or 0.0,
-            epochs_seen=len(recent),
-            transfers_seen=len(moving),
-        )
-
-    @staticmethod
-    def _of(costs: Mapping[int, float], worker: int) -> float:
-        if worker in costs:
-            return costs[worker]
-        return median(costs.values()) if costs else 0.0
-
-    def record_s(self, worker: int) -> float:
-        """Predicted processing time of one record at ``worker``."""
-        return self._of(self.per_record_s, worker)
-
-    def processing_s(self, worker: int) -> float:
-        """Predicted processing time of ``worker``'s records next epoch."""
-        return self.record_s(worker) * self.records.get(worker, 0.0)
-
-    def export_s(self, worker: int, nbytes: float) -> float:
-        """Predicted time for ``worker`` to export ``nbytes`` of state."""
-        return self._of(self.export_s_per_byte, worker) * nbytes
-
-    def install_s(self, worker: int, nbytes: float) -> float:
-        """Predicted time to ship ``nbytes`` of state to ``worker`` and install it there."""
-        return (self._of(self.install_s_per_byte, worker) + self.ship_s_per_byte) * nbytes
-
-    def epoch_s(self, work: Work, parallelism: int = 1) -> float:
-        """Predicted epoch duration for ``work`` (seconds per stage and worker)."""
-        return self.overhead_s + stages_s(work, parallelism)
-
-    def replay_s(self, record: Mapping[str, Any], parallelism: int = 1) -> float:
-        """The duration this model predicts for a recorded epoch, from its records and the
-        bytes each worker sent and received."""
-        work: dict[tuple[int, int], float] = {}
-        for w, pw in record.get("per_worker", {}).items():
-            w = int(w)
-            work[EXPORT, w] = self.export_s(w, pw.get("bytes_out", 0))
-            work[APPLY, w] = self.record_s(w) * pw.get("records_in", 0) + \
-                self.install_s(w, pw.get("bytes_in", 0))
-        return self.epoch_s(work, parallelism)
-
-
-@dataclass(frozen=True)
-class Decision:
+class StepDecision:
     """What the deadline policy did before one epoch, and why (see ``DeadlinePolicy.decisions``).
 
     ``action``: ``warm-up`` (too few epochs measured), ``behind`` (no slack: nothing moves),
@@ -268,7 +139,7 @@ class DeadlinePolicy:
             "patience": patience, "window": window, "min_history": min_history,
             "max_behind": max_behind, "max_compaction_debt": max_compaction_debt,
         }
-        self.decisions: deque[Decision] = deque(maxlen=10_000)
+        self.decisions: deque[StepDecision] = deque(maxlen=10_000)
         self.model: CostModel | None = None
         self.calibration = 1.0
         self._starved = 0
@@ -310,7 +181,7 @@ class DeadlinePolicy:
                                 f"{self.max_compaction_debt:,} bytes of compaction")
         if len(movable) < len(view.remaining):
             view = replace(view, remaining=tuple(movable))
-        workers = {int(w) for m in view.history[-self.window:] for w in m.get("per_worker", {})}
+        workers = {int(w) for m in view.history[-self.window:] for w in m.per_worker}
         workers |= {w for m in view.remaining for w in (m.src, m.dst)}
         base = {(APPLY, w): model.processing_s(w) for w in workers}
         idle = self._predict(model, base, par)
@@ -359,23 +230,23 @@ class DeadlinePolicy:
         log.warning("deadline policy, epoch %d: %s", view.epoch, note)
         return self._decide(view, "oversized", [smallest], alone, budget, note)
 
-    def _indebted(self, history: Sequence[Mapping[str, Any]]) -> set[int]:
+    def _indebted(self, history: Sequence[EpochMetrics]) -> set[int]:
         """Workers whose store owed more compaction than allowed at the newest epoch."""
         if self.max_compaction_debt is None or not history:
             return set()
-        return {int(w) for w, pw in history[-1].get("per_worker", {}).items()
-                if pw.get("pending_compaction_bytes", 0) > self.max_compaction_debt}
+        return {int(w) for w, wm in history[-1].per_worker.items()
+                if wm.pending_compaction_bytes > self.max_compaction_debt}
 
-    def _calibrate(self, model: CostModel, history: Sequence[Mapping[str, Any]],
+    def _calibrate(self, model: CostModel, history: Sequence[EpochMetrics],
                    parallelism: int) -> float:
         """The 75th percentile of measured / replayed duration over the epochs of the newest
         ``window`` that moved state (1 without any; never below 1)."""
         ratios = []
         for m in history[-self.window:]:
-            if m.get("bytes_moved") and m.get("per_worker"):
+            if m.bytes_moved and m.per_worker:
                 predicted = model.replay_s(m, parallelism)
                 if predicted > 0:
-                    ratios.append(m["duration_s"] / predicted)
+                    ratios.append(m.duration_s / predicted)
         if not ratios:
             return 1.0
         ratios.sort()
@@ -421,11 +292,12 @@ class DeadlinePolicy:
     def _decide(self, view: EpochView, action: str, moves: list[Move], predicted: float,
                 budget: float, note: str = "") -> list[Move]:
         nbytes = sum(view.bin_bytes.get(m.bin, 0) for m in moves)
-        self.decisions.append(Decision(view.epoch, action, len(moves), nbytes,
+        self.decisions.append(StepDecision(view.epoch, action, len(moves), nbytes,
                                        round(predicted, 4), round(budget, 4), note,
                                        round(self.calibration, 3)))
         return moves
 
 
-__all__ = ["PRIORITIES", "CostModel", "DeadlinePolicy", "Decision", "Priority", "Work",
-           "stages_s"]
+register_policy("deadline", DeadlinePolicy.from_spec)
+
+__all__ = ["PRIORITIES", "DeadlinePolicy", "Priority", "StepDecision"]

@@ -22,8 +22,8 @@ right size; otherwise a few policy intervals do (DS2 needed at most 3 in the pap
 Everything here is pure (numbers in, numbers out): :func:`rates_from_metrics` turns a window
 of a megaphone pipeline's per-epoch metrics into :class:`OperatorRates`, and
 :func:`optimal_parallelism` applies the formula to a dataflow graph given as a list of edges
-or an adjacency matrix. The policy around it (windows, warm-up, activation) lives in
-:mod:`megaphone.migrator.autoscale`.
+or an adjacency matrix. The policy around it (windows, warm-up) is in :mod:`.autoscale`, the
+decision in :mod:`.scale_decision`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+
+from megaphone.records import EpochMetrics
 
 #: Relative slack before ``ceil``: 3.0000000001 instances of work is 3 instances, not 4.
 _EPS = 1e-9
@@ -130,11 +131,11 @@ class OperatorRates:
         }
 
 
-def rates_from_metrics(metrics_window: Iterable[Mapping[str, Any]]) -> OperatorRates:
+def rates_from_metrics(metrics_window: Iterable[EpochMetrics]) -> OperatorRates:
     """The true rates of a megaphone pipeline's operator over a window of epoch metrics.
 
     A pipeline is one keyed operator whose instances are its workers. Each worker's records
-    in and out and useful time (``per_worker[w]["useful_s"]``: time spent applying records
+    in and out and useful time (``per_worker[w].useful_s``: time spent applying records
     and installing state, excluding waiting for input) are summed over the window's epochs;
     then :meth:`OperatorRates.from_instances` combines the workers. Workers without useful
     time (an old owner that only exported bins, a worker without bins) contribute nothing.
@@ -142,16 +143,11 @@ def rates_from_metrics(metrics_window: Iterable[Mapping[str, Any]]) -> OperatorR
     """
     totals: dict[str, list[float]] = {}
     for record in metrics_window:
-        per_worker = record.get("per_worker")
-        if not isinstance(per_worker, Mapping):
-            continue
-        for w, wm in per_worker.items():
-            if not isinstance(wm, Mapping):
-                continue
+        for w, wm in record.per_worker.items():
             row = totals.setdefault(str(w), [0.0, 0.0, 0.0])
-            row[0] += float(wm.get("records_in") or 0)
-            row[1] += float(wm.get("records_out") or 0)
-            row[2] += float(wm.get("useful_s") or 0)
+            row[0] += float(wm.records_in or 0)
+            row[1] += float(wm.records_out or 0)
+            row[2] += float(wm.useful_s or 0)
     if not totals:
         raise ValueError("the metrics window holds no per-worker metrics")
     return OperatorRates.from_instances(tuple(row) for _, row in sorted(totals.items()))

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from megaphone._io import atomic_write_bytes
+from megaphone.errors import MegaphoneError
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import MAX_WORKERS, Move, RoutingTable
 
@@ -19,7 +20,7 @@ PLAN_FORMAT = "megaphone.plan/1"
 EPOCH_MODES = ("relative", "absolute")
 
 
-class PlanError(ValueError):
+class PlanError(MegaphoneError, ValueError):
     """A plan that cannot be applied; the message names the offending step and bin."""
 
 
@@ -39,7 +40,8 @@ class MigrationPlan:
     submitted (0 = that epoch); ``"absolute"`` names epochs outright. A plan with a ``policy``
     (e.g. ``{"name": "deadline", "target_latency_s": 2.0}``) is *adaptive*: its steps only
     list the moves, each bin once, and the policy decides at every epoch which of them start
-    (:mod:`megaphone.plans.policy`). Plans are plain data:
+    (:mod:`megaphone.plans.policy`, whose ``plan_policy`` builds it: the plan keeps only its
+    spec, checked when the policy is built). Plans are plain data:
     :meth:`to_json` and :meth:`from_json` are the only ways in and out; nothing is unpickled.
 
     >>> from megaphone.routing.fingerprint import Fingerprint
@@ -228,10 +230,9 @@ class MigrationPlan:
         if not isinstance(raw_steps, list):
             raise PlanError("steps must be a list")
         policy = data.get("policy")
-        if policy is not None:
-            from megaphone.plans.policy import policy_from_spec
-
-            policy_from_spec(policy)  # raises PlanError for an unknown or malformed policy
+        if policy is not None and not (isinstance(policy, dict)
+                                       and isinstance(policy.get("name"), str)):
+            raise PlanError(f"policy must be an object with a string 'name', got {policy!r}")
         return cls(fingerprint, base_version, tuple(_step(s, i) for i, s in enumerate(raw_steps)),
                    epochs, strategy, meta, policy)
 

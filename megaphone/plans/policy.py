@@ -12,8 +12,10 @@ fixed steps of an ordinary plan (that is what :func:`megaphone.plans.schedule` d
 deadline policy (:class:`megaphone.plans.deadline.DeadlinePolicy`) is the one that reads them.
 
 Policies are named in plans as JSON (``{"name": "deadline", "target_latency_s": 2.0}``), so a
-plan stays data; :func:`policy_from_spec` builds the callable. A user's own callable is
-passed in process (``pipe.migrate(plan, policy=fn)``) and is never stored.
+plan stays data; :func:`policy_from_spec` builds the callable from a registry of factories by
+name, which modules add to with :func:`register_policy` (:mod:`.deadline` registers
+``deadline``). A user's own callable is passed in process (``pipe.migrate(plan, policy=fn)``)
+and is never stored.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from itertools import islice
 from typing import Any, ClassVar
 
 from megaphone.plans.matching import iter_rounds
-from megaphone.plans.plan import PlanError
+from megaphone.plans.plan import MigrationPlan, PlanError
+from megaphone.records import EpochMetrics
 from megaphone.routing.table import Move
 
 
@@ -34,7 +37,9 @@ class EpochView:
 
     ``remaining``: moves not started yet, in plan order. ``bin_bytes`` / ``bin_records``:
     size (keys + values) and recent records per bin, where known. ``history``: the newest
-    per-epoch metrics records (as ``Pipeline.metrics()``), oldest first. ``lag_s``: how long
+    per-epoch metrics, oldest first, as :class:`~megaphone.records.EpochMetrics` records
+    (``Pipeline.metrics()`` gives the same records as dicts; read ``m.duration_s``,
+    ``m.per_worker[w].useful_s``). ``lag_s``: how long
     after the end of its input the epoch starts (0 when unknown). ``idle_epochs``: epochs in a
     row the plan has started no move. ``parallelism``: tasks that can run at once.
     """
@@ -43,7 +48,7 @@ class EpochView:
     remaining: tuple[Move, ...]
     bin_bytes: Mapping[int, int] = field(default_factory=dict)
     bin_records: Mapping[int, float] = field(default_factory=dict)
-    history: tuple[Mapping[str, Any], ...] = ()
+    history: tuple[EpochMetrics, ...] = ()
     lag_s: float = 0.0
     idle_epochs: int = 0
     parallelism: int = 1
@@ -169,32 +174,60 @@ def policy_name(policy: MigrationPolicy) -> str:
     return getattr(policy, "__name__", type(policy).__name__)
 
 
+PolicyFactory = Callable[[Mapping[str, Any]], MigrationPolicy]
+"""Builds a policy from a spec's parameters (the spec without ``name``); raises PlanError."""
+
+_FACTORIES: dict[str, PolicyFactory] = {}
+
+
+def register_policy(name: str, factory: PolicyFactory) -> None:
+    """Make ``{"name": name, ...}`` specs build their policy with ``factory(params)``."""
+    _FACTORIES[name] = factory
+
+
+def _no_params(name: str, make: Callable[[], MigrationPolicy]) -> PolicyFactory:
+    def factory(params: Mapping[str, Any]) -> MigrationPolicy:
+        if params:
+            raise PlanError(f"policy {name!r} takes no parameters, got {sorted(params)}")
+        return make()
+
+    return factory
+
+
+def _batched(params: Mapping[str, Any]) -> MigrationPolicy:
+    unknown = set(params) - {"per_worker"}
+    if unknown:
+        raise PlanError(f"policy 'batched' has unknown fields {sorted(unknown)}")
+    return Batched(params.get("per_worker", 1))
+
+
+register_policy("all-at-once", _no_params("all-at-once", AllAtOnce))
+register_policy("fluid", _no_params("fluid", Fluid))
+register_policy("batched", _batched)
+register_policy("custom", _no_params("custom", Fluid))  # an in-process callable, after a restart
+
+
 def policy_from_spec(spec: Any) -> MigrationPolicy:
     """Build the policy a plan names; a malformed spec is a :class:`PlanError`.
 
     Names: ``all-at-once``, ``fluid``, ``batched`` (``per_worker``) and ``deadline`` (see
-    :class:`~megaphone.plans.deadline.DeadlinePolicy` for its fields). ``custom`` stands for a
-    callable handed to ``migrate`` in process; after a restart it resumes as ``fluid``.
+    :class:`~megaphone.plans.deadline.DeadlinePolicy` for its fields), and any name added with
+    :func:`register_policy`. ``custom`` stands for a callable handed to ``migrate`` in
+    process; after a restart it resumes as ``fluid``.
     """
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise PlanError(f"policy must be an object with a string 'name', got {spec!r}")
-    params = {k: v for k, v in spec.items() if k != "name"}
-    name = spec["name"]
-    if name in ("all-at-once", "fluid", "custom"):
-        if params:
-            raise PlanError(f"policy {name!r} takes no parameters, got {sorted(params)}")
-        return AllAtOnce() if name == "all-at-once" else Fluid()
-    if name == "batched":
-        unknown = set(params) - {"per_worker"}
-        if unknown:
-            raise PlanError(f"policy 'batched' has unknown fields {sorted(unknown)}")
-        return Batched(params.get("per_worker", 1))
-    if name == "deadline":
-        from megaphone.plans.deadline import DeadlinePolicy
+    factory = _FACTORIES.get(spec["name"])
+    if factory is None:
+        names = [n for n in _FACTORIES if n != "custom"]
+        raise PlanError(f"unknown policy {spec['name']!r}; expected {', '.join(names)} or custom")
+    return factory({k: v for k, v in spec.items() if k != "name"})
 
-        return DeadlinePolicy.from_spec(params)
-    raise PlanError(f"unknown policy {name!r}; expected all-at-once, fluid, batched, deadline "
-                    "or custom")
+
+def plan_policy(plan: MigrationPlan) -> MigrationPolicy | None:
+    """The policy an adaptive plan names, built (a :class:`PlanError` if its spec is bad);
+    ``None`` for a fixed plan."""
+    return policy_from_spec(plan.policy) if plan.adaptive else None
 
 
 __all__ = [
@@ -203,8 +236,11 @@ __all__ = [
     "EpochView",
     "Fluid",
     "MigrationPolicy",
+    "PolicyFactory",
     "checked_choice",
     "drive",
+    "plan_policy",
     "policy_from_spec",
     "policy_name",
+    "register_policy",
 ]

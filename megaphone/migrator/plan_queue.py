@@ -23,6 +23,7 @@ from megaphone.plans.policy import (
     policy_from_spec,
     policy_name,
 )
+from megaphone.records import EpochMetrics
 from megaphone.routing.table import Move, RoutingTable
 
 log = logging.getLogger("megaphone.plans")
@@ -111,12 +112,12 @@ class MigrationHandle:
 class PolicyInputs:
     """What the driver knows before an epoch, for the policies of adaptive plans.
 
-    ``history()``: recent per-epoch metrics; ``bin_bytes()``: size of every bin (read once
+    ``history()``: recent per-epoch metrics records; ``bin_bytes()``: size of every bin (read once
     when a plan becomes active); ``bin_records()``: recent records per bin; ``lag_s``: how
     long after the end of its input the epoch starts; ``parallelism``: task slots.
     """
 
-    history: Callable[[], Sequence[Mapping[str, Any]]] = tuple
+    history: Callable[[], Sequence[EpochMetrics]] = tuple
     bin_bytes: Callable[[], Mapping[int, int]] = dict
     bin_records: Callable[[], Mapping[int, float]] = dict
     lag_s: float = 0.0

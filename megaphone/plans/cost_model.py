@@ -1,0 +1,151 @@
+"""The deadline policy's cost model: an epoch's duration predicted from per-worker costs
+learned online from recent epoch metrics (:class:`CostModel`).
+
+An epoch is one Spark job of two stages, the senders' exports and then every worker's install
+and processing; a stage takes its busiest worker's time or its total over the task slots,
+whichever is longer (:func:`stages_s`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from statistics import median
+
+from megaphone.records import EpochMetrics, WorkerMetrics
+
+EXPORT, APPLY = 0, 1
+"""The two stages of an epoch's job: the senders' exports, then installs and processing."""
+Work = Mapping[tuple[int, int], float]
+"""Seconds of work per ``(stage, worker)``."""
+
+
+def stages_s(work: Work, parallelism: int = 1) -> float:
+    """Time of the stages one after the other; a stage takes its busiest worker's time or its
+    total over the task slots, whichever is longer."""
+    total = 0.0
+    for stage in (EXPORT, APPLY):
+        values = [t for (s, _), t in work.items() if s == stage]
+        total += max(max(values, default=0.0), sum(values) / max(1, parallelism))
+    return total
+
+
+def _median(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return median(values) if values else None
+
+
+def _processing_s(wm: WorkerMetrics) -> float:
+    """A worker's busy time in an epoch apart from installing state."""
+    return max(0.0, float(wm.useful_s) - float(wm.install_s))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Costs in seconds learned from recent epochs (medians, so one slow epoch does not rule).
+
+    ``overhead_s``: an epoch's time outside the workers' stages (scheduling, the records'
+    shuffle). Per worker:
+    ``per_record_s`` processing per record, ``records`` records per epoch, and per byte of
+    state ``export_s_per_byte`` at the sender and ``install_s_per_byte`` at the receiver;
+    ``ship_s_per_byte`` is what moving epochs took beyond that (the shuffle). Workers never
+    measured get the median of the others.
+    """
+
+    overhead_s: float
+    per_record_s: Mapping[int, float]
+    records: Mapping[int, float]
+    export_s_per_byte: Mapping[int, float]
+    install_s_per_byte: Mapping[int, float]
+    ship_s_per_byte: float
+    epochs_seen: int
+    transfers_seen: int
+
+    @classmethod
+    def fit(cls, history: Iterable[EpochMetrics], parallelism: int = 1,
+            window: int = 20) -> CostModel:
+        """Fit the model to the newest ``window`` epochs of ``history`` (metrics records).
+
+        Per worker only rows with useful time count (a worker that only exported state has
+        none): its records, its time per record and its export and install times per byte.
+        """
+        recent = [m for m in history if m.per_worker][-window:]
+        par = max(1, parallelism)
+        per_record: dict[int, list[float]] = defaultdict(list)
+        records: dict[int, list[float]] = defaultdict(list)
+        export: dict[int, list[float]] = defaultdict(list)
+        install: dict[int, list[float]] = defaultdict(list)
+        for m in recent:
+            for w, wm in m.per_worker.items():
+                if not wm.useful_s:
+                    continue
+                n = int(wm.records_in)
+                records[int(w)].append(n)
+                if n:
+                    per_record[int(w)].append(_processing_s(wm) / n)
+                if wm.bytes_out:
+                    export[int(w)].append(wm.export_s / wm.bytes_out)
+                if wm.bytes_in:
+                    install[int(w)].append(wm.install_s / wm.bytes_in)
+
+        def outside(m: EpochMetrics) -> float:
+            work = {}
+            for w, wm in m.per_worker.items():
+                work[EXPORT, int(w)] = float(wm.export_s)
+                work[APPLY, int(w)] = _processing_s(wm) + float(wm.install_s)
+            return m.duration_s - stages_s(work, par)
+
+        quiet = [outside(m) for m in recent if not m.bytes_moved]
+        overhead = max(0.0, _median(quiet) or _median(outside(m) for m in recent) or 0.0)
+        moving = [m for m in recent if m.bytes_moved]
+        ship = _median(max(0.0, outside(m) - overhead) / m.bytes_moved for m in moving)
+        return cls(
+            overhead_s=overhead,
+            per_record_s={w: median(v) for w, v in per_record.items()},
+            records={w: median(v) for w, v in records.items()},
+            export_s_per_byte={w: median(v) for w, v in export.items()},
+            install_s_per_byte={w: median(v) for w, v in install.items()},
+            ship_s_per_byte=ship or 0.0,
+            epochs_seen=len(recent),
+            transfers_seen=len(moving),
+        )
+
+    @staticmethod
+    def _of(costs: Mapping[int, float], worker: int) -> float:
+        if worker in costs:
+            return costs[worker]
+        return median(costs.values()) if costs else 0.0
+
+    def record_s(self, worker: int) -> float:
+        """Predicted processing time of one record at ``worker``."""
+        return self._of(self.per_record_s, worker)
+
+    def processing_s(self, worker: int) -> float:
+        """Predicted processing time of ``worker``'s records next epoch."""
+        return self.record_s(worker) * self.records.get(worker, 0.0)
+
+    def export_s(self, worker: int, nbytes: float) -> float:
+        """Predicted time for ``worker`` to export ``nbytes`` of state."""
+        return self._of(self.export_s_per_byte, worker) * nbytes
+
+    def install_s(self, worker: int, nbytes: float) -> float:
+        """Predicted time to ship ``nbytes`` of state to ``worker`` and install it there."""
+        return (self._of(self.install_s_per_byte, worker) + self.ship_s_per_byte) * nbytes
+
+    def epoch_s(self, work: Work, parallelism: int = 1) -> float:
+        """Predicted epoch duration for ``work`` (seconds per stage and worker)."""
+        return self.overhead_s + stages_s(work, parallelism)
+
+    def replay_s(self, record: EpochMetrics, parallelism: int = 1) -> float:
+        """The duration this model predicts for a recorded epoch, from its records and the
+        bytes each worker sent and received."""
+        work: dict[tuple[int, int], float] = {}
+        for w, wm in record.per_worker.items():
+            w = int(w)
+            work[EXPORT, w] = self.export_s(w, wm.bytes_out)
+            work[APPLY, w] = self.record_s(w) * wm.records_in + self.install_s(w, wm.bytes_in)
+        return self.epoch_s(work, parallelism)
+
+
+__all__ = ["APPLY", "EXPORT", "CostModel", "Work", "stages_s"]

@@ -1,0 +1,171 @@
+"""The autoscaling decision: DS2's proposal bounded, classified and explained -- one function
+(:func:`decide`) shared by the controller loop and ``megaphone plan --ds2``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from megaphone.plans.autoscale import (
+    Policy,
+    Proposal,
+    SourceRate,
+    Window,
+    ds2_proposal,
+    last_window,
+)
+from megaphone.records import EpochMetrics
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    """One evaluation of the policy: what was seen, what was decided and what was done.
+
+    ``action`` is one of ``scale`` (a plan was submitted), ``hold`` (the target is the current
+    count), ``pending`` (a new count, not yet held for ``activation`` windows),
+    ``ignore-down-by-one``, ``in-flight`` (a plan is running; no decision), ``warmup`` (only
+    warm-up epochs in the window), ``no-data``, ``nothing-to-move`` or ``error``. ``proposed``
+    is the decision rule's raw answer, ``target`` after the policy's bounds.
+    """
+
+    time: float
+    action: str
+    current: int
+    target: int | None = None
+    proposed: int | None = None
+    epochs: tuple[int, int] | None = None
+    skipped: int = 0
+    source_rate: float | None = None
+    numbers: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    plan: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The decision as plain JSON-serializable data."""
+        return asdict(self)
+
+    def describe(self) -> str:
+        """One line with the action and the numbers behind it, as the logger prints it."""
+        span = f"epochs {self.epochs[0]}..{self.epochs[1]}" if self.epochs else "no epochs"
+        parts = [f"{self.action}: {self.current} -> {self.target} workers" if self.target
+                 is not None else f"{self.action}: {self.current} workers", span]
+        if self.skipped:
+            parts.append(f"{self.skipped} warm-up epoch(s) left out")
+        if self.source_rate is not None:
+            parts.append(f"source {self.source_rate:.1f} rec/s")
+        for name in ("per_instance_rate", "demand", "overhead", "latency_s"):
+            if self.numbers.get(name) is not None:
+                parts.append(f"{name} {self.numbers[name]}")
+        if self.reason:
+            parts.append(self.reason)
+        return "; ".join(parts)
+
+
+def bounded(workers: int, policy: Policy, num_bins: int | None = None) -> int:
+    """``workers`` within the policy's bounds (and at most one worker per bin)."""
+    high = policy.max_workers if policy.max_workers is not None else num_bins
+    target = max(policy.min_workers, workers)
+    return min(target, high) if high is not None else target
+
+
+def classify(target: int, current: int, policy: Policy) -> str:
+    """``hold``, ``ignore-down-by-one`` or ``change`` for a bounded target (no activation)."""
+    if target == current:
+        return "hold"
+    if policy.ignore_down_by_one and target == current - 1:
+        return "ignore-down-by-one"
+    return "change"
+
+
+def decide(
+    window: Window,
+    current: int,
+    policy: Policy,
+    propose: Callable[[Window], Proposal],
+    *,
+    now: float,
+    in_flight: int = 0,
+    num_bins: int | None = None,
+) -> ScaleDecision:
+    """The decision on ``window`` at time ``now``: the one rule the controller and
+    ``megaphone plan --ds2`` share.
+
+    Nothing is decided while ``in_flight`` plans run or with fewer than ``policy.min_epochs``
+    epochs; otherwise ``propose`` (e.g. :func:`ds2_proposal`) gives the worker count, which is
+    bounded (:func:`bounded`) and classified (:func:`classify`). ``action`` ``scale`` means the
+    count should change to ``target``; the controller applies its activation period on top.
+    """
+    base: dict[str, Any] = {"time": now, "current": current, "epochs": window.span,
+                            "skipped": window.skipped}
+    if in_flight:
+        return ScaleDecision(action="in-flight", **base, reason=f"{in_flight} plan(s) in flight")
+    if len(window.epochs) < policy.min_epochs:
+        return ScaleDecision(action="warmup" if window.skipped else "no-data", **base,
+                             reason=f"{len(window.epochs)} epoch(s) to decide on")
+    try:
+        proposal = propose(window)
+    except ValueError as exc:
+        return ScaleDecision(action="error", **base, reason=str(exc))
+    target = bounded(proposal.workers, policy, num_bins)
+    kind = classify(target, current, policy)
+    return ScaleDecision(action="scale" if kind == "change" else kind, **base, target=target,
+                         proposed=proposal.workers, source_rate=proposal.source_rate,
+                         numbers=proposal.numbers, reason=proposal.reason)
+
+
+def decide_once(
+    metrics: Sequence[EpochMetrics],
+    current: int,
+    policy: Policy,
+    *,
+    source_rate: float | SourceRate | None = None,
+    num_bins: int | None = None,
+    in_flight: int = 0,
+) -> ScaleDecision:
+    """The decision DS2 would take now on the last window of ``metrics`` (a dry run).
+
+    No activation period applies (there is one window) and nothing is submitted: ``action``
+    ``scale`` means DS2 would rescale to ``target`` workers. ``megaphone plan --ds2`` prints it.
+    """
+    now = max((float(m.finished or 0) for m in metrics), default=0.0)
+    return decide(last_window(metrics, policy), current, policy,
+                  lambda w: ds2_proposal(w, policy, source_rate), now=now, in_flight=in_flight,
+                  num_bins=num_bins)
+
+
+def explain(decision: ScaleDecision) -> str:
+    """A multi-line account of a DS2 decision and the numbers behind it."""
+    d, n = decision, decision.numbers
+    head = f"{d.current} -> {d.target} workers" if d.target is not None else \
+        f"{d.current} workers"
+    lines = [f"decision    {d.action}: {head}"]
+    if d.epochs:
+        lines.append(f"window      epochs {d.epochs[0]}..{d.epochs[1]}"
+                     + (f" ({d.skipped} warm-up epoch(s) after a rescale left out)"
+                        if d.skipped else ""))
+    elif d.skipped:
+        lines.append(f"window      only warm-up epochs ({d.skipped}) after a rescale")
+    if d.source_rate is not None and n:
+        lines += [
+            f"source      {d.source_rate:.1f} records/s ({n['source']})",
+            f"workers     {n['instances']} instance(s) processed {n['records_in']:.0f} "
+            f"records in {n['useful_s']:.2f} s of useful time: {n['processing_rate']:.1f} "
+            f"records/s, {n['per_instance_rate']:.1f} per instance",
+            f"demand      {n['demand']:.1f} records/s (source x (1 + {n['headroom']:g} "
+            f"headroom) / (1 - {n['overhead']:.3f} epoch overhead))",
+            f"DS2         ceil({n['demand']:.1f} / {n['per_instance_rate']:.1f}) = "
+            f"{d.proposed} worker(s)" + (f", bounded to {d.target}" if d.proposed != d.target
+                                         else ""),
+        ]
+        if n.get("latency_s") is not None:
+            lines.append(f"latency     {n['latency_s']:.3f} s (last epoch of the window)")
+    if d.action == "ignore-down-by-one":
+        lines.append("note        a scale-down by one worker is ignored (within measurement "
+                     "noise)")
+    elif d.reason and d.source_rate is None:
+        lines.append(f"note        {d.reason}")
+    return "\n".join(lines)
+
+
+__all__ = ["ScaleDecision", "bounded", "classify", "decide", "decide_once", "explain"]
