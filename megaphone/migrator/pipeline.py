@@ -41,9 +41,9 @@ from megaphone.migrator.updates import AGGREGATIONS, Update, UpdateFn, make_upda
 from megaphone.migrator.worker import (
     METRICS_COLUMN,
     EpochSpec,
-    local_worker_path,
     shuffle_schema,
 )
+from megaphone.paths import local_stores_path
 from megaphone.plans.plan import MigrationPlan
 from megaphone.plans.policy import MigrationPolicy
 from megaphone.routing.bins import validate_num_bins
@@ -695,7 +695,7 @@ class Pipeline:
         release_stores(self.local_dir, str(state.path))
         if self._settings["checkpoint"] is not None:
             release_stores(self.local_dir, str(
-                local_worker_path(self.local_dir, state.fingerprint.pipeline_id, 0).parent))
+                local_stores_path(self.local_dir, state.fingerprint.pipeline_id)))
 
     def _track_load(self, bins: np.ndarray, records: np.ndarray) -> None:
         counts = np.bincount(bins, weights=records, minlength=len(self._bin_load))

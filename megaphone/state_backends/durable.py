@@ -28,6 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
+from megaphone.paths import checkpoint_worker_root
+
 #: Rows of changelogs and snapshots: raw key and value bytes (a null value deletes the key).
 ROW_SCHEMA = pa.schema([("k", pa.binary()), ("v", pa.binary())])
 #: Durable files are LZ4-compressed Arrow IPC: 1.35x smaller than plain IPC in
@@ -74,7 +76,7 @@ class DurableCopy:
         self.worker = worker
         self.snapshot_every = snapshot_every
         self.fs, root = filesystem(uri)
-        self.root = f"{root.rstrip('/')}/workers/w{worker:05d}"
+        self.root = checkpoint_worker_root(root, worker)
         self.fs.create_dir(f"{self.root}/changelog", recursive=True)
         self.fs.create_dir(f"{self.root}/snapshot", recursive=True)
         self.changelogs: list[int] = []
