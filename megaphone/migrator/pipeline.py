@@ -593,7 +593,8 @@ class Pipeline:
         with self._lock:
             stream = self._commit.stream
             if stream.get("checkpoint") == location and batch_id <= stream.get("batch_id", -1):
-                epoch = self._commit.epoch - (stream["batch_id"] - batch_id)
+                last = stream.get("epoch", self._commit.epoch)  # offline epochs ran since
+                epoch = last - (stream["batch_id"] - batch_id)
                 return self._read_outputs(epoch), epoch
             _, frame = self._run_epoch(batch, {"checkpoint": location, "batch_id": batch_id},
                                        want_frame=True)
