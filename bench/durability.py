@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import megaphone
 from bench.epoch_floor import epoch_frame, machine
-from megaphone.migrator.worker import local_worker_path
+from megaphone.paths import checkpoint_worker_root, local_worker_path
 from megaphone.spark import spark_session
 from megaphone.state_backends.remote import release_stores
 
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             release_stores(ck.local_dir, str(worker_dir.parent))  # as if its executor were gone
             state_bytes = sum(f.stat().st_size for f in worker_dir.rglob("*") if f.is_file())
             durable_bytes = sum(f.stat().st_size for f in
-                                (root / "checkpoint" / "workers" / "w00000").rglob("*")
+                                Path(checkpoint_worker_root(str(root / "checkpoint"), 0)).rglob("*")
                                 if f.is_file())
             shutil.rmtree(worker_dir)
             t0 = time.perf_counter()

@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from megaphone.paths import StateDirPaths
 from megaphone.routing.bins import bin_of
 from megaphone.state_backends import open_backend
 
@@ -83,8 +84,8 @@ class LoadSpec:
         return Path(self.tmp) / f"g{group:05d}-w{worker:05d}-p{proc:03d}.keys"
 
     def worker_path(self, worker: int) -> Path:
-        """The worker's state backend directory (``StateDir.worker_path`` layout)."""
-        return Path(self.state_dir) / "workers" / f"w{worker:05d}"
+        """The worker's state backend directory in the state directory."""
+        return StateDirPaths(self.state_dir).worker(worker)
 
 
 def owner_of(bins: np.ndarray, workers: int) -> np.ndarray:

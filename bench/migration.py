@@ -90,6 +90,7 @@ from report import (
 
 from megaphone import Pipeline
 from megaphone.migrator.offline import migrate_offline
+from megaphone.paths import StateDirPaths
 from megaphone.plans import rescale
 from megaphone.routing.bins import xxhash64_unsigned
 from megaphone.state_backends import open_backend
@@ -719,7 +720,7 @@ def measure_backend(cfg: Config, template: Path) -> dict[str, float]:
     moving = sorted(target) if isinstance(target, dict) else list(range(cfg.bins))
     src = int(owners[moving[0]])
     bins = [b for b in moving if owners[b] == src]
-    source = open_backend(cfg.backend, template / "workers" / f"w{src:05d}", "int64",
+    source = open_backend(cfg.backend, StateDirPaths(template).worker(src), "int64",
                           cfg.bins, read_only=True)
     try:
         stats = source.bin_stats()

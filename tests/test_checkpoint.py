@@ -15,7 +15,7 @@ import pytest
 from megaphone import MigrationPlan, Move, Pipeline, PlanError
 from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.offline import migrate_offline
-from megaphone.migrator.worker import local_worker_path
+from megaphone.paths import local_stores_path
 from megaphone.state_backends.durable import claim_checkpoint
 from megaphone.state_backends.remote import release_stores, service_pid
 from tests.helpers.servers import s3_endpoint
@@ -43,7 +43,7 @@ def test_lost_and_stale_working_copies_are_restored_from_the_checkpoint(spark, t
     pipe = Pipeline(spark, str(state_dir), key="k", update="count", workers=2, num_bins=16,
                     key_type="int64", pipeline_id=uuid.uuid4().hex,
                     checkpoint=checkpoint, snapshot_every=2)
-    copies = local_worker_path(pipe.local_dir, pipe.fingerprint.pipeline_id, 0).parent
+    copies = local_stores_path(pipe.local_dir, pipe.fingerprint.pipeline_id)
     assert not (state_dir / "workers").exists() or not any((state_dir / "workers").iterdir())
     expected: Counter = Counter()
     stale = tmp_path / "stale-w0"

@@ -270,3 +270,31 @@ def test_deadline_plan_is_adaptive_and_runs_offline_at_once(state_dir, tmp_path,
     for argv in (["--strategy", "fluid", "--target-latency", "2"], ["--strategy", "deadline"]):
         code, _, err = cli(capsys, "plan", "--state-dir", copy, "--workers", 2, *argv)
         assert code == 2 and "--target-latency is needed by, and only used by" in err
+
+
+def test_offline_scale_in_runs_epochs_that_release_the_idle_workers(state_dir, tmp_path, capsys):
+    """Offline steps are epochs without records: each commits, the old owners drop what left
+    them, and workers left without bins give their storage back."""
+    copy = tmp_path / "state"
+    shutil.copytree(state_dir, copy, ignore=shutil.ignore_patterns(".lock"))
+    before = read_state(copy)
+    state = StateDir.open(copy)
+    commit = state.read_commit()
+    epoch = commit.epoch
+    commit.stream = {"checkpoint": "/elsewhere", "batch_id": 7}  # as if a stream ran last
+    state.write_commit(commit)
+    plan = rescale(copy, workers=1, strategy="batched")
+    plan.save(tmp_path / "in.json")
+    code, _, err = cli(capsys, "migrate", tmp_path / "in.json", "--state-dir", copy,
+                         "--no-progress")
+    assert code == 0, err
+    state = StateDir.open(copy)
+    commit = state.read_commit()
+    workers = state.load_routing().workers()
+    assert len(workers) == 1 and state.worker_ids() == workers
+    assert commit.pending_drops == [] and commit.state_version == plan.end_version
+    assert commit.epoch == epoch + len(plan.steps) + 1  # one epoch per step, then the drops
+    # the stream's last batch still maps to the epoch that ran it, for its replay
+    assert commit.stream == {"checkpoint": "/elsewhere", "batch_id": 7, "epoch": epoch}
+    assert state.output_epochs() == StateDir.open(state_dir).output_epochs()  # none written
+    assert read_state(copy) == before

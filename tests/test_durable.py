@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from megaphone.paths import checkpoint_worker_root
 from megaphone.routing.bins import bin_of
 from megaphone.state_backends.durable import DurableCopy, DurableCopyError, claim_checkpoint
 from megaphone.state_backends.encoding import encode_keys
@@ -107,7 +108,8 @@ def test_a_missing_changelog_is_an_error_not_a_short_state(tmp_path):
         _, keys = raw([epoch])
         store.commit(epoch, keys, [b"x"], [None], b"", [])
     store.close()
-    (tmp_path / "ckpt" / "workers" / "w00000" / "changelog" / f"e{1:012d}.arrow").unlink()
+    (Path(checkpoint_worker_root(str(tmp_path / "ckpt"), 0)) / "changelog" / f"e{1:012d}.arrow"
+     ).unlink()
     with open_store(tmp_path, "fresh", tmp_path / "ckpt", 100) as fresh, \
             pytest.raises(DurableCopyError, match="no changelog or snapshot of epoch 1"):
         fresh.restore(2)
@@ -118,7 +120,7 @@ def test_a_corrupt_changelog_is_an_error(tmp_path):
     store.check_can_apply(0)
     store.commit(0, raw([1])[1], [b"x"], [None], b"", [])
     store.close()
-    (tmp_path / "ckpt" / "workers" / "w00000" / "changelog" / f"e{0:012d}.arrow"
+    (Path(checkpoint_worker_root(str(tmp_path / "ckpt"), 0)) / "changelog" / f"e{0:012d}.arrow"
      ).write_bytes(b"not arrow")
     with open_store(tmp_path, "fresh", tmp_path / "ckpt", 100) as fresh, \
             pytest.raises(DurableCopyError, match="missing or corrupt"):

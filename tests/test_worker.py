@@ -12,6 +12,7 @@ from megaphone.migrator.spark_job import split_results
 from megaphone.migrator.statedir import MANIFEST_FORMAT
 from megaphone.migrator.updates import make_update
 from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker, shuffle_schema
+from megaphone.paths import StateDirPaths
 from megaphone.routing.bins import bin_of
 from megaphone.state_backends import open_backend
 
@@ -42,7 +43,7 @@ def run(s: EpochSpec, worker: int, batches) -> tuple[dict, dict]:
 
 
 def state_of(tmp_path, backend, worker) -> dict:
-    b = open_backend(backend, tmp_path / "workers" / f"w{worker:05d}", "int64", BINS,
+    b = open_backend(backend, StateDirPaths(tmp_path).worker(worker), "int64", BINS,
                      read_only=True)
     try:
         return {k: v for _, k, v in b.items()}
@@ -98,7 +99,7 @@ def test_a_state_dir_this_host_cannot_see_or_of_another_pipeline_is_an_error(tmp
         run(s, 0, [records([1], 0)])
     with pytest.raises(RuntimeError, match="not readable on host"):
         list(export_worker(s, 0, SCHEMA))
-    assert not (tmp_path / "workers").exists()
+    assert not StateDirPaths(tmp_path).workers.exists()
     def manifest(pipeline_id: str) -> str:
         fp = {"pipeline_id": pipeline_id, "num_bins": BINS, "key_type": "int64"}
         return json.dumps({"format": MANIFEST_FORMAT, "fingerprint": fp})

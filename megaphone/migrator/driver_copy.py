@@ -2,14 +2,15 @@
 
 With a checkpoint location, the driver writes what it alone holds (manifest, routing, commit
 record, metrics, kept outputs) there as well, so a driver whose disk is lost restarts on any
-host from the checkpoint alone, as the workers do. Layout under ``CHECKPOINT/driver/``::
+host from the checkpoint alone, as the workers do. Layout under ``CHECKPOINT/driver/`` (the
+names come from :mod:`megaphone.paths`)::
 
     megaphone.json               the state directory's manifest
     routing.json                 the routing table, rewritten when a commit follows a new one
     commits/sSSSSSSSSSSSS.json   one per commit record written, with the metrics the
                                  driver recorded since the one before; the last ones kept
     metrics/sSSSSSSSSSSSS.jsonl  the metrics of the pruned commit files up to S
-    outputs/eEEEEEEEE.arrow      the kept outputs (a stream's replay needs them)
+    outputs/eEEEEEEEEE.arrow     the kept outputs (a stream's replay needs them)
 
 Writing commit file ``S`` is the commit point: it is written after everything the epoch
 must have made durable (outputs, the workers' changelogs) and before the state directory's
@@ -27,6 +28,19 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from megaphone.errors import MegaphoneError
+from megaphone.paths import (
+    COMMITS,
+    FOLDED_METRICS,
+    MANIFEST,
+    OUTPUTS,
+    ROUTING,
+    checkpoint_driver_root,
+    outputs_epoch_of,
+    outputs_name,
+    seq_name,
+    seq_of,
+)
 from megaphone.state_backends.durable import _sync_if_local, filesystem
 
 #: Commit files kept; older ones are folded into a metrics file and deleted, in steps of
@@ -35,17 +49,8 @@ KEEP_COMMITS = 100
 FOLD_COMMITS = 50
 
 
-class DriverCopyError(ValueError):
+class DriverCopyError(MegaphoneError, ValueError):
     """A checkpoint's driver copy that is corrupt, or does not fit the state directory."""
-
-
-def _seq_name(seq: int, suffix: str) -> str:
-    return f"s{seq:012d}{suffix}"
-
-
-def _seq_of(name: str, suffix: str) -> int | None:
-    stem = name.removesuffix(suffix)
-    return int(stem[1:]) if stem != name and stem[:1] == "s" and stem[1:].isdigit() else None
 
 
 class DriverCopy:
@@ -54,7 +59,7 @@ class DriverCopy:
     def __init__(self, uri: str) -> None:
         self.uri = uri
         self.fs, root = filesystem(uri)
-        self.root = f"{root.rstrip('/')}/driver"
+        self.root = checkpoint_driver_root(root)
         self._routing: bytes | None = None  # the routing table's bytes last written here
         self._pending: list[dict[str, Any]] = []  # metrics not yet in a commit file
         self._commits: list[int] | None = None  # commit files present (listed once)
@@ -78,17 +83,17 @@ class DriverCopy:
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Keep the state directory's manifest."""
-        self._put(self._path("megaphone.json"), json.dumps(manifest).encode())
+        self._put(self._path(MANIFEST), json.dumps(manifest).encode())
 
     def write_commit(self, commit: dict[str, Any], routing_file: Path) -> None:
         """Write commit file ``commit["seq"]``: the commit point. The routing table (read from
         the state directory, where the epoch saved it) goes first if it changed since."""
         routing = routing_file.read_bytes()
         if routing != self._routing:
-            self._put(self._path("routing.json"), routing)
+            self._put(self._path(ROUTING), routing)
             self._routing = routing
         record = {"commit": commit, "metrics": self._pending}
-        self._put(self._path("commits", _seq_name(commit["seq"], ".json")),
+        self._put(self._path(COMMITS, seq_name(commit["seq"], ".json")),
                   json.dumps(record, separators=(",", ":")).encode())
         self._pending = []
         commits = self._listed_commits()
@@ -109,26 +114,26 @@ class DriverCopy:
 
     def _listed_commits(self) -> list[int]:
         if self._commits is None:
-            self._commits = self._list("commits", ".json")
+            self._commits = self._list(COMMITS, ".json")
         return self._commits
 
     def _fold(self, seqs: list[int]) -> None:
         lines = []
         for seq in seqs:
             lines += [json.dumps(m, separators=(",", ":")) for m in self._commit_file(seq)[1]]
-        self._put(self._path("metrics", _seq_name(seqs[-1], ".jsonl")),
+        self._put(self._path(FOLDED_METRICS, seq_name(seqs[-1], ".jsonl")),
                   "".join(f"{line}\n" for line in lines).encode())
         for seq in seqs:
-            self.fs.delete_file(self._path("commits", _seq_name(seq, ".json")))
+            self.fs.delete_file(self._path(COMMITS, seq_name(seq, ".json")))
 
     def write_outputs(self, epoch: int, data: bytes) -> None:
         """Keep the outputs of ``epoch`` (an Arrow IPC file's bytes)."""
-        self._put(self._path("outputs", f"e{epoch:09d}.arrow"), data)
+        self._put(self._path(OUTPUTS, outputs_name(epoch)), data)
 
     def drop_outputs(self, epochs: list[int]) -> None:
         """Delete the kept outputs of ``epochs``."""
         for epoch in epochs:
-            path = self._path("outputs", f"e{epoch:09d}.arrow")
+            path = self._path(OUTPUTS, outputs_name(epoch))
             if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
                 self.fs.delete_file(path)
 
@@ -136,7 +141,7 @@ class DriverCopy:
 
     def _list(self, folder: str, suffix: str) -> list[int]:
         infos = self.fs.get_file_info(pafs.FileSelector(self._path(folder), allow_not_found=True))
-        return sorted(s for i in infos if (s := _seq_of(i.base_name, suffix)) is not None)
+        return sorted(s for i in infos if (s := seq_of(i.base_name, suffix)) is not None)
 
     def read(self, *parts: str) -> bytes:
         """The bytes of a file of the copy (``"outputs", "e000000007.arrow"``)."""
@@ -156,7 +161,7 @@ class DriverCopy:
                                   f"corrupt: {exc}") from None
 
     def _commit_file(self, seq: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        record = self._json("commits", _seq_name(seq, ".json"))
+        record = self._json(COMMITS, seq_name(seq, ".json"))
         if not isinstance(record, dict) or not isinstance(record.get("commit"), dict) \
                 or record["commit"].get("seq") != seq or not isinstance(record.get("metrics"),
                                                                         list):
@@ -167,7 +172,7 @@ class DriverCopy:
         """The kept manifest, or ``None`` when this checkpoint holds no driver copy yet."""
         if not self._listed_commits():
             return None
-        manifest = self._json("megaphone.json")
+        manifest = self._json(MANIFEST)
         if not isinstance(manifest, dict):
             raise DriverCopyError(f"driver copy manifest under {self.uri} is malformed")
         return manifest
@@ -179,8 +184,8 @@ class DriverCopy:
     def metrics(self) -> list[dict[str, Any]]:
         """Every kept metrics record, in order (folded files, then commit files)."""
         records: list[dict[str, Any]] = []
-        for seq in self._list("metrics", ".jsonl"):
-            for line in self.read("metrics", _seq_name(seq, ".jsonl")).decode().splitlines():
+        for seq in self._list(FOLDED_METRICS, ".jsonl"):
+            for line in self.read(FOLDED_METRICS, seq_name(seq, ".jsonl")).decode().splitlines():
                 records.append(json.loads(line))
         for seq in self._listed_commits():
             records += self._commit_file(seq)[1]
@@ -188,8 +193,7 @@ class DriverCopy:
 
     def output_epochs(self) -> list[int]:
         """The epochs whose outputs are kept here."""
-        infos = self.fs.get_file_info(pafs.FileSelector(self._path("outputs"),
+        infos = self.fs.get_file_info(pafs.FileSelector(self._path(OUTPUTS),
                                                         allow_not_found=True))
-        names = (i.base_name.removesuffix(".arrow")[1:] for i in infos
-                 if i.base_name.endswith(".arrow") and i.base_name.startswith("e"))
-        return sorted(int(n) for n in names if n.isdigit())
+        found = (outputs_epoch_of(i.base_name) for i in infos)
+        return sorted(e for e in found if e is not None)

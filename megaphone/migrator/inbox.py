@@ -22,7 +22,7 @@ from megaphone.plans.plan import MigrationPlan, PlanError
 
 def inbox_path(state: StateDir) -> Path:
     """The directory running pipelines read plans from."""
-    return state.path / "inbox"
+    return state.paths.inbox
 
 
 def post_plan(state: StateDir, plan: MigrationPlan) -> Path:
@@ -76,4 +76,4 @@ def wait_status(status_path: Path, timeout: float) -> dict[str, Any]:
 
 def committed_version(state: StateDir) -> int:
     """The routing version the last committed epoch left the state at."""
-    return int(json.loads((state.path / "commit.json").read_text())["state_version"])
+    return int(json.loads(state.paths.commit.read_text())["state_version"])

@@ -1,22 +1,36 @@
 """Offline migration: apply a plan to the state directory of a stopped pipeline.
 
-This is the CLI's path and the pause-and-restart baseline: steps run one after another, each
-moving its bins worker to worker in bounded chunks and committing before the next starts.
+This is the CLI's path and the pause-and-restart baseline. Each step is an epoch without
+records, run in this process through the live epoch's code: :func:`epoch_layout` says who
+ships, installs and drops what, the workers' tasks (:mod:`megaphone.migrator.local_epoch`) move
+the state, and the commit record is the step's commit point. A last such epoch lets the old
+owners drop what left them and releases the storage of workers left without bins. A crash
+leaves what a crashed live epoch leaves, and recovery discards it the same way.
 """
 
 from __future__ import annotations
 
-import shutil
+import tempfile
+import uuid
 from collections.abc import Callable
+from typing import Any
 
+import pyarrow as pa
+
+from megaphone.migrator.layout import EpochLayout, epoch_layout
+from megaphone.migrator.local_epoch import run_epoch_tasks
 from megaphone.migrator.plan_queue import MigrationHandle
 from megaphone.migrator.recovery import check_and_recover
-from megaphone.migrator.statedir import StateDir
+from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.migrator.updates import make_update
+from megaphone.migrator.worker import EpochSpec, shuffle_schema
 from megaphone.plans.plan import MigrationPlan, PlanError
+from megaphone.routing.table import RoutingTable
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES
-from megaphone.state_backends.encoding import payload_bytes
 from megaphone.state_backends.remote import default_local_dir, release_stores
-from megaphone.state_backends.worker_store import WorkerStore
+
+#: The update an epoch without records carries: it never runs.
+_NO_RECORDS = make_update("count", None)
 
 
 def migrate_offline(
@@ -36,10 +50,12 @@ def migrate_offline(
                         "offline migration does not write it yet: migrate it live "
                         "(Pipeline.migrate) instead")
     state.lock()
-    release_stores(default_local_dir(), str(state.path))  # a crashed pipeline's, if still open
+    local_dir = default_local_dir()
+    release_stores(local_dir, str(state.path))  # a crashed pipeline's, if still open
     try:
-        return _migrate_locked(state, plan, chunk_bytes, on_step)
+        return _migrate_locked(state, plan, chunk_bytes, on_step, local_dir)
     finally:
+        release_stores(local_dir, str(state.path))  # left closed, as a stopped pipeline's
         state.unlock()
 
 
@@ -48,6 +64,7 @@ def _migrate_locked(
     plan: MigrationPlan,
     chunk_bytes: int,
     on_step: Callable[[int, int], None] | None,
+    local_dir: str,
 ) -> MigrationHandle:
     commit = state.read_commit()
     check_and_recover(state, commit)  # a crashed run's leftovers are discarded first
@@ -63,59 +80,74 @@ def _migrate_locked(
             f"({commit.state_version} < {table.version}); open the pipeline to finish them"
         )
     plan.validate(table, commit.epoch + 1)
-    kind, key_type, num_bins = state.manifest["backend"], table.fingerprint.key_type, \
-        table.num_bins
     handle = MigrationHandle(plan)
-    epoch = max(commit.epoch + 1, table.latest_epoch)
-
-    def open_worker(worker: int, cache: dict[int, WorkerStore]) -> WorkerStore:
-        if worker not in cache:
-            cache[worker] = WorkerStore.open(kind, state.worker_path(worker), key_type, num_bins)
-        return cache[worker]
-
-    _drop(state, commit.pending_drops, open_worker)
-    commit.pending_drops = []
+    epochs = _OfflineEpochs(state, table, chunk_bytes, local_dir)
     for i, step in enumerate(plan.steps):
-        opened: dict[int, WorkerStore] = {}
-        moved = 0
-        try:
-            for m in step.moves:
-                src, dst = open_worker(m.src, opened), open_worker(m.dst, opened)
-                dst.drop_bins([m.bin])
-                for chunk in src.backend.export_bins([m.bin], chunk_bytes):
-                    moved += payload_bytes(chunk)
-                    dst.backend.import_chunk(chunk)
-                dst.join(commit.epoch)  # a new worker joins at the commit
-        finally:
-            for store in opened.values():
-                store.close()
-        table.apply_step(step.moves, epoch)
-        table.save(state.routing_path)
-        commit.state_version = table.version
-        commit.pending_drops = [[m.bin, m.src] for m in step.moves]
-        state.write_commit(commit)  # the step's commit point: the new owners hold the bins
-        _drop(state, commit.pending_drops, open_worker)
-        commit.pending_drops = []
-        state.write_commit(commit)
-        handle._step_committed(epoch, len(step.moves), moved)
+        table.apply_step(step.moves, commit.epoch + 1)
+        table.save(state.routing_path)  # before the epoch, as a live epoch's admit does
+        commit, moved = epochs.run(commit)
+        handle._step_committed(commit.epoch, len(step.moves), moved)
         if on_step is not None:
             on_step(i, moved)
     live = set(table.workers())
-    for worker in state.worker_ids():
-        if worker not in live:  # scale in: release the storage of workers left without bins
-            shutil.rmtree(state.worker_path(worker))
+    if commit.pending_drops or any(w not in live for w in state.worker_ids()):
+        commit, _ = epochs.run(commit)  # drops what left the old owners, releases the idle
     return handle
 
 
-def _drop(state: StateDir, pending: list[list[int]], open_worker) -> None:
-    by_worker: dict[int, list[int]] = {}
-    for b, w in pending:
-        by_worker.setdefault(w, []).append(b)
-    opened: dict[int, WorkerStore] = {}
-    try:
-        for w, bins in by_worker.items():
-            if state.worker_path(w).exists():
-                open_worker(w, opened).drop_bins(bins)
-    finally:
-        for store in opened.values():
-            store.close()
+class _OfflineEpochs:
+    """Runs epochs without records on a locked state directory, one commit each."""
+
+    def __init__(self, state: StateDir, table: RoutingTable, chunk_bytes: int,
+                 local_dir: str) -> None:
+        self.state = state
+        self.table = table
+        self.chunk_bytes = chunk_bytes
+        self.local_dir = local_dir
+        self.run_id = uuid.uuid4().hex
+
+    def run(self, commit: Commit) -> tuple[Commit, int]:
+        """Run the epoch after ``commit`` and commit it; return its commit and bytes moved."""
+        layout = epoch_layout(self.table, commit, commit.epoch + 1, self.state.worker_ids())
+        with tempfile.TemporaryDirectory(prefix="megaphone-offline-") as spill:
+            rows = run_epoch_tasks(self._spec(layout, commit), layout.partitions, spill)
+        done = Commit(epoch=layout.epoch, state_version=layout.version,
+                      pending_drops=[[m.bin, m.src] for m in layout.moves],
+                      stream=_stream_after(commit), plans=[],
+                      tokens={str(r["worker"]): r["token"] for r in rows if r.get("token")})
+        self.state.write_commit(done)  # the epoch's commit point
+        return done, sum(int(r.get("bytes_out", 0)) for r in rows)
+
+    def _spec(self, layout: EpochLayout, commit: Commit) -> EpochSpec:
+        fp = self.state.fingerprint
+        key = pa.int64() if fp.key_type == "int64" else pa.string()
+        return EpochSpec(
+            epoch=layout.epoch,
+            state_dir=str(self.state.path.absolute()),
+            backend=self.state.manifest["backend"],
+            key_type=fp.key_type,
+            num_bins=fp.num_bins,
+            update=_NO_RECORDS,
+            output_schema=pa.schema([("key", key)]),
+            chunk_bytes=self.chunk_bytes,
+            incoming=layout.incoming,
+            outgoing=layout.outgoing,
+            drops=layout.drops,
+            live=layout.live,
+            shuffle_schema=shuffle_schema(key, None, False),
+            local_dir=self.local_dir,
+            pipeline_id=fp.pipeline_id,
+            run_id=self.run_id,
+            committed_tokens=commit.worker_tokens(),
+            committed_owners=frozenset(self.table.workers(commit.epoch))
+            if commit.epoch >= 0 else frozenset(),
+        )
+
+
+def _stream_after(commit: Commit) -> dict[str, Any]:
+    """The stream record an epoch without a batch keeps: the last batch stays mapped to the
+    epoch that ran it (``epoch``), so a stream that re-executes it replays that epoch."""
+    stream = dict(commit.stream)
+    if "batch_id" in stream:
+        stream.setdefault("epoch", commit.epoch)
+    return stream

@@ -42,9 +42,9 @@ from megaphone.migrator.updates import AGGREGATIONS, Update, UpdateFn, make_upda
 from megaphone.migrator.worker import (
     METRICS_COLUMN,
     EpochSpec,
-    local_worker_path,
     shuffle_schema,
 )
+from megaphone.paths import local_stores_path
 from megaphone.plans.plan import MigrationPlan
 from megaphone.plans.policy import MigrationPolicy
 from megaphone.routing.bins import validate_num_bins
@@ -588,7 +588,8 @@ class Pipeline:
         with self._lock:
             stream = self._commit.stream
             if stream.get("checkpoint") == location and batch_id <= stream.get("batch_id", -1):
-                epoch = self._commit.epoch - (stream["batch_id"] - batch_id)
+                last = stream.get("epoch", self._commit.epoch)  # offline epochs ran since
+                epoch = last - (stream["batch_id"] - batch_id)
                 return self._read_outputs(epoch), epoch
             _, frame = self._run_epoch(batch, {"checkpoint": location, "batch_id": batch_id},
                                        want_frame=True)
@@ -690,7 +691,7 @@ class Pipeline:
         release_stores(self.local_dir, str(state.path))
         if self._settings["checkpoint"] is not None:
             release_stores(self.local_dir, str(
-                local_worker_path(self.local_dir, state.fingerprint.pipeline_id, 0).parent))
+                local_stores_path(self.local_dir, state.fingerprint.pipeline_id)))
 
     def _track_load(self, bins: np.ndarray, records: np.ndarray) -> None:
         counts = np.bincount(bins, weights=records, minlength=len(self._bin_load))

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from megaphone.errors import MegaphoneError
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.state_backends.worker_store import WorkerStore
 
 
-class StateMismatch(ValueError):
+class StateMismatch(MegaphoneError, ValueError):
     """The state directory does not match its commit record (not something a crash leaves)."""
 
 

@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
-from megaphone.migrator.worker import local_worker_path
+from megaphone.paths import StateDirPaths, local_worker_path
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES, open_backend
 from megaphone.state_backends.encoding import (
     decode_int_keys,
@@ -38,12 +38,12 @@ def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, own
     workers = sorted({int(w) for w in owners})
     bins_of = {w: np.flatnonzero(owners == w).tolist() for w in workers}
     arrow_schema = pa.schema([(f.name, to_arrow_type(f.dataType)) for f in schema])
-    root_str = str(root)
+    paths = StateDirPaths(root)
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for w in batch.column("id").to_pylist():
-                path = Path(root_str) / "workers" / f"w{w:05d}"
+                path = paths.worker(w)
                 if durable is not None:
                     store = durable.store(w, backend, key_type, num_bins)
                     for chunk in store.export(bins_of[w], DEFAULT_CHUNK_BYTES, durable.epoch,

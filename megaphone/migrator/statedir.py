@@ -1,14 +1,15 @@
 """The state directory: where a pipeline keeps its manifest, routing, commits, metrics and state.
 
-Layout::
+Layout (the paths come from :mod:`megaphone.paths`)::
 
     STATE_DIR/
-      megaphone.json     manifest: fingerprint, backend, update and columns (written once)
-      routing.json       the routing table (atomic rewrite on every change)
-      commit.json        last committed epoch, state version, pending drops, plans in flight
-      metrics.jsonl      one JSON line per committed epoch
-      workers/w00007/    one state backend per worker
-      outputs/e<N>.arrow each epoch's outputs (Arrow IPC file), the last few kept
+      megaphone.json             manifest: fingerprint, backend, update and columns
+      routing.json               the routing table (atomic rewrite on every change)
+      commit.json                last committed epoch, state version, pending drops, plans
+      metrics.jsonl              one JSON line per committed epoch
+      workers/w00007/            one state backend per worker (without a checkpoint location)
+      outputs/e000000012.arrow   each epoch's outputs (Arrow IPC file), the last few kept
+      inbox/                     plans handed over by ``megaphone migrate`` from another process
 
 With a checkpoint location, everything but ``workers/`` is kept there as well (the driver's
 durable copy, :mod:`megaphone.migrator.driver_copy`), and the copy there is written first.
@@ -30,18 +31,20 @@ from typing import Any
 import pyarrow as pa
 
 from megaphone._io import atomic_write_bytes, atomic_write_json, read_json
+from megaphone.errors import MegaphoneError
 from megaphone.migrator.driver_copy import DriverCopy, DriverCopyError
+from megaphone.paths import OUTPUTS, ROUTING, StateDirPaths, outputs_epoch_of, worker_of
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
 
 MANIFEST_FORMAT = "megaphone.statedir/1"
 
 
-class NotAStateDir(ValueError):
+class NotAStateDir(MegaphoneError, ValueError):
     """Raised when a path is not (or not a readable) megaphone state directory."""
 
 
-class StateDirLocked(ValueError):
+class StateDirLocked(MegaphoneError, ValueError):
     """Raised when another process (or pipeline) already has the state directory open."""
 
 
@@ -91,6 +94,7 @@ class StateDir:
 
     def __init__(self, path: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
         self.path = Path(path)
+        self.paths = StateDirPaths(self.path)
         self.manifest = manifest
         self.fingerprint = Fingerprint.from_dict(manifest["fingerprint"])
         self._lock_file: Any = None
@@ -109,7 +113,7 @@ class StateDir:
         """
         if self._lock_file is not None:
             return self
-        fh = open(self.path / ".lock", "a")  # noqa: SIM115 - held open while locked
+        fh = open(self.paths.lock, "a")  # noqa: SIM115 - held open while locked
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -132,7 +136,7 @@ class StateDir:
     @staticmethod
     def exists(path: str | os.PathLike[str]) -> bool:
         """True if ``path`` holds a megaphone manifest."""
-        return (Path(path) / "megaphone.json").is_file()
+        return StateDirPaths(path).manifest.is_file()
 
     @classmethod
     def create(
@@ -146,8 +150,9 @@ class StateDir:
         root = Path(path)
         if cls.exists(root):
             raise ValueError(f"{root} already holds a megaphone state directory")
-        (root / "workers").mkdir(parents=True, exist_ok=True)
-        (root / ".lock").touch()
+        paths = StateDirPaths(root)
+        paths.workers.mkdir(parents=True, exist_ok=True)
+        paths.lock.touch()
         manifest = {
             "format": MANIFEST_FORMAT,
             "fingerprint": fingerprint.to_dict(),
@@ -159,7 +164,7 @@ class StateDir:
             state.durable.write_manifest(manifest)
         RoutingTable.initial(fingerprint, workers).save(state.routing_path)
         state.write_commit(Commit())
-        atomic_write_json(root / "megaphone.json", manifest)  # written last: the dir is ready
+        atomic_write_json(paths.manifest, manifest)  # written last: the dir is ready
         return state
 
     @classmethod
@@ -197,12 +202,12 @@ class StateDir:
             root.parent.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.restoring-", dir=root.parent))
             try:
-                (staging / "workers").mkdir()
-                (staging / ".lock").touch()
                 state = cls(staging, manifest)
+                state.paths.workers.mkdir()
+                state.paths.lock.touch()
                 state._restore_files(copy, kept, metrics)
                 state.write_commit(commit, durable=False)
-                atomic_write_json(staging / "megaphone.json", manifest)
+                atomic_write_json(state.paths.manifest, manifest)
                 os.rename(staging, root)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -216,11 +221,11 @@ class StateDir:
 
     def _restore_files(self, copy: DriverCopy, outputs: list[int],
                        metrics: list[dict[str, Any]]) -> None:
-        self.outputs_path(0).parent.mkdir(exist_ok=True)
+        self.paths.outputs.mkdir(exist_ok=True)
         for epoch in outputs:
             path = self.outputs_path(epoch)
-            atomic_write_bytes(path, copy.read("outputs", path.name))
-        atomic_write_bytes(self.routing_path, copy.read("routing.json"))
+            atomic_write_bytes(path, copy.read(OUTPUTS, path.name))
+        atomic_write_bytes(self.routing_path, copy.read(ROUTING))
         with open(self.metrics_path, "a", encoding="utf-8") as fh:
             fh.writelines(json.dumps(m, separators=(",", ":")) + "\n" for m in metrics)
 
@@ -233,7 +238,7 @@ class StateDir:
         if not cls.exists(root):
             raise NotAStateDir(f"not a megaphone state directory: {root} has no megaphone.json")
         try:
-            manifest = read_json(root / "megaphone.json", "state directory manifest")
+            manifest = read_json(StateDirPaths(root).manifest, "state directory manifest")
             if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
                 raise ValueError(f"manifest format is not {MANIFEST_FORMAT}")
             return cls(root, manifest)
@@ -245,42 +250,38 @@ class StateDir:
         self.manifest[name] = value
         if self.durable is not None:
             self.durable.write_manifest(self.manifest)
-        atomic_write_json(self.path / "megaphone.json", self.manifest)
+        atomic_write_json(self.paths.manifest, self.manifest)
 
     # -- paths ---------------------------------------------------------------------------
 
     @property
     def routing_path(self) -> Path:
         """Where the routing table lives."""
-        return self.path / "routing.json"
+        return self.paths.routing
 
     @property
     def metrics_path(self) -> Path:
         """The JSON-lines file of per-epoch metrics."""
-        return self.path / "metrics.jsonl"
+        return self.paths.metrics
 
     def worker_path(self, worker: int) -> Path:
         """The state backend directory of ``worker``."""
-        return self.path / "workers" / f"w{worker:05d}"
+        return self.paths.worker(worker)
 
     def worker_ids(self) -> list[int]:
         """Workers that currently have a state directory."""
-        out = []
-        for child in (self.path / "workers").glob("w*"):
-            if child.name[1:].isdigit():
-                out.append(int(child.name[1:]))
-        return sorted(out)
+        found = (worker_of(child.name) for child in self.paths.workers.glob("w*"))
+        return sorted(w for w in found if w is not None)
 
     def outputs_path(self, epoch: int) -> Path:
         """The file that keeps the outputs of ``epoch`` (for a stream's replay)."""
-        return self.path / "outputs" / f"e{epoch:09d}.arrow"
+        return self.paths.outputs_file(epoch)
 
     def output_epochs(self) -> list[int]:
         """The epochs whose outputs are kept, in order."""
-        root = self.path / "outputs"
-        names = (p.name.removesuffix(".arrow")[1:] for p in root.glob("e*.arrow")) \
-            if root.is_dir() else ()
-        return sorted(int(n) for n in names if n.isdigit())
+        root = self.paths.outputs
+        found = (outputs_epoch_of(p.name) for p in root.glob("e*.arrow")) if root.is_dir() else ()
+        return sorted(e for e in found if e is not None)
 
     def write_outputs(self, epoch: int, outputs: pa.Table) -> None:
         """Keep the outputs of ``epoch``, atomically and durably (before its commit point)."""
@@ -290,7 +291,7 @@ class StateDir:
         data = sink.getvalue().to_pybytes()
         if self.durable is not None:
             self.durable.write_outputs(epoch, data)
-        self.outputs_path(epoch).parent.mkdir(exist_ok=True)
+        self.paths.outputs.mkdir(exist_ok=True)
         # With a driver's copy, that one is durable: this one need not be synced too.
         atomic_write_bytes(self.outputs_path(epoch), data, sync=self.durable is None)
 
@@ -306,7 +307,7 @@ class StateDir:
             if self.durable is not None and epoch in self.durable.output_epochs():
                 # not synced here (a power loss can leave it torn): the driver's copy is
                 return pa.ipc.open_file(pa.BufferReader(
-                    self.durable.read("outputs", path.name))).read_all()
+                    self.durable.read(OUTPUTS, path.name))).read_all()
             raise ValueError(f"outputs of epoch {epoch} at {path} are corrupt: {exc}") from None
 
     def drop_outputs(self, epochs: list[int]) -> None:
@@ -324,7 +325,7 @@ class StateDir:
 
     def read_commit(self) -> Commit:
         """The last commit record."""
-        return Commit.from_dict(read_json(self.path / "commit.json", "commit record"))
+        return Commit.from_dict(read_json(self.paths.commit, "commit record"))
 
     def write_commit(self, commit: Commit, after: Callable[[], Any] | None = None, *,
                      durable: bool = True) -> None:
@@ -339,7 +340,7 @@ class StateDir:
         from megaphone.migrator.faults import crash_point
 
         if durable:
-            commit.seq = self.read_commit().seq + 1 if (self.path / "commit.json").exists() \
+            commit.seq = self.read_commit().seq + 1 if self.paths.commit.exists() \
                 else 1
 
         def before_rename() -> None:
@@ -349,7 +350,7 @@ class StateDir:
             if durable and self.durable is not None:
                 self.durable.write_commit(asdict(commit), self.routing_path)
 
-        atomic_write_json(self.path / "commit.json", asdict(commit), before_rename,
+        atomic_write_json(self.paths.commit, asdict(commit), before_rename,
                           sync=self.durable is None)  # with a driver's copy, that is synced
 
     def append_metrics(self, record: dict[str, Any]) -> None:

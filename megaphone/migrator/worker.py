@@ -39,6 +39,7 @@ from megaphone.migrator.updates import (
     group_values,
     partial_aggregates,
 )
+from megaphone.paths import StateDirPaths, local_worker_path
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, check_checkpoint
 from megaphone.state_backends.encoding import encode_keys, payload_bytes
 from megaphone.state_backends.remote import DurableSpec, RemoteStore, default_local_dir
@@ -99,7 +100,7 @@ class EpochSpec:
         that runs the task (under ``local_dir``); else in the state directory."""
         if self.checkpoint is not None:
             return local_worker_path(self.local_dir, self.pipeline_id or "", worker)
-        return Path(self.state_dir) / "workers" / f"w{worker:05d}"
+        return StateDirPaths(self.state_dir).worker(worker)
 
 
 def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_time: bool
@@ -159,11 +160,6 @@ class _TimedInput:
 
 #: ``(state_dir, pipeline_id)`` pairs this Python worker has found on its host.
 _SEEN_STATE_DIRS: set[tuple[str, str]] = set()
-
-
-def local_worker_path(local_dir: str, pipeline_id: str, worker: int) -> Path:
-    """Where a host keeps its working copy of a checkpointed pipeline's worker."""
-    return Path(local_dir) / "stores" / pipeline_id / f"w{worker:05d}"
 
 
 def check_state_dir(spec: EpochSpec) -> None:

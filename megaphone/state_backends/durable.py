@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from megaphone.errors import MegaphoneError
+from megaphone.paths import checkpoint_worker_root
 
 #: Rows of changelogs and snapshots: raw key and value bytes (a null value deletes the key).
 ROW_SCHEMA = pa.schema([("k", pa.binary()), ("v", pa.binary())])
@@ -76,7 +77,7 @@ class DurableCopy:
         self.worker = worker
         self.snapshot_every = snapshot_every
         self.fs, root = filesystem(uri)
-        self.root = f"{root.rstrip('/')}/workers/w{worker:05d}"
+        self.root = checkpoint_worker_root(root, worker)
         self.fs.create_dir(f"{self.root}/changelog", recursive=True)
         self.fs.create_dir(f"{self.root}/snapshot", recursive=True)
         self.changelogs: list[int] = []
