@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +83,22 @@ def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSp
         else:
             exprs.append(F.lit(None).cast(from_arrow_type(f.type)).alias(f.name))
     return MapSide(select=exprs, worker=F.col("_w"))
+
+
+class MapSides:
+    """The map side of the last epoch's job, kept while its routing version, shuffle schema and
+    record columns hold: building one costs the driver a few hundred JVM calls."""
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple, MapSide] | None = None
+
+    def get(self, version: int, columns: dict[str, Column], spec: EpochSpec,
+            owners: Callable[[], np.ndarray]) -> MapSide:
+        """The map side for routing ``version`` (whose ``owners()`` are asked on a miss)."""
+        shape = (version, spec.shuffle_schema, tuple(columns))
+        if self._last is None or self._last[0] != shape:
+            self._last = (shape, map_projection(columns, owners(), spec))
+        return self._last[1]
 
 
 def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: EpochSpec,
