@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from megaphone.migrator.columns import RESULT_COLUMNS
 from megaphone.migrator.registry import OpenPipeline, check_not_open
 from megaphone.migrator.updates import AGGREGATIONS, UpdateFn
-from megaphone.migrator.worker import METRICS_COLUMN
 from megaphone.routing.bins import validate_num_bins
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.state_backends import BACKENDS
@@ -33,9 +33,9 @@ def check_arguments(*, key: str, value: str | None, update: str | UpdateFn, work
         raise ValueError(f"update {update!r} needs a value column")
     if not workers >= 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    if key == METRICS_COLUMN:
-        raise ValueError(f"the key column may not be called {METRICS_COLUMN!r} (megaphone's "
-                         "metrics column in an epoch's results)")
+    if key in RESULT_COLUMNS:
+        raise ValueError(f"the key column may not be called {key!r} (megaphone's column of "
+                         "reports in an epoch's results)")
 
 
 def check_config(settings: dict[str, Any], m: dict[str, Any], fp: Fingerprint, where: str, *,

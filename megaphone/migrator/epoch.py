@@ -34,6 +34,7 @@ from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import Update
 from megaphone.migrator.worker import EpochSpec
 from megaphone.plans.plan import MigrationPlan
+from megaphone.records import WorkerMetrics
 
 log = logging.getLogger("megaphone.epoch")
 
@@ -73,7 +74,8 @@ class EpochHost:
     ``stateful_workers()`` the workers that may hold state; ``spec(batch, update, layout)``
     the metadata of the epoch's tasks; ``outputs_frame(outputs)`` the outputs as a DataFrame.
     The epoch reports back through ``track_load(bins, records)`` (records applied per bin),
-    ``committed(commit)`` (at its commit point) and ``recorded(record)`` (its metrics).
+    ``committed(commit)`` (at its commit point) and ``recorded(record)`` (its metrics record,
+    as stored).
     """
 
     spark: SparkSession
@@ -146,38 +148,40 @@ class EpochRun:
 
             first = job()
         with self.phase("collect"):
-            outputs, rows = split_results(self._collect(first, job))
+            results = split_results(self._collect(first, job))
+            outputs = results.outputs
             if self.want_frame:
                 # Before the commit point: after it, no JVM call may fail (or be interrupted by
                 # a stream's stop) and leave a committed epoch the caller was told had failed.
                 self.frame = host.outputs_frame(outputs)
         finished = time.time()
         with self.phase("commit"):
-            record = epoch_metrics(layout, started, finished, rows,
+            report = epoch_metrics(layout, started, finished, results,
                                    self.stream.get("batch_id") if self.stream else None)
-            bytes_by_bin = record.pop("bytes_by_bin")
-            host.track_load(*record.pop("records_by_bin"))
-            if self.input_end is not None and record["latency_s"] is None:
-                record["latency_s"] = finished - self.input_end
+            record = report.record
+            host.track_load(results.load_bins, results.load_counts)
+            if self.input_end is not None and record.latency_s is None:
+                record.latency_s = finished - self.input_end
             # The outputs are kept (for replay) before the commit point, written in parallel
             # with the commit record: their fsyncs overlap.
             kept = _WRITER.submit(state.write_outputs, epoch, outputs)
             try:
                 with queue.lock:
-                    queue.committed(epoch, bytes_by_bin)
+                    queue.committed(epoch, report.bytes_by_bin)
                     stream = self.stream if self.stream is not None else admitted.committed.stream
                     commit = _commit_record(epoch, layout, stream, queue.to_list(),
-                                            record["per_worker"])
+                                            record.per_worker)
                     state.write_commit(commit, after=kept.result)  # the epoch's commit point
                     host.committed(commit)
             finally:
                 concurrent.futures.wait([kept])
         with self.phase("cleanup"):
             state.prune_outputs(epoch - host.keep_outputs + 1)
-        record["job_attempts"] = self.attempts
-        record["phases_s"] = dict(self.phases)
-        state.append_metrics(record)  # a crash before this line loses the line, not the epoch
-        host.recorded(record)
+        record.job_attempts = self.attempts
+        record.phases_s = dict(self.phases)
+        stored = record.to_dict()
+        state.append_metrics(stored)  # a crash before this line loses the line, not the epoch
+        host.recorded(stored)
         return outputs
 
     def _collect(self, job: DataFrame, rebuild: Callable[[], DataFrame]) -> pa.Table:
@@ -201,10 +205,10 @@ class EpochRun:
 
 
 def _commit_record(epoch: int, layout: EpochLayout, stream: dict[str, Any],
-                   plans: list[dict[str, Any]], per_worker: dict[str, dict[str, Any]]) -> Commit:
+                   plans: list[dict[str, Any]], per_worker: dict[int, WorkerMetrics]) -> Commit:
     """The driver's commit record of ``epoch``: its routing version, the bins its old owners
     drop next, the stream's position, the plans in flight and each worker's attempt token."""
     return Commit(epoch=epoch, state_version=layout.version,
                   pending_drops=[[m.bin, m.src] for m in layout.moves], stream=stream,
-                  plans=plans, tokens={w: m["token"] for w, m in per_worker.items()
-                                       if m.get("token")})
+                  plans=plans, tokens={str(w): m.token for w, m in per_worker.items()
+                                       if m.token})

@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
+from megaphone.migrator import columns as C
 from megaphone.migrator.updates import Update, UpdateFn, make_update
 
 
@@ -83,19 +84,19 @@ class PipelineSchema:
         return T.StructType([out[0], T.StructField("state", value)])
 
     def record_columns(self, key_type: str, update: Update) -> dict[str, Column]:
-        """The record columns an epoch reads from a batch: ``key``, and ``value`` and ``_t``
-        (event time, microseconds) where used, cast for the update."""
+        """The record columns an epoch reads from a batch, by shuffle column: the key, and the
+        value and the event time (microseconds) where used, cast for the update."""
         key_cast = "long" if key_type == "int64" else "string"
         value_cast = None
         if self.value and update.is_builtin:
             value_cast = "long" if update.value_kind == "int" else "double"
         if self._columns is None or self._columns[0] != (key_cast, value_cast):
-            cols: dict[str, Column] = {"key": F.col(self.key).cast(key_cast)}
+            cols: dict[str, Column] = {C.KEY: F.col(self.key).cast(key_cast)}
             if self.value:
-                cols["value"] = F.col(self.value) if value_cast is None else \
+                cols[C.VALUE] = F.col(self.value) if value_cast is None else \
                     F.col(self.value).cast(value_cast)
             if self.event_time:
-                cols["_t"] = F.unix_micros(F.col(self.event_time).cast("timestamp"))
+                cols[C.EVENT_TIME] = F.unix_micros(F.col(self.event_time).cast("timestamp"))
             self._columns = ((key_cast, value_cast), cols)
         return self._columns[1]
 
