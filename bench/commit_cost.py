@@ -19,6 +19,8 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from tqdm import tqdm
 
 from megaphone.migrator.pipeline import LOAD_SMOOTHING
@@ -67,7 +69,8 @@ def main() -> None:
             state.write_commit(Commit(epoch=epoch, state_version=0))
             t3 = time.perf_counter()
             # Per-bin load, as apply_worker and Pipeline._track_load do it.
-            hot, counts = bin_counts(bins)
+            row = [pa.array([c], pa.list_(pa.int32())) for c in bin_counts(bins)]
+            hot, counts = (pc.list_flatten(c).to_numpy() for c in row)
             epoch_counts = np.bincount(hot, weights=counts, minlength=BINS)
             bin_load *= 1.0 - LOAD_SMOOTHING
             bin_load += LOAD_SMOOTHING * epoch_counts
