@@ -5,7 +5,7 @@ from the client that holds the pipeline. So the function carries the pipeline's 
 the pipeline: at its first batch it opens the pipeline on the server from the checkpoint
 location (the driver's copy, :mod:`megaphone.migrator.driver_copy`), in a state directory of
 its own, and keeps it for the query's life. The client's pipeline steps aside while the query
-runs, and is brought forward from the checkpoint when it stops.
+runs, and is brought forward from the checkpoint when it stops (:class:`ServerHandoff`).
 """
 
 from __future__ import annotations
@@ -61,9 +61,10 @@ class ServerBatch:
 
 
 class ServerHandoff:
-    """How a pipeline hands itself to a Spark Connect server for a stream and takes itself back
-    (a base of :class:`~megaphone.migrator.pipeline.Pipeline`, which holds the attributes
-    declared here)."""
+    """How a pipeline hands itself to a Spark Connect server for a stream and takes itself back:
+    a base of :class:`~megaphone.migrator.pipeline.Pipeline`, which holds the attributes
+    declared here and opens, checks and runs the pipeline (``fingerprint``, ``_open``,
+    ``_check_restore``, ``_release_stores``, ``_flush_metrics``, ``_run_batch``)."""
 
     key: str
     value: str | None

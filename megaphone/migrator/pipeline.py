@@ -154,11 +154,6 @@ class Pipeline(PipelineEpochs, ServerHandoff):
 
     # -- state directory -----------------------------------------------------------------
 
-    def _check_config(self, m: dict[str, Any], fp: Fingerprint, where: str) -> None:
-        """Raise ``ValueError`` unless manifest ``m`` (at ``where``) is this configuration's."""
-        check_config(self._settings, m, fp, where, num_bins=self._num_bins,
-                     pipeline_id=self._pipeline_id, key_type=self._key_type)
-
     def _check_restore(self, m: dict[str, Any], uri: str, owner: Pipeline | None = None) -> None:
         """Refuse to restore from the driver's copy at ``uri`` for another configuration, or
         for a pipeline already open in this process (but ``owner``)."""
@@ -167,7 +162,9 @@ class Pipeline(PipelineEpochs, ServerHandoff):
 
     def _open(self, state: StateDir) -> None:
         fp = state.fingerprint
-        self._check_config(state.manifest, fp, str(state.path))
+        check_config(self._settings, state.manifest, fp, str(state.path),
+                     num_bins=self._num_bins, pipeline_id=self._pipeline_id,
+                     key_type=self._key_type)
         state.lock()
         commit = state.read_commit()
         self._recover(state, commit)
