@@ -7,6 +7,14 @@ worker ``w``. Bins that move at the epoch are exported by their old owners in th
 map stage and shuffled along with the records; each worker installs arriving state before it
 applies any record of the epoch. Outputs and metrics come back in the job's results.
 The driver holds only metadata: routing, plans and metrics.
+
+``Pipeline`` is the facade users see; its parts live beside it: its state directory
+(:mod:`~megaphone.migrator.state_dir_owner`), its epochs (:mod:`~megaphone.migrator.epochs`,
+which run :mod:`~megaphone.migrator.epoch` through a narrow interface), its streaming query
+(:mod:`~megaphone.migrator.streaming`, :mod:`~megaphone.migrator.connect_stream`), its
+configuration checks and types (:mod:`~megaphone.migrator.config`,
+:mod:`~megaphone.migrator.schemas`) and the process registry
+(:mod:`~megaphone.migrator.registry`).
 """
 
 from __future__ import annotations
@@ -22,27 +30,27 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from megaphone.migrator.config import check_arguments, check_config, check_restore
+from megaphone.migrator.config import check_arguments
 from megaphone.migrator.connect_stream import ServeBatch, ServerHandoff
 from megaphone.migrator.controller import MigrationHandle, PlanQueue, PolicyInputs
 from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.epochs import PipelineEpochs
-from megaphone.migrator.recovery import RecoveryReport, check_and_recover
-from megaphone.migrator.registry import register, running_pipeline, unregister
+from megaphone.migrator.recovery import RecoveryReport
+from megaphone.migrator.registry import running_pipeline, unregister
 from megaphone.migrator.schemas import PipelineSchema
 from megaphone.migrator.spark_job import MapSides
+from megaphone.migrator.state_dir_owner import StateDirOwner
 from megaphone.migrator.state_reader import DurableRead, read_bin_stats, read_state
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.streaming import Sink, Stream
 from megaphone.migrator.updates import UpdateFn
-from megaphone.migrator.worker import local_worker_path
 from megaphone.plans.plan import MigrationPlan
 from megaphone.plans.policy import MigrationPolicy
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.spark import task_slots
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES
-from megaphone.state_backends.durable import SNAPSHOT_EVERY, claim_checkpoint
-from megaphone.state_backends.remote import default_local_dir, release_stores
+from megaphone.state_backends.durable import SNAPSHOT_EVERY
+from megaphone.state_backends.remote import default_local_dir
 
 #: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
 LOAD_SMOOTHING = 0.3
@@ -52,7 +60,7 @@ if TYPE_CHECKING:
     from megaphone.plans.rescale import BinSizes
 
 
-class Pipeline(PipelineEpochs, ServerHandoff):
+class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
     """A keyed stateful operator over micro-batches whose state can migrate while it runs.
 
     ``update`` is ``"count"``, ``"sum"``, ``"min"``, ``"max"`` (of ``value`` per key,
@@ -151,37 +159,6 @@ class Pipeline(PipelineEpochs, ServerHandoff):
             self._open(StateDir.open(self._path))
         elif key_type is not None:
             self._create(key_type)
-
-    # -- state directory -----------------------------------------------------------------
-
-    def _check_restore(self, m: dict[str, Any], uri: str, owner: Pipeline | None = None) -> None:
-        """Refuse to restore from the driver's copy at ``uri`` for another configuration, or
-        for a pipeline already open in this process (but ``owner``)."""
-        check_restore(self._settings, m, uri, num_bins=self._num_bins,
-                      pipeline_id=self._pipeline_id, key_type=self._key_type, owner=owner)
-
-    def _open(self, state: StateDir) -> None:
-        fp = state.fingerprint
-        check_config(self._settings, state.manifest, fp, str(state.path),
-                     num_bins=self._num_bins, pipeline_id=self._pipeline_id,
-                     key_type=self._key_type)
-        state.lock()
-        commit = state.read_commit()
-        self._recover(state, commit)
-        self._state = state
-        self._key_type = fp.key_type
-        self._pipeline_id = fp.pipeline_id
-        self._commit = commit
-        self._queue = PlanQueue(state.load_routing())
-        self._queue.restore(self._commit.plans)
-        self._metrics.extend(state.read_metrics(last=self._metrics.maxlen))
-        register(fp.pipeline_id, self)
-
-    def _create(self, key_type: str) -> None:
-        fp = Fingerprint(self._pipeline_id or uuid.uuid4().hex[:16], self._num_bins, key_type)
-        if self._settings["checkpoint"] is not None:
-            claim_checkpoint(self._settings["checkpoint"], fp.pipeline_id)
-        self._open(StateDir.create(self._path, fp, self._workers, self._settings))
 
     @property
     def fingerprint(self) -> Fingerprint:
@@ -324,13 +301,6 @@ class Pipeline(PipelineEpochs, ServerHandoff):
             self._state.unlock()
             unregister(self._state.fingerprint.pipeline_id, self)
 
-    def _flush_metrics(self) -> None:
-        """Write the commit record again if the driver's durable copy has metrics pending."""
-        with self._lock:
-            durable = self.state_dir.durable
-            if durable is not None and durable.has_pending_metrics:
-                self.state_dir.write_commit(self._commit)
-
     def metrics(self, last: int | None = None) -> list[dict[str, Any]]:
         """Per-epoch metrics (records in/out, useful time, bins and bytes moved, per worker)."""
         items = list(self._metrics)
@@ -405,21 +375,6 @@ class Pipeline(PipelineEpochs, ServerHandoff):
         return PolicyInputs(
             history=lambda: self.metrics(last=POLICY_HISTORY), bin_bytes=sizes,
             bin_records=load, lag_s=lag_s, parallelism=self._task_slots)
-
-    def _recover(self, state: StateDir, commit: Commit) -> None:
-        """Bring ``state`` back to ``commit`` (:func:`check_and_recover`). Its stores may still be
-        open in the store service (a crashed run's, or a failed epoch's): it closes them first,
-        since recovery opens them here; the next epoch's tasks open them there again."""
-        self._release_stores(state)
-        self.recovery = check_and_recover(state, commit)
-
-    def _release_stores(self, state: StateDir) -> None:
-        """Close ``state``'s stores in this host's store service (working copies under the
-        state directory, or this host's under ``local_dir`` with a checkpoint location)."""
-        release_stores(self.local_dir, str(state.path))
-        if self._settings["checkpoint"] is not None:
-            release_stores(self.local_dir, str(
-                local_worker_path(self.local_dir, state.fingerprint.pipeline_id, 0).parent))
 
     def _track_load(self, bins: np.ndarray, records: np.ndarray) -> None:
         counts = np.bincount(bins, weights=records, minlength=len(self._bin_load))
