@@ -4,14 +4,13 @@ An epoch of ``--touched`` random existing keys is applied to one RocksDB worker 
 ``--keys`` keys, once with the commit metadata megaphone writes (marker, outputs, undo record)
 and once with plain puts, and ``commit.json`` is written (fsynced) as the driver does. Also
 times the per-bin load bookkeeping every epoch carries: the worker counts its records per bin
-and ships the non-zero counts in its JSON metrics row, the driver folds them into the smoothed
-``Pipeline.bin_load()``. Prints the medians of ``--epochs`` epochs in milliseconds.
+and ships the non-zero counts in list columns of its report row, the driver folds them into
+the smoothed ``Pipeline.bin_load()``. Prints the medians of ``--epochs`` epochs in milliseconds.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import struct
 import tempfile
@@ -20,11 +19,13 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from tqdm import tqdm
 
 from megaphone.migrator.pipeline import LOAD_SMOOTHING
 from megaphone.migrator.statedir import Commit, StateDir
-from megaphone.migrator.worker import pack_bin_counts, unpack_bin_counts
+from megaphone.migrator.worker import bin_counts
 from megaphone.routing.bins import bin_of
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.state_backends import open_backend
@@ -67,9 +68,9 @@ def main() -> None:
             t2 = time.perf_counter()
             state.write_commit(Commit(epoch=epoch, state_version=0))
             t3 = time.perf_counter()
-            # Per-bin load, as apply_worker, epoch_metrics and Pipeline._track_load do it.
-            row = json.dumps({"records_by_bin": pack_bin_counts(bins)})
-            hot, counts = unpack_bin_counts(json.loads(row)["records_by_bin"])
+            # Per-bin load, as apply_worker and Pipeline._track_load do it.
+            row = [pa.array([c], pa.list_(pa.int32())) for c in bin_counts(bins)]
+            hot, counts = (pc.list_flatten(c).to_numpy() for c in row)
             epoch_counts = np.bincount(hot, weights=counts, minlength=BINS)
             bin_load *= 1.0 - LOAD_SMOOTHING
             bin_load += LOAD_SMOOTHING * epoch_counts

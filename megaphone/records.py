@@ -9,6 +9,7 @@ know in ``extra``, so a record written by a newer version round-trips unchanged.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -47,57 +48,90 @@ class _Record:
 @dataclass
 class WorkerMetrics(_Record):
     """One worker's part of one epoch: as a receiver (install, apply, commit) and as an
-    exporter (the ``*_out`` fields and ``export_s``). Times are seconds of the task."""
+    exporter (the ``*_out`` fields and ``export_s``). Times are seconds of the task.
 
-    worker: int
-    records_in: int = 0
-    records_out: int = 0
-    null_keys: int = 0
-    bins_in: int = 0
-    keys_in: int = 0
-    bytes_in: int = 0
-    bins_out: int = 0
-    keys_out: int = 0
-    bytes_out: int = 0
-    replayed: bool = False
+    A field the worker did not report is ``None`` and left out of :meth:`to_dict`, as records
+    have always had it: an exporter reports only its ``*_out`` fields and ``export_s``; a
+    receiver reports ``max_event_time`` even when it is ``None``.
+    """
+
+    records_in: int | None = None
+    records_out: int | None = None
+    bins_in: int | None = None
+    keys_in: int | None = None
+    bytes_in: int | None = None
+    replayed: bool | None = None
     max_event_time: int | None = None
+    begin_s: float | None = None
     restored: dict[str, Any] | None = None
     install_method: str | None = None
-    begin_s: float = 0.0
-    install_s: float = 0.0
-    apply_s: float = 0.0
-    commit_s: float = 0.0
-    store_commit_s: float = 0.0
-    export_s: float = 0.0
-    useful_s: float = 0.0
-    stall_s: float = 0.0
-    pending_compaction_bytes: int = 0
-    l0_files: int = 0
+    install_s: float | None = None
+    null_keys: int | None = None
+    apply_s: float | None = None
+    commit_s: float | None = None
+    store_commit_s: float | None = None
+    stall_s: float | None = None
+    pending_compaction_bytes: int | None = None
+    l0_files: int | None = None
     token: str | None = None
+    useful_s: float | None = None
+    bins_out: int | None = None
+    keys_out: int | None = None
+    bytes_out: int | None = None
+    export_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields the worker reported, as a plain JSON-ready dict."""
+        receiver = self.records_in is not None
+        return {k: v for k, v in super().to_dict().items()
+                if v is not None or (k == "max_event_time" and receiver)}
 
     def merge(self, other: WorkerMetrics) -> None:
         """Fold ``other`` (the same worker's exporter row, or its receiver row) into this one:
-        fields ``other`` set away from their defaults win."""
+        the fields ``other`` reported win."""
         for f in dataclasses.fields(self):
             if f.name == "extra":
                 self.extra.update(other.extra)
                 continue
             value = getattr(other, f.name)
-            if value != f.default:
+            if value is not None:
                 setattr(self, f.name, value)
+
+
+@dataclass
+class WorkerReport:
+    """What one task reports to the driver about ``worker``: its metrics, and beside them the
+    bytes it shipped per moved bin (an exporter's; the driver's plan progress, not recorded)."""
+
+    worker: int
+    metrics: WorkerMetrics
+    bytes_by_bin: dict[int, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """The report as one JSON text (a row of the task's results)."""
+        return json.dumps({"worker": self.worker, "metrics": self.metrics.to_dict(),
+                           "bytes_by_bin": sorted(self.bytes_by_bin.items())})
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerReport:
+        """The report :meth:`to_json` wrote."""
+        data = json.loads(text)
+        return cls(int(data["worker"]), WorkerMetrics.from_dict(data["metrics"]),
+                   {int(b): int(n) for b, n in data["bytes_by_bin"]})
 
 
 @dataclass
 class EpochMetrics(_Record):
     """One committed epoch as the driver records it: timing, volumes, what moved, and each
-    worker's :class:`WorkerMetrics` (keyed by worker number)."""
+    worker's :class:`WorkerMetrics` (keyed by worker number; by its text in :meth:`to_dict`).
+    Fields keep the order of the record on disk."""
 
     epoch: int
-    started: float
-    finished: float
-    duration_s: float
     batch_id: int | None = None
+    started: float = 0.0
+    finished: float = 0.0
+    duration_s: float = 0.0
     latency_s: float | None = None
     records_in: int = 0
     records_out: int = 0

@@ -53,7 +53,7 @@ def epoch(workers=(0, 1, 2, 3), moved: dict[int, tuple[int, int]] | None = None,
     total = sum(o for o, _ in (moved or {}).values())
     return EpochMetrics.from_dict({
         "epoch": 0, "started": 0.0, "finished": duration, "duration_s": duration,
-        "per_worker": {w: {"worker": int(w), **pw} for w, pw in per_worker.items()},
+        "per_worker": dict(per_worker),
         "bytes_moved": total})
 
 

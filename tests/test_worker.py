@@ -37,9 +37,9 @@ def records(keys, worker) -> pa.RecordBatch:
 
 
 def run(s: EpochSpec, worker: int, batches) -> tuple[dict, dict]:
-    out, rows = split_results(pa.Table.from_batches(apply_worker(s, worker, iter(batches))))
-    metrics = json.loads(rows[0])
-    return {r["k"]: r["count"] for r in out.to_pylist()}, metrics
+    results = split_results(pa.Table.from_batches(apply_worker(s, worker, iter(batches))))
+    metrics = results.reports[0].metrics.to_dict()
+    return {r["k"]: r["count"] for r in results.outputs.to_pylist()}, metrics
 
 
 def state_of(tmp_path, backend, worker) -> dict:
@@ -71,9 +71,9 @@ def test_state_arriving_after_records_is_installed_first_and_retries_replay(tmp_
     assert out1 == {k: 2 for k in moved_keys}
     assert m1["keys_in"] == len(moved_keys) and m1["records_in"] == len(moved_keys)
     # The exporter's metrics ride the shuffle to the receiver, which returns them beside its own.
-    _, rows = split_results(pa.Table.from_batches(apply_worker(s1, 1, iter(shipped))))
-    exported = [json.loads(r) for r in rows[1:]]
-    assert [(e["worker"], e["keys_out"]) for e in exported] == [(0, len(moved_keys))]
+    results = split_results(pa.Table.from_batches(apply_worker(s1, 1, iter(shipped))))
+    exported = results.reports[1:]
+    assert [(e.worker, e.metrics.keys_out) for e in exported] == [(0, len(moved_keys))]
     before = state_of(tmp_path, backend, 1)
     out_retry, m_retry = run(s1, 1, [to_1, *shipped])  # a Spark task retry
     assert out_retry == out1 and m_retry["replayed"]

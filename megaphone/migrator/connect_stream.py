@@ -5,47 +5,121 @@ from the client that holds the pipeline. So the function carries the pipeline's 
 the pipeline: at its first batch it opens the pipeline on the server from the checkpoint
 location (the driver's copy, :mod:`megaphone.migrator.driver_copy`), in a state directory of
 its own, and keeps it for the query's life. The client's pipeline steps aside while the query
-runs, and is brought forward from the checkpoint when it stops.
+runs, and is brought forward from the checkpoint when it stops (:class:`ServerHandoff`).
 """
 
 from __future__ import annotations
 
+import collections
 import os
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
+
+from megaphone.migrator.driver_copy import DriverCopy
+from megaphone.migrator.statedir import StateDir
+from megaphone.state_backends.remote import default_local_dir
+
+#: ``serve(batch, batch_id, location) -> (outputs, epoch)``: a micro-batch run as an epoch of
+#: the pipeline opened on the server, its metrics in the checkpoint when it returns.
+ServeBatch = Callable[[DataFrame, int, str], tuple[DataFrame, int]]
+#: ``open(spark, state_dir, settings) -> serve``: opens the pipeline (``settings`` are its
+#: keyword arguments) in ``state_dir`` on the server.
+BatchOpener = Callable[[SparkSession, str, dict[str, Any]], ServeBatch]
 
 #: Pipelines opened by batch functions in this (server-side) process, by query run.
-_OPEN: dict[str, Any] = {}
+_OPEN: dict[str, ServeBatch] = {}
 
 
 @dataclass(frozen=True)
 class ServerBatch:
     """The ``foreachBatch`` function of a pipeline's stream over Spark Connect: runs each
-    micro-batch as an epoch of the pipeline opened on the server, then ``sink(outputs, epoch)``
-    there. ``settings`` are the pipeline's keyword arguments; ``location`` is the query's
-    checkpoint location (a batch id committed before is not applied again)."""
+    micro-batch as an epoch of the pipeline opened on the server by ``open``, then
+    ``sink(outputs, epoch)`` there. ``settings`` are the pipeline's keyword arguments;
+    ``location`` is the query's checkpoint location (a batch id committed before is not
+    applied again)."""
 
     settings: dict[str, Any]
     location: str
     sink: Callable[[DataFrame, int], None]
+    open: BatchOpener
     run: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        from megaphone.migrator.pipeline import Pipeline
-        from megaphone.state_backends.remote import default_local_dir
-
-        pipe = _OPEN.get(self.run)
-        if pipe is None:  # a state directory per query run: an earlier run's may be locked
+        serve = _OPEN.get(self.run)
+        if serve is None:  # a state directory per query run: an earlier run's may be locked
             state_dir = os.path.join(default_local_dir(), "drivers",
                                      f"{self.settings['pipeline_id']}-{self.run}")
-            pipe = _OPEN[self.run] = Pipeline(batch.sparkSession, state_dir, **self.settings)
-        outputs, epoch = pipe._run_batch(batch, batch_id, self.location)
-        with pipe._lock:  # the epoch's metrics into the checkpoint now: the client reads them
-            durable = pipe.state_dir.durable
-            if durable is not None and durable.has_pending_metrics:
-                pipe.state_dir.write_commit(pipe._commit)
+            serve = _OPEN[self.run] = self.open(batch.sparkSession, state_dir, self.settings)
+        outputs, epoch = serve(batch, batch_id, self.location)
         self.sink(outputs, epoch)
+
+
+class ServerHandoff:
+    """How a pipeline hands itself to a Spark Connect server for a stream and takes itself back:
+    a base of :class:`~megaphone.migrator.pipeline.Pipeline`, which holds the attributes
+    declared here and opens, checks and runs the pipeline (``fingerprint``, ``_open``,
+    ``_check_restore``, ``_release_stores``, ``_flush_metrics``, ``_run_batch``)."""
+
+    key: str
+    value: str | None
+    event_time: str | None
+    chunk_bytes: int
+    keep_outputs: int
+    _update_arg: Any
+    _output_type_arg: str
+    _num_bins: int
+    _settings: dict[str, Any]
+    _state: StateDir | None
+    _path: Path
+    _lock: threading.RLock
+    _metrics: collections.deque[dict[str, Any]]
+    _on_server: bool
+
+    def _step_aside(self, location: str | None) -> dict[str, Any]:
+        """Step aside for a stream over Spark Connect; the settings the batch function opens
+        the pipeline with on the server (:mod:`megaphone.migrator.connect_stream`)."""
+        if self._settings["checkpoint"] is None or location is None:
+            raise ValueError(
+                "over Spark Connect, start() runs the pipeline on the server: it needs the "
+                "pipeline's checkpoint location (Pipeline(..., checkpoint=URI)) and a "
+                "checkpoint_location for the query, both reachable from the server")
+        if self._state is None:
+            raise RuntimeError("the pipeline has no state yet: process a batch or give key_type")
+        fp = self.fingerprint
+        settings = {"key": self.key, "value": self.value, "update": self._update_arg,
+                    "num_bins": self._num_bins, "backend": self._settings["backend"],
+                    "key_type": fp.key_type, "pipeline_id": fp.pipeline_id,
+                    "event_time": self.event_time, "output_type": self._output_type_arg,
+                    "chunk_bytes": self.chunk_bytes, "keep_outputs": self.keep_outputs,
+                    "checkpoint": self._settings["checkpoint"],
+                    "snapshot_every": self._settings["snapshot_every"]}
+        with self._lock:  # the server opens the stores and writes the checkpoint from now on
+            self._release_stores(self._state)
+            self._state.unlock()
+            self._on_server = True
+        return settings
+
+    def _serve_batch(self, batch: DataFrame, batch_id: int, location: str
+                     ) -> tuple[DataFrame, int]:
+        """A stream's micro-batch on the Spark Connect server; its metrics go into the
+        checkpoint now, since the client reads them there."""
+        outputs, epoch = self._run_batch(batch, batch_id, location)
+        self._flush_metrics()
+        return outputs, epoch
+
+    def _rejoin(self) -> None:
+        """Bring this pipeline forward from the checkpoint after its stream ran on a Spark
+        Connect server (the epochs, routing, plans and metrics the server committed)."""
+        with self._lock:
+            uri = self._settings["checkpoint"]
+            StateDir.restore(self._path, DriverCopy(uri), lambda m: self._check_restore(m, uri,
+                                                                                        self))
+            self._metrics.clear()
+            self._open(StateDir.open(self._path))
+            self._on_server = False

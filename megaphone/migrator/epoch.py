@@ -18,19 +18,23 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 
 from megaphone.migrator.faults import crash_point
 from megaphone.migrator.inbox import take_plans
 from megaphone.migrator.layout import EpochLayout, epoch_layout
-from megaphone.migrator.spark_job import epoch_job, epoch_metrics, map_projection, split_results
-from megaphone.migrator.statedir import Commit
-
-if TYPE_CHECKING:
-    from megaphone.migrator.pipeline import Pipeline
+from megaphone.migrator.plan_queue import PlanQueue, PolicyInputs
+from megaphone.migrator.spark_job import MapSides, epoch_job, epoch_metrics, split_results
+from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.migrator.updates import Update
+from megaphone.migrator.worker import EpochSpec
+from megaphone.plans.plan import MigrationPlan
+from megaphone.records import WorkerMetrics
 
 log = logging.getLogger("megaphone.epoch")
 
@@ -49,19 +53,61 @@ _WRITER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="megaphone-outputs")
 
 
-class EpochRun:
-    """Runs one epoch of ``pipe`` through :data:`DRIVER_PHASES` (call :meth:`run` once)."""
+@dataclass(frozen=True)
+class Admission:
+    """A batch admitted to an epoch: its record columns and update, and the pipeline's state
+    directory, plan queue and last commit (the state directory is created on first use)."""
 
-    def __init__(self, pipe: Pipeline, batch: DataFrame, stream: dict[str, Any] | None,
-                 input_end: float | None, *, want_frame: bool = True) -> None:
-        self.pipe = pipe
+    columns: dict[str, Column]
+    update: Update
+    state: StateDir
+    queue: PlanQueue
+    committed: Commit
+
+
+@dataclass(frozen=True)
+class EpochHost:
+    """All an epoch sees of its pipeline.
+
+    ``admit(batch)`` checks a batch (:class:`Admission`); ``submit(plan)`` takes a plan posted
+    from elsewhere; ``policy_inputs(lag_s)`` is what adaptive plans' policies see;
+    ``stateful_workers()`` the workers that may hold state; ``spec(batch, update, layout)``
+    the metadata of the epoch's tasks; ``outputs_frame(outputs)`` the outputs as a DataFrame.
+    The epoch reports back through ``track_load(bins, records)`` (records applied per bin),
+    ``committed(commit)`` (at its commit point) and ``recorded(record)`` (its metrics record,
+    as stored).
+    """
+
+    spark: SparkSession
+    local_dir: str
+    keep_outputs: int
+    map_sides: MapSides
+    admit: Callable[[DataFrame], Admission]
+    submit: Callable[[MigrationPlan], Any]
+    policy_inputs: Callable[[float], PolicyInputs]
+    stateful_workers: Callable[[], list[int]]
+    spec: Callable[[DataFrame, Update, EpochLayout], EpochSpec]
+    outputs_frame: Callable[[pa.Table], DataFrame]
+    track_load: Callable[[np.ndarray, np.ndarray], None]
+    committed: Callable[[Commit], None]
+    recorded: Callable[[dict[str, Any]], None]
+
+
+class EpochRun:
+    """Runs epoch ``epoch`` of ``host``'s pipeline through :data:`DRIVER_PHASES` (call
+    :meth:`run` once)."""
+
+    def __init__(self, host: EpochHost, epoch: int, batch: DataFrame,
+                 stream: dict[str, Any] | None, input_end: float | None, *,
+                 want_frame: bool = True) -> None:
+        self.host = host
         self.want_frame = want_frame
         #: The outputs as a DataFrame, after :meth:`run` (when ``want_frame``).
         self.frame: DataFrame | None = None
         self.batch = batch
         self.stream = stream
         self.input_end = input_end
-        self.epoch = pipe.epoch + 1
+        self.epoch = epoch
         self.phases: dict[str, float] = {}
         self.attempts = 0
 
@@ -72,69 +118,70 @@ class EpochRun:
         yield
         self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - started
         if name != "commit":  # the commit's crash point is inside its write (before rename)
-            crash_point(name, self.epoch, self.pipe.local_dir)
+            crash_point(name, self.epoch, self.host.local_dir)
 
     def run(self) -> pa.Table:
         """Run the epoch end to end and return its outputs (also in :attr:`frame` as a
         DataFrame when ``want_frame``)."""
-        pipe, epoch = self.pipe, self.epoch
+        host, epoch = self.host, self.epoch
         started = time.time()
         with self.phase("admit"):
-            columns, update = pipe._prepare(self.batch)  # creates the state dir on first use
-            state, queue = pipe.state_dir, pipe._queue
-            assert queue is not None
-            take_plans(state, pipe.migrate)  # plans posted by `megaphone migrate` elsewhere
+            admitted = host.admit(self.batch)  # creates the state dir on first use
+            state, queue = admitted.state, admitted.queue
+            take_plans(state, host.submit)  # plans posted by `megaphone migrate` elsewhere
             lag = max(0.0, started - self.input_end) if self.input_end is not None else 0.0
             with queue.lock:
                 # saved before the job, so a re-run routes alike
-                if queue.steps_due(epoch, pipe._policy_inputs(lag)):
-                    pipe.routing.save(state.routing_path)
+                if queue.steps_due(epoch, host.policy_inputs(lag)):
+                    queue.table.save(state.routing_path)
         with self.phase("layout"):
             with queue.lock:
-                layout = epoch_layout(pipe.routing, pipe._commit, epoch, pipe._stateful_workers())
-            spec = pipe._spec(self.batch, update, layout)
+                layout = epoch_layout(queue.table, admitted.committed, epoch,
+                                      host.stateful_workers())
+            spec = host.spec(self.batch, admitted.update, layout)
         with self.phase("launch"):
-            shape = (layout.version, spec.shuffle_schema, tuple(columns))
-            if pipe._projection is None or pipe._projection[0] != shape:
-                pipe._projection = (shape, map_projection(columns, pipe.routing.owners(epoch),
-                                                          spec))
-            map_side = pipe._projection[1]
+            map_side = host.map_sides.get(layout.version, admitted.columns, spec,
+                                          lambda: queue.table.owners(epoch))
 
             def job() -> DataFrame:
-                return epoch_job(pipe.spark, self.batch, map_side, spec, layout.partitions)
+                return epoch_job(host.spark, self.batch, map_side, spec, layout.partitions)
 
             first = job()
         with self.phase("collect"):
-            outputs, rows = split_results(self._collect(first, job))
+            results = split_results(self._collect(first, job))
+            outputs = results.outputs
             if self.want_frame:
                 # Before the commit point: after it, no JVM call may fail (or be interrupted by
                 # a stream's stop) and leave a committed epoch the caller was told had failed.
-                self.frame = pipe._outputs_frame(outputs)
+                self.frame = host.outputs_frame(outputs)
         finished = time.time()
         with self.phase("commit"):
-            record = epoch_metrics(layout, started, finished, rows,
+            report = epoch_metrics(layout, started, finished, results,
                                    self.stream.get("batch_id") if self.stream else None)
-            bytes_by_bin = record.pop("bytes_by_bin")
-            pipe._track_load(*record.pop("records_by_bin"))
-            if self.input_end is not None and record["latency_s"] is None:
-                record["latency_s"] = finished - self.input_end
+            record = report.record
+            host.track_load(results.load_bins, results.load_counts)
+            if self.input_end is not None and record.latency_s is None:
+                record.latency_s = finished - self.input_end
             # The outputs are kept (for replay) before the commit point, written in parallel
             # with the commit record: their fsyncs overlap.
             kept = _WRITER.submit(state.write_outputs, epoch, outputs)
             try:
                 with queue.lock:
-                    queue.committed(epoch, bytes_by_bin)
-                    commit = self._commit_record(layout, queue.to_list(), record["per_worker"])
+                    queue.committed(epoch, report.bytes_by_bin)
+                    stream = self.stream if self.stream is not None else admitted.committed.stream
+                    commit = _commit_record(epoch, layout, stream, queue.to_list(),
+                                            record.per_worker)
                     state.write_commit(commit, after=kept.result)  # the epoch's commit point
-                    pipe._commit = commit
+                    host.committed(commit)
             finally:
                 concurrent.futures.wait([kept])
         with self.phase("cleanup"):
-            state.prune_outputs(epoch - pipe.keep_outputs + 1)
-        record["job_attempts"] = self.attempts
-        record["phases_s"] = dict(self.phases)
-        state.append_metrics(record)  # a crash before this line loses the line, not the epoch
-        pipe._metrics.append(record)
+            state.prune_outputs(epoch - host.keep_outputs + 1)
+        record.job_attempts = self.attempts
+        record.phases_s = dict(self.phases)
+        stored = record.to_dict()
+        state.append_metrics(stored)  # a crash before this line loses the line, not the epoch
+        host.recorded(stored)
         return outputs
 
     def _collect(self, job: DataFrame, rebuild: Callable[[], DataFrame]) -> pa.Table:
@@ -155,10 +202,13 @@ class EpochRun:
                             "again (attempt %d)", self.epoch, text.splitlines()[0][:200],
                             self.attempts + 1)
 
-    def _commit_record(self, layout: EpochLayout, plans: list[dict[str, Any]],
-                       per_worker: dict[str, dict[str, Any]]) -> Commit:
-        stream = self.stream if self.stream is not None else self.pipe._commit.stream
-        return Commit(epoch=self.epoch, state_version=layout.version,
-                      pending_drops=[[m.bin, m.src] for m in layout.moves], stream=stream,
-                      plans=plans, tokens={w: m["token"] for w, m in per_worker.items()
-                                           if m.get("token")})
+
+
+def _commit_record(epoch: int, layout: EpochLayout, stream: dict[str, Any],
+                   plans: list[dict[str, Any]], per_worker: dict[int, WorkerMetrics]) -> Commit:
+    """The driver's commit record of ``epoch``: its routing version, the bins its old owners
+    drop next, the stream's position, the plans in flight and each worker's attempt token."""
+    return Commit(epoch=epoch, state_version=layout.version,
+                  pending_drops=[[m.bin, m.src] for m in layout.moves], stream=stream,
+                  plans=plans, tokens={str(w): m.token for w, m in per_worker.items()
+                                       if m.token})

@@ -30,12 +30,9 @@ if TYPE_CHECKING:
 
 
 def epoch_records(metrics: Iterable[Mapping[str, Any]]) -> tuple[EpochMetrics, ...]:
-    """Stored per-epoch metrics (plain dicts) as records, for planning and policies; a worker's
-    row without its number gets it from its key."""
-    return tuple(m if isinstance(m, EpochMetrics) else EpochMetrics.from_dict({
-        **m, "per_worker": {w: {"worker": int(w), **row} if isinstance(row, Mapping) else row
-                            for w, row in (m.get("per_worker") or {}).items()}})
-        for m in metrics)
+    """Stored per-epoch metrics (plain dicts) as records, for planning and policies."""
+    return tuple(m if isinstance(m, EpochMetrics) else EpochMetrics.from_dict(dict(m))
+                 for m in metrics)
 
 
 def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:

@@ -14,6 +14,8 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
+from megaphone.migrator import columns as C
+
 #: ``f(key, values, state) -> (new_state, outputs)``: the general keyed update.
 UpdateFn = Callable[[Any, list, Any], tuple[Any, Iterable[Any]]]
 
@@ -95,15 +97,15 @@ def apply_builtin(
 def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
     """Group an epoch's records by key: one row per key with its ``partial`` aggregate."""
     if update.kind == "count":
-        grouped = records.group_by(["key", "_bin"], use_threads=False).aggregate(
+        grouped = records.group_by([C.KEY, C.BIN], use_threads=False).aggregate(
             [([], "count_all")]
         )
-        return grouped.rename_columns(["key", "_bin", "partial"])
-    table = records.filter(pa.compute.is_valid(records.column("value")))
-    grouped = table.group_by(["key", "_bin"], use_threads=False).aggregate(
-        [("value", update.kind)]
+        return grouped.rename_columns([C.KEY, C.BIN, "partial"])
+    table = records.filter(pa.compute.is_valid(records.column(C.VALUE)))
+    grouped = table.group_by([C.KEY, C.BIN], use_threads=False).aggregate(
+        [(C.VALUE, update.kind)]
     )
-    return grouped.rename_columns(["key", "_bin", "partial"])
+    return grouped.rename_columns([C.KEY, C.BIN, "partial"])
 
 
 def apply_custom(
@@ -114,7 +116,7 @@ def apply_custom(
     Returns the new msgpack states, and the output rows as parallel lists of keys and values.
     """
     assert update.fn is not None
-    keys = records.column("key").to_pylist()
+    keys = records.column(C.KEY).to_pylist()
     values = records.column("values").to_pylist()
     packb = msgpack.Packer().pack
     new_raw: list[bytes] = []
@@ -131,5 +133,5 @@ def apply_custom(
 
 def group_values(records: pa.Table) -> pa.Table:
     """Group an epoch's records by key for ``f``: ``key``, ``_bin``, ``values`` (a list)."""
-    grouped = records.group_by(["key", "_bin"], use_threads=False).aggregate([("value", "list")])
-    return grouped.rename_columns(["key", "_bin", "values"])
+    grouped = records.group_by([C.KEY, C.BIN], use_threads=False).aggregate([(C.VALUE, "list")])
+    return grouped.rename_columns([C.KEY, C.BIN, "values"])

@@ -17,19 +17,17 @@ deleted there only in the next epoch, so a re-run of the epoch can export them a
 
 from __future__ import annotations
 
-import base64
-import json
 import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from megaphone.migrator import columns as C
 from megaphone.migrator.faults import crash_point
 from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.updates import (
@@ -40,21 +38,20 @@ from megaphone.migrator.updates import (
     partial_aggregates,
 )
 from megaphone.paths import StateDirPaths, local_worker_path
+from megaphone.records import WorkerMetrics, WorkerReport
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, check_checkpoint
 from megaphone.state_backends.encoding import encode_keys, payload_bytes
 from megaphone.state_backends.remote import DurableSpec, RemoteStore, default_local_dir
 
-#: The column of a task's results that carries JSON metrics (null on output rows).
-METRICS_COLUMN = "_metrics"
-#: The shuffle column that carries an exporter's JSON metrics to the driver, through the
-#: worker that receives its first bin (null on every other row).
-EXPORT_METRICS_COLUMN = "_em"
+_BINS = pa.list_(pa.int32())
 
 
 def result_schema(output_schema: pa.Schema) -> pa.Schema:
-    """What each worker's task returns to the driver: its outputs, then rows of JSON metrics
-    (its own and those of the exporters that shipped bins to it)."""
-    return output_schema.append(pa.field(METRICS_COLUMN, pa.string()))
+    """What each worker's task returns to the driver: its outputs, then rows of JSON reports
+    (its own, with the records it applied per bin, and those of the exporters that shipped
+    bins to it)."""
+    return pa.schema([*output_schema, pa.field(C.REPORT, pa.string()),
+                      pa.field(C.LOAD_BINS, _BINS), pa.field(C.LOAD_COUNTS, _BINS)])
 
 
 @dataclass(frozen=True)
@@ -105,41 +102,34 @@ class EpochSpec:
 
 def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_time: bool
                    ) -> pa.Schema:
-    """The rows of an epoch's one shuffle: records (``key``, ...), state (``_sk``, ``_sv``) and
-    exporters' metrics (``_em``)."""
-    fields = [pa.field("_w", pa.int32()), pa.field("_bin", pa.int32()), pa.field("key", key_type)]
+    """The rows of an epoch's one shuffle (:mod:`~megaphone.migrator.columns`): records, state
+    and exporters' reports."""
+    fields = [pa.field(C.WORKER, pa.int32()), pa.field(C.BIN, pa.int32()),
+              pa.field(C.KEY, key_type)]
     if value_type is not None:
-        fields.append(pa.field("value", value_type))
+        fields.append(pa.field(C.VALUE, value_type))
     if event_time:
-        fields.append(pa.field("_t", pa.int64()))
-    fields += [pa.field("_sk", pa.binary()), pa.field("_sv", pa.binary()),
-               pa.field(EXPORT_METRICS_COLUMN, pa.string())]
+        fields.append(pa.field(C.EVENT_TIME, pa.int64()))
+    fields += [pa.field(C.STATE_KEY, pa.binary()), pa.field(C.STATE_VALUE, pa.binary()),
+               pa.field(C.EXPORT_REPORT, pa.string())]
     return pa.schema(fields)
 
 
-def pack_bin_counts(bins: np.ndarray) -> str:
-    """Records per bin of one worker's epoch, compact for its JSON metrics row: base64 of the
-    little-endian int32 ids of the bins that had records, then their counts. (A JSON list of
-    pairs costs about 10 ms per epoch to build and read back at 10,000 records; this, 1 ms.)"""
+def bin_counts(bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The bins that had records among ``bins`` (the bin of each record) and how many each."""
     counts = np.bincount(bins)
     hot = np.flatnonzero(counts)
-    return base64.b64encode(np.concatenate([hot, counts[hot]]).astype("<i4").tobytes()).decode()
-
-
-def unpack_bin_counts(text: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(bins, counts)`` from :func:`pack_bin_counts`."""
-    pairs = np.frombuffer(base64.b64decode(text), "<i4").reshape(2, -1)
-    return pairs[0], pairs[1]
+    return hot.astype(np.int32), counts[hot].astype(np.int32)
 
 
 class _TimedInput:
     """Wrap the task's input: time spent waiting for it is excluded from useful time, and the
-    exporters' metrics rows are set aside (:attr:`export_metrics`) from records and state."""
+    exporters' reports are set aside (:attr:`export_reports`) from records and state."""
 
     def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
         self._it = iter(batches)
         self.waiting = 0.0
-        self.export_metrics: list[str] = []
+        self.export_reports: list[str] = []
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         while True:
@@ -150,10 +140,10 @@ class _TimedInput:
                 self.waiting += time.perf_counter() - t0
                 return
             self.waiting += time.perf_counter() - t0
-            marks = batch.column(EXPORT_METRICS_COLUMN)
+            marks = batch.column(C.EXPORT_REPORT)
             if marks.null_count < batch.num_rows:
                 has = pc.is_valid(marks)
-                self.export_metrics += batch.filter(has).column(EXPORT_METRICS_COLUMN).to_pylist()
+                self.export_reports += batch.filter(has).column(C.EXPORT_REPORT).to_pylist()
                 batch = batch.filter(pc.invert(has))
             yield batch
 
@@ -203,7 +193,7 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
     """Stream the state of the bins leaving ``sender`` as shuffle rows bound for their new owners.
 
     The sender's live store (in the store service) is read, not changed. Memory stays bounded by
-    the chunk size. Its metrics follow as one last row, to the worker that gets its first bin.
+    the chunk size. Its report follows as one last row, to the worker that gets its first bin.
     """
     started = time.perf_counter()
     check_state_dir(spec)
@@ -225,11 +215,12 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
                     yield _state_rows(schema, dst, b, chunk)
                     crash_point("export", spec.epoch, spec.local_dir)
     if by_dst:
-        record = {"worker": sender, "bins_out": len(moves), "keys_out": keys_out,
-                  "bytes_out": sum(bytes_by_bin.values()), "bytes_by_bin": bytes_by_bin,
-                  "export_s": time.perf_counter() - started}
-        yield _rows(schema, 1, {"_w": pa.array([min(by_dst)], pa.int32()),
-                                EXPORT_METRICS_COLUMN: pa.array([json.dumps(record)])})
+        metrics = WorkerMetrics(bins_out=len(moves), keys_out=keys_out,
+                                bytes_out=sum(bytes_by_bin.values()),
+                                export_s=time.perf_counter() - started)
+        report = WorkerReport(sender, metrics, bytes_by_bin).to_json()
+        yield _rows(schema, 1, {C.WORKER: pa.array([min(by_dst)], pa.int32()),
+                                C.EXPORT_REPORT: pa.array([report])})
 
 
 def _rows(schema: pa.Schema, n: int, columns: dict[str, pa.Array]) -> pa.RecordBatch:
@@ -242,9 +233,9 @@ def _rows(schema: pa.Schema, n: int, columns: dict[str, pa.Array]) -> pa.RecordB
 def _state_rows(schema: pa.Schema, dst: int, b: int, chunk: pa.RecordBatch) -> pa.RecordBatch:
     """Shuffle rows carrying one exported chunk of bin ``b`` to worker ``dst``."""
     n = chunk.num_rows
-    return _rows(schema, n, {"_w": pa.array([dst] * n, pa.int32()),
-                             "_bin": pa.array([b] * n, pa.int32()),
-                             "_sk": chunk.column(0), "_sv": chunk.column(1)})
+    return _rows(schema, n, {C.WORKER: pa.array([dst] * n, pa.int32()),
+                             C.BIN: pa.array([b] * n, pa.int32()),
+                             C.STATE_KEY: chunk.column(0), C.STATE_VALUE: chunk.column(1)})
 
 
 def apply_worker(
@@ -252,7 +243,7 @@ def apply_worker(
 ) -> Iterator[pa.RecordBatch]:
     """Run ``worker``'s part of an epoch: drop departed bins, install arrivals, apply records.
 
-    Yields the worker's outputs, then its metrics and those of the exporters that shipped bins
+    Yields the worker's outputs, then its report and those of the exporters that shipped bins
     to it (rows of :func:`result_schema`). The input mixes state chunks and records in any
     order; state is installed as it streams in, records are applied after the last chunk. The
     store's version decides: an epoch applied already (a retry) re-emits its stored outputs and
@@ -269,22 +260,21 @@ def apply_worker(
         if spec.worker_path(worker).exists() and worker not in spec.outgoing:
             # Scale in: its last bins left in an earlier, committed epoch; release its storage.
             _store(spec, worker).destroy()
-        if timed.export_metrics:
-            yield _metrics_rows(result_schema(spec.output_schema), timed.export_metrics)
+        if timed.export_reports:
+            yield _report_rows(result_schema(spec.output_schema), timed.export_reports)
         return
     store = _store(spec, worker)
-    metrics: dict[str, Any] = {
-        "worker": worker, "records_in": 0, "records_out": 0, "bins_in": len(incoming),
-        "keys_in": 0, "bytes_in": 0, "replayed": False, "max_event_time": None}
+    metrics = WorkerMetrics(records_in=0, records_out=0, bins_in=len(incoming), keys_in=0,
+                            bytes_in=0, replayed=False)
+    load: tuple[np.ndarray, np.ndarray] | None = None  # records applied per bin
     t0 = time.perf_counter()
     apply, stored = store.begin(spec.epoch, spec.required_epoch(worker), spec.run_id)
-    metrics["begin_s"] = time.perf_counter() - t0
-    if store.restored is not None:
-        metrics["restored"] = store.restored
+    metrics.begin_s = time.perf_counter() - t0
+    metrics.restored = store.restored
     if not apply:
         for _ in timed:
             pass
-        metrics["replayed"] = True
+        metrics.replayed = True
         outputs = pa.ipc.open_stream(stored).read_all() if stored else \
             spec.output_schema.empty_table()
     else:
@@ -293,60 +283,71 @@ def apply_worker(
 
         def state_chunks() -> Iterator[pa.RecordBatch]:
             for batch in timed:
-                is_state = pc.is_valid(batch.column("_sk"))
+                is_state = pc.is_valid(batch.column(C.STATE_KEY))
                 n_state = pc.sum(is_state).as_py() or 0
                 if n_state < batch.num_rows:
                     records.append(batch.filter(pc.invert(is_state)) if n_state else batch)
                 if n_state:
                     chunk = batch.filter(is_state)
-                    metrics["keys_in"] += chunk.num_rows
+                    metrics.keys_in += chunk.num_rows
                     kv = pa.RecordBatch.from_arrays(
-                        [chunk.column("_sk"), chunk.column("_sv")], names=["k", "v"])
-                    metrics["bytes_in"] += payload_bytes(kv)
+                        [chunk.column(C.STATE_KEY), chunk.column(C.STATE_VALUE)],
+                        names=["k", "v"])
+                    metrics.bytes_in += payload_bytes(kv)
                     yield kv
 
         t0, waited = time.perf_counter(), timed.waiting
         if incoming:
-            metrics["install_method"] = store.install(state_chunks())["method"]
+            metrics.install_method = store.install(state_chunks())["method"]
         else:  # nothing to install: read the records without a round trip to the store
             for _ in state_chunks():
                 raise RuntimeError(f"worker {worker} received state at epoch {spec.epoch} but "
                                    "installs no bin: the epoch's layout is inconsistent")
-        metrics["install_s"] = time.perf_counter() - t0 - (timed.waiting - waited)
+        metrics.install_s = time.perf_counter() - t0 - (timed.waiting - waited)
         crash_point("install", spec.epoch, spec.local_dir)
         t0 = time.perf_counter()
         table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
-        if table.column("key").null_count:  # counted, never applied: a key decides the state
-            metrics["null_keys"] = table.column("key").null_count
-            table = table.filter(pc.is_valid(table.column("key")))
-        metrics["records_in"] = table.num_rows
+        keys_column = table.column(C.KEY)
+        if keys_column.null_count:  # counted, never applied: a key decides the state
+            metrics.null_keys = keys_column.null_count
+            table = table.filter(pc.is_valid(keys_column))
+        metrics.records_in = table.num_rows
         if table.num_rows:
-            metrics["records_by_bin"] = pack_bin_counts(table.column("_bin").to_numpy())
+            load = bin_counts(table.column(C.BIN).to_numpy())
         if spec.has_event_time and table.num_rows:
-            metrics["max_event_time"] = pc.max(table.column("_t")).as_py()
+            metrics.max_event_time = pc.max(table.column(C.EVENT_TIME)).as_py()
         outputs, keys, values, old = _apply_records(spec, store, table)
-        metrics["apply_s"] = time.perf_counter() - t0
+        metrics.apply_s = time.perf_counter() - t0
         crash_point("apply", spec.epoch, spec.local_dir)
         t0 = time.perf_counter()
         health = store.commit(spec.epoch, keys, values, old, _ipc(outputs), incoming,
                               spec.run_id)
-        metrics["commit_s"] = time.perf_counter() - t0
-        metrics["store_commit_s"] = health["seconds"]
-        for name in ("stall_s", "pending_compaction_bytes", "l0_files"):
-            metrics[name] = health[name]
-    metrics["token"] = store.token  # the driver's commit names the attempt it took
-    metrics["records_out"] = outputs.num_rows
+        metrics.commit_s = time.perf_counter() - t0
+        metrics.store_commit_s = health["seconds"]
+        metrics.stall_s = health["stall_s"]
+        metrics.pending_compaction_bytes = health["pending_compaction_bytes"]
+        metrics.l0_files = health["l0_files"]
+    metrics.token = store.token  # the driver's commit names the attempt it took
+    metrics.records_out = outputs.num_rows
     schema = result_schema(spec.output_schema)
     for batch in outputs.cast(spec.output_schema).to_batches():
         yield _rows(schema, batch.num_rows, dict(zip(batch.schema.names, batch.columns,
                                                      strict=True)))
-    metrics["useful_s"] = time.perf_counter() - started - timed.waiting
-    yield _metrics_rows(schema, [json.dumps(metrics), *timed.export_metrics])
+    metrics.useful_s = time.perf_counter() - started - timed.waiting
+    own = WorkerReport(worker, metrics).to_json()
+    yield _report_rows(schema, [own, *timed.export_reports], load)
 
 
-def _metrics_rows(schema: pa.Schema, texts: list[str]) -> pa.RecordBatch:
-    """Rows of a task's results that carry only JSON metrics."""
-    return _rows(schema, len(texts), {METRICS_COLUMN: pa.array(texts, pa.string())})
+def _report_rows(schema: pa.Schema, reports: list[str],
+                 load: tuple[np.ndarray, np.ndarray] | None = None) -> pa.RecordBatch:
+    """Rows of a task's results that carry only JSON reports; on the first, the records its
+    worker applied per bin (``load``: bins and counts), when given."""
+    columns = {C.REPORT: pa.array(reports, pa.string())}
+    if load is not None:
+        pad = [None] * (len(reports) - 1)
+        columns[C.LOAD_BINS] = pa.array([load[0], *pad], _BINS)
+        columns[C.LOAD_COUNTS] = pa.array([load[1], *pad], _BINS)
+    return _rows(schema, len(reports), columns)
 
 
 def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table
@@ -359,11 +360,11 @@ def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table
     schema = spec.output_schema
     if table.num_rows == 0:
         return schema.empty_table(), [], [], []
-    if "value" not in table.column_names:
-        table = table.append_column("value", pa.nulls(table.num_rows))
+    if C.VALUE not in table.column_names:
+        table = table.append_column(C.VALUE, pa.nulls(table.num_rows))
     grouped = partial_aggregates(update, table) if update.is_builtin else group_values(table)
-    bins = grouped.column("_bin").to_numpy()
-    keys = grouped.column("key")
+    bins = grouped.column(C.BIN).to_numpy()
+    keys = grouped.column(C.KEY)
     raw_keys = encode_keys(bins, keys.to_numpy(zero_copy_only=False), spec.key_type)
     old = store.read(raw_keys)
     if update.is_builtin:

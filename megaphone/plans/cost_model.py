@@ -38,7 +38,7 @@ def _median(values: Iterable[float]) -> float | None:
 
 def _processing_s(wm: WorkerMetrics) -> float:
     """A worker's busy time in an epoch apart from installing state."""
-    return max(0.0, float(wm.useful_s) - float(wm.install_s))
+    return max(0.0, float(wm.useful_s or 0) - float(wm.install_s or 0))
 
 
 @dataclass(frozen=True)
@@ -78,22 +78,22 @@ class CostModel:
         install: dict[int, list[float]] = defaultdict(list)
         for m in recent:
             for w, wm in m.per_worker.items():
-                if not wm.useful_s:
+                if wm.useful_s is None:  # an exporter-only row: no processing measured
                     continue
-                n = int(wm.records_in)
+                n = int(wm.records_in or 0)
                 records[int(w)].append(n)
                 if n:
                     per_record[int(w)].append(_processing_s(wm) / n)
-                if wm.bytes_out:
+                if wm.bytes_out and wm.export_s is not None:
                     export[int(w)].append(wm.export_s / wm.bytes_out)
-                if wm.bytes_in:
+                if wm.bytes_in and wm.install_s is not None:
                     install[int(w)].append(wm.install_s / wm.bytes_in)
 
         def outside(m: EpochMetrics) -> float:
             work = {}
             for w, wm in m.per_worker.items():
-                work[EXPORT, int(w)] = float(wm.export_s)
-                work[APPLY, int(w)] = _processing_s(wm) + float(wm.install_s)
+                work[EXPORT, int(w)] = float(wm.export_s or 0)
+                work[APPLY, int(w)] = _processing_s(wm) + float(wm.install_s or 0)
             return m.duration_s - stages_s(work, par)
 
         quiet = [outside(m) for m in recent if not m.bytes_moved]
@@ -143,8 +143,9 @@ class CostModel:
         work: dict[tuple[int, int], float] = {}
         for w, wm in record.per_worker.items():
             w = int(w)
-            work[EXPORT, w] = self.export_s(w, wm.bytes_out)
-            work[APPLY, w] = self.record_s(w) * wm.records_in + self.install_s(w, wm.bytes_in)
+            work[EXPORT, w] = self.export_s(w, wm.bytes_out or 0)
+            work[APPLY, w] = (self.record_s(w) * (wm.records_in or 0)
+                              + self.install_s(w, wm.bytes_in or 0))
         return self.epoch_s(work, parallelism)
 
 

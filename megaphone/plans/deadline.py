@@ -235,7 +235,7 @@ class DeadlinePolicy:
         if self.max_compaction_debt is None or not history:
             return set()
         return {int(w) for w, wm in history[-1].per_worker.items()
-                if wm.pending_compaction_bytes > self.max_compaction_debt}
+                if (wm.pending_compaction_bytes or 0) > self.max_compaction_debt}
 
     def _calibrate(self, model: CostModel, history: Sequence[EpochMetrics],
                    parallelism: int) -> float:

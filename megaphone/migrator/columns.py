@@ -1,0 +1,32 @@
+"""The column names of an epoch's shuffle and of its tasks' results, defined once.
+
+A shuffle row is a record (:data:`KEY`, :data:`VALUE`, :data:`EVENT_TIME`), a chunk of moving
+state (:data:`STATE_KEY`, :data:`STATE_VALUE`) or an exporter's report (:data:`EXPORT_REPORT`),
+bound for worker :data:`WORKER`. A task's results are its outputs, then rows of reports
+(:data:`REPORT`) with the records it applied per bin (:data:`LOAD_BINS`, :data:`LOAD_COUNTS`).
+"""
+
+#: The worker a shuffle row goes to: its partition.
+WORKER = "_w"
+#: The bin of a record or of a chunk of state.
+BIN = "_bin"
+#: A record's key.
+KEY = "key"
+#: A record's value.
+VALUE = "value"
+#: A record's event time, microseconds since the epoch.
+EVENT_TIME = "_t"
+#: A moving key's encoded key (null on records).
+STATE_KEY = "_sk"
+#: A moving key's encoded state.
+STATE_VALUE = "_sv"
+#: An exporter's JSON report, riding the shuffle to the worker that gets its first bin.
+EXPORT_REPORT = "_em"
+#: A task's JSON reports in its results (null on output rows).
+REPORT = "_metrics"
+#: The bins a worker applied records of, on its report's row.
+LOAD_BINS = "_load_bins"
+#: How many records of each of :data:`LOAD_BINS` the worker applied.
+LOAD_COUNTS = "_load_counts"
+#: The columns megaphone adds to a task's results (no key column may be called so).
+RESULT_COLUMNS = (REPORT, LOAD_BINS, LOAD_COUNTS)

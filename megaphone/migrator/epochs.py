@@ -1,0 +1,173 @@
+"""The epoch side of a :class:`~megaphone.migrator.pipeline.Pipeline`: admitting a batch, the
+metadata of the epoch's tasks, running the epoch (:class:`~megaphone.migrator.epoch.EpochRun`,
+through the narrow :class:`~megaphone.migrator.epoch.EpochHost`) and rolling back a failed one.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import uuid
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_type
+
+from megaphone.migrator.epoch import Admission, EpochHost, EpochRun
+from megaphone.migrator.layout import EpochLayout
+from megaphone.migrator.plan_queue import PlanQueue
+from megaphone.migrator.schemas import PipelineSchema
+from megaphone.migrator.spark_job import MapSides
+from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.migrator.updates import Update
+from megaphone.migrator.worker import EpochSpec, shuffle_schema
+
+
+class PipelineEpochs:
+    """The epochs of a pipeline: a base of :class:`~megaphone.migrator.pipeline.Pipeline`,
+    which holds the attributes declared here and provides the rest an epoch needs (its state
+    directory, routing and plans: ``state_dir``, ``fingerprint``, ``routing``, ``epoch``,
+    ``streaming``, ``migrate``, ``_create``, ``_recover``, ``_policy_inputs``,
+    ``_stateful_workers``, ``_track_load``)."""
+
+    spark: SparkSession
+    key: str
+    event_time: str | None
+    chunk_bytes: int
+    keep_outputs: int
+    local_dir: str
+    _schema: PipelineSchema
+    _settings: dict[str, Any]
+    _num_bins: int
+    _key_type: str | None
+    _lock: threading.RLock
+    _metrics: collections.deque[dict[str, Any]]
+    _map_sides: MapSides
+    _state: StateDir | None
+    _queue: PlanQueue | None
+    _commit: Commit
+    _uncommitted: bool
+    _run_id: str
+
+    def _update_for(self, value_type: T.DataType | None) -> Update:
+        """The update, its value kind from ``value_type`` (a batch's) or from the manifest."""
+        kind = self._state.manifest.get("value_kind") if self._state is not None else None
+        return self._schema.update(kind, value_type)
+
+    def _run_batch(self, batch: DataFrame, batch_id: int, location: str) -> tuple[DataFrame, int]:
+        """A stream's micro-batch as an epoch: its outputs and epoch; a batch id the stream at
+        ``location`` committed before is not applied again, its stored outputs are read."""
+        with self._lock:
+            stream = self._commit.stream
+            if stream.get("checkpoint") == location and batch_id <= stream.get("batch_id", -1):
+                last = stream.get("epoch", self._commit.epoch)  # offline epochs ran since
+                epoch = last - (stream["batch_id"] - batch_id)
+                return self._read_outputs(epoch), epoch
+            _, frame = self._run_epoch(batch, {"checkpoint": location, "batch_id": batch_id},
+                                       want_frame=True)
+            assert frame is not None
+            return frame, self._commit.epoch
+
+    def _read_outputs(self, epoch: int) -> DataFrame:
+        """The kept outputs of a committed ``epoch`` as a DataFrame."""
+        return self._outputs_frame(self.state_dir.read_outputs(epoch))
+
+    def _outputs_frame(self, outputs: pa.Table) -> DataFrame:
+        """An epoch's outputs (collected from its job) as a DataFrame."""
+        return self.spark.createDataFrame(outputs, schema=self._output_spark_schema())
+
+    def _output_spark_schema(self) -> T.StructType:
+        """The outputs' Spark schema (:meth:`PipelineSchema.outputs`)."""
+        return self._schema.outputs(self._key_type, self._update_for(None))
+
+    def _admit(self, batch: DataFrame) -> Admission:
+        """Check ``batch`` against the pipeline: its record columns (``key``, and ``value`` and
+        ``_t`` where used) and update; creates the state dir on first use."""
+        key_type, value_type = self._schema.batch_types(batch.schema)
+        update = self._update_for(value_type)
+        if self._state is None:
+            if self._key_type not in (None, key_type):
+                raise TypeError(f"key column {self.key!r} is {key_type}, expected {self._key_type}")
+            self._create(key_type)
+        elif key_type != self._key_type:
+            raise TypeError(f"key column {self.key!r} holds {key_type} keys but the pipeline's "
+                            f"keys are {self._key_type}")
+        if value_type is not None and update.is_builtin and \
+                self.state_dir.manifest.get("value_kind") is None:
+            self.state_dir.set_manifest("value_kind", update.value_kind)  # fixed from now on
+        assert self._queue is not None
+        return Admission(self._schema.record_columns(key_type, update), update, self.state_dir,
+                         self._queue, self._commit)
+
+    def _epoch_host(self) -> EpochHost:
+        """What an epoch sees of this pipeline (:class:`~megaphone.migrator.epoch.EpochHost`)."""
+        def committed(commit: Commit) -> None:
+            self._commit = commit
+
+        return EpochHost(
+            spark=self.spark, local_dir=self.local_dir, keep_outputs=self.keep_outputs,
+            map_sides=self._map_sides, admit=self._admit, submit=self.migrate,
+            policy_inputs=self._policy_inputs, stateful_workers=self._stateful_workers,
+            spec=self._spec, outputs_frame=self._outputs_frame, track_load=self._track_load,
+            committed=committed, recorded=self._metrics.append)
+
+    def _run_epoch(self, batch: DataFrame, stream: dict[str, Any] | None,
+                   input_end: float | None = None, *, want_frame: bool
+                   ) -> tuple[pa.Table, DataFrame | None]:
+        """Run one epoch end to end (:class:`~megaphone.migrator.epoch.EpochRun`); its outputs,
+        and as a DataFrame too when ``want_frame``."""
+        if stream is None and self.streaming:
+            raise RuntimeError("the pipeline is running a stream; process() is not allowed")
+        with self._lock:
+            run = EpochRun(self._epoch_host(), self.epoch + 1, batch, stream, input_end,
+                           want_frame=want_frame)
+            try:
+                outputs = run.run()
+                return outputs, run.frame
+            except BaseException:
+                if self._commit.epoch < run.epoch:  # failed before its commit point
+                    self._uncommitted = True
+                    self._run_id = uuid.uuid4().hex  # its rerun must not replay its outputs
+                raise
+
+    def _undo_uncommitted(self) -> None:
+        """Roll back what a failed epoch left past the last commit (workers that applied it),
+        as reopening would, so the state read reflects the commit. The routing in force stays:
+        the next epoch runs the failed one again, routed alike."""
+        with self._lock:
+            if not self._uncommitted:
+                return
+            self._recover(self.state_dir, self._commit)
+            self.routing.save(self.state_dir.routing_path)  # recovery truncated it to the commit
+            self._uncommitted = False
+
+    def _spec(self, batch: DataFrame, update: Update, layout: EpochLayout) -> EpochSpec:
+        """The metadata every task of the epoch gets."""
+        key_arrow, value_arrow = self._schema.arrow_types(self._key_type, update, batch.schema)
+        out = self._output_spark_schema()
+        return EpochSpec(
+            epoch=layout.epoch,
+            state_dir=str(self.state_dir.path.absolute()),
+            backend=self._settings["backend"],
+            key_type=self._key_type,
+            num_bins=self._num_bins,
+            update=update,
+            output_schema=pa.schema([(f.name, to_arrow_type(f.dataType)) for f in out]),
+            chunk_bytes=self.chunk_bytes,
+            incoming=layout.incoming,
+            outgoing=layout.outgoing,
+            drops=layout.drops,
+            live=layout.live,
+            has_event_time=self.event_time is not None,
+            shuffle_schema=shuffle_schema(key_arrow, value_arrow, self.event_time is not None),
+            local_dir=self.local_dir,
+            pipeline_id=self.fingerprint.pipeline_id,
+            run_id=self._run_id,
+            committed_tokens=self._commit.worker_tokens(),
+            checkpoint=self._settings["checkpoint"],
+            snapshot_every=self._settings["snapshot_every"],
+            committed_owners=frozenset(self.routing.workers(self._commit.epoch))
+            if self._commit.epoch >= 0 else frozenset(),
+        )
