@@ -9,20 +9,20 @@ and releasing state.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from megaphone.migrator.worker import METRICS_COLUMN, EpochSpec, apply_worker, export_worker
+from megaphone.migrator import columns as C
+from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker
+from megaphone.records import WorkerReport
 
 
-def run_epoch_tasks(spec: EpochSpec, partitions: int, spill_dir: str) -> list[dict[str, Any]]:
+def run_epoch_tasks(spec: EpochSpec, partitions: int, spill_dir: str) -> list[WorkerReport]:
     """Run every task of ``spec``'s epoch for workers ``0..partitions-1`` with no records;
-    return the metrics rows of the workers and the exporters, decoded.
+    return the reports of the workers and the exporters.
 
     Exports finish before any worker starts, as Spark's map stage does before its reduce
     stage; the rows in between wait in Arrow IPC files under ``spill_dir``, so memory stays
@@ -30,12 +30,12 @@ def run_epoch_tasks(spec: EpochSpec, partitions: int, spill_dir: str) -> list[di
     """
     assert spec.shuffle_schema is not None
     _spill_exports(spec, spill_dir)
-    rows: list[dict[str, Any]] = []
+    reports: list[WorkerReport] = []
     for worker in range(partitions):
         for batch in apply_worker(spec, worker, _spilled(spill_dir, worker)):
-            texts = batch.column(METRICS_COLUMN).drop_null().to_pylist()
-            rows += [json.loads(text) for text in texts]
-    return rows
+            texts = batch.column(C.REPORT).drop_null().to_pylist()
+            reports += [WorkerReport.from_json(text) for text in texts]
+    return reports
 
 
 def _spill_path(spill_dir: str, worker: int) -> str:
@@ -50,12 +50,12 @@ def _spill_exports(spec: EpochSpec, spill_dir: str) -> None:
     try:
         for sender in sorted(spec.outgoing):
             for batch in export_worker(spec, sender, schema):
-                for worker in pc.unique(batch.column("_w")).to_pylist():
+                for worker in pc.unique(batch.column(C.WORKER)).to_pylist():
                     if worker not in writers:
                         writers[worker] = pa.ipc.new_stream(_spill_path(spill_dir, worker),
                                                             schema)
                     writers[worker].write_batch(
-                        batch.filter(pc.equal(batch.column("_w"), worker)))
+                        batch.filter(pc.equal(batch.column(C.WORKER), worker)))
     finally:
         for writer in writers.values():
             writer.close()

@@ -110,13 +110,14 @@ class _OfflineEpochs:
         """Run the epoch after ``commit`` and commit it; return its commit and bytes moved."""
         layout = epoch_layout(self.table, commit, commit.epoch + 1, self.state.worker_ids())
         with tempfile.TemporaryDirectory(prefix="megaphone-offline-") as spill:
-            rows = run_epoch_tasks(self._spec(layout, commit), layout.partitions, spill)
+            reports = run_epoch_tasks(self._spec(layout, commit), layout.partitions, spill)
         done = Commit(epoch=layout.epoch, state_version=layout.version,
                       pending_drops=[[m.bin, m.src] for m in layout.moves],
                       stream=_stream_after(commit), plans=[],
-                      tokens={str(r["worker"]): r["token"] for r in rows if r.get("token")})
+                      tokens={str(r.worker): r.metrics.token for r in reports
+                              if r.metrics.token})
         self.state.write_commit(done)  # the epoch's commit point
-        return done, sum(int(r.get("bytes_out", 0)) for r in rows)
+        return done, sum(r.metrics.bytes_out or 0 for r in reports)
 
     def _spec(self, layout: EpochLayout, commit: Commit) -> EpochSpec:
         fp = self.state.fingerprint
