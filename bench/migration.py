@@ -88,10 +88,9 @@ from report import (
     write_csv,
 )
 
-from megaphone import Pipeline
+from megaphone import Pipeline, rescale
 from megaphone.migrator.offline import migrate_offline
 from megaphone.paths import StateDirPaths
-from megaphone.plans import rescale
 from megaphone.routing.bins import xxhash64_unsigned
 from megaphone.state_backends import open_backend
 

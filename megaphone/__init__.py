@@ -5,7 +5,6 @@ JVM), :class:`RoutingTable`, :class:`MigrationPlan`, :class:`Pipeline`, :func:`r
 :func:`migrate`.
 """
 
-from megaphone import plans
 from megaphone._version import __version__
 from megaphone.migrator.api import migrate, rescale
 from megaphone.migrator.pipeline import Pipeline
@@ -30,7 +29,3 @@ __all__ = [
     "migrate",
     "rescale",
 ]
-
-# ``megaphone.plans.rescale`` (as documented) is the runtime's rescale; the plans package
-# itself never imports the runtime, so the name is bound here, where both are loaded.
-plans.rescale = rescale

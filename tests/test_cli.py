@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from megaphone import rescale
 from megaphone.cli import main
 from megaphone.migrator.pipeline import Pipeline, running_pipeline
 from megaphone.migrator.statedir import StateDir
-from megaphone.plans import rescale
 from megaphone.plans.plan import MigrationPlan, PlanStep
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move

@@ -251,7 +251,7 @@ def test_deadline_plan_moves_nothing_while_behind_and_resumes_from_its_json(spar
     for _ in range(2):
         pipe.process(batch, input_end=time.time())
     assert pipe.metrics(last=1)[0]["latency_s"] is not None
-    plan = megaphone.plans.rescale(pipe, workers=4, strategy="deadline", target_latency=0.001)
+    plan = megaphone.rescale(pipe, workers=4, strategy="deadline", target_latency=0.001)
     handle = pipe.migrate(plan)
     for _ in range(2):
         pipe.process(batch, input_end=time.time())
@@ -278,7 +278,7 @@ def test_deadline_plan_probes_then_moves_what_fits(spark, tmp_path):
     for _ in range(2):
         pipe.process(batch, input_end=time.time())
         epochs += 1
-    plan = megaphone.plans.rescale(pipe, workers=4, strategy="deadline", target_latency=60)
+    plan = megaphone.rescale(pipe, workers=4, strategy="deadline", target_latency=60)
     handle = pipe.migrate(plan)
     policy = handle.policy
     while not handle.done and epochs < 10:

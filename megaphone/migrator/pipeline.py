@@ -9,8 +9,9 @@ applies any record of the epoch. Outputs and metrics come back in the job's resu
 The driver holds only metadata: routing, plans and metrics.
 
 ``Pipeline`` is the facade users see; its parts live beside it: its state directory
-(:mod:`~megaphone.migrator.state_dir_owner`), its epochs (:mod:`~megaphone.migrator.epochs`,
-which run :mod:`~megaphone.migrator.epoch` through a narrow interface), its streaming query
+(:mod:`~megaphone.migrator.pipeline_state_dir`), its epochs
+(:mod:`~megaphone.migrator.pipeline_epochs`, which run :mod:`~megaphone.migrator.epoch`
+through a narrow interface), its streaming query
 (:mod:`~megaphone.migrator.streaming`, :mod:`~megaphone.migrator.connect_stream`), its
 configuration checks and types (:mod:`~megaphone.migrator.config`,
 :mod:`~megaphone.migrator.schemas`) and the process registry
@@ -30,17 +31,18 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from megaphone.migrator.autoscale import DS2Controller
 from megaphone.migrator.config import check_arguments
 from megaphone.migrator.connect_stream import ServeBatch, ServerHandoff
 from megaphone.migrator.driver_copy import DriverCopy
-from megaphone.migrator.epochs import PipelineEpochs
+from megaphone.migrator.pipeline_epochs import PipelineEpochs
+from megaphone.migrator.pipeline_state_dir import StateDirOwner
 from megaphone.migrator.plan_queue import MigrationHandle, PlanQueue, PolicyInputs
 from megaphone.migrator.planning import bin_sizes, epoch_records, sizes_from_stats
 from megaphone.migrator.recovery import RecoveryReport
 from megaphone.migrator.registry import running_pipeline, unregister
 from megaphone.migrator.schemas import PipelineSchema
 from megaphone.migrator.spark_job import MapSides
-from megaphone.migrator.state_dir_owner import StateDirOwner
 from megaphone.migrator.state_reader import DurableRead, read_bin_stats, read_state
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.streaming import Sink, Stream
@@ -281,13 +283,11 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
     def autoscale(self, policy: Any = None, **kw: Any) -> Any:
         """Turn on DS2 autoscaling: a started controller that rescales this pipeline live.
 
-        ``policy`` is a :class:`megaphone.migrator.autoscale.Policy`; ``kw`` go to
+        ``policy`` is a :class:`megaphone.plans.autoscale.Policy`; ``kw`` go to
         :class:`~megaphone.migrator.autoscale.DS2Controller` (e.g. ``source_rate=``). Every
         policy interval it measures the workers' true rates and submits a rescale plan when
         DS2 says so; ``controller.stop()`` turns it off, ``controller.decisions`` explains it.
         """
-        from megaphone.migrator.autoscale import DS2Controller
-
         self._autoscaler = DS2Controller(self, policy, **kw).start()
         return self._autoscaler
 

@@ -1,10 +1,10 @@
 """Migration plans: the plan format, target assignments, strategies and the rescale planner.
 
-``megaphone.rescale(pipeline_or_state_dir, workers=N, strategy="fluid")`` (also reachable as
-``megaphone.plans.rescale``) is the usual way in: it picks
-a balanced target that moves little state and orders the moves by a strategy of the Megaphone
-paper (``all-at-once``, ``fluid`` or ``batched``) into a :class:`MigrationPlan`, or makes an
-adaptive plan whose moves a latency target paces (``deadline``, :mod:`.deadline`); policies
+``megaphone.rescale(pipeline_or_state_dir, workers=N, strategy="fluid")`` is the usual way
+in: it reads the planning inputs from the runtime, then :func:`plan_rescale` picks a balanced
+target that moves little state and orders the moves by a strategy of the Megaphone paper
+(``all-at-once``, ``fluid`` or ``batched``) into a :class:`MigrationPlan`, or makes an adaptive
+plan whose moves a latency target paces (``deadline``, :mod:`.deadline`); policies
 (:mod:`.policy`) are the per-epoch interface behind every strategy.
 
 No module of this package imports the runtime (the migrator package): planning works on plain
