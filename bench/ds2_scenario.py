@@ -238,10 +238,10 @@ class ThresholdController(Autoscaler):
         if not latencies:
             raise ValueError("no latency in the window (the pipeline needs event_time)")
         _, _, span, _ = input_span(window)
-        useful: dict[str, float] = {}
+        useful: dict[int, float] = {}
         for m in window.epochs:
             for w, wm in m.per_worker.items():
-                useful[str(w)] = useful.get(str(w), 0.0) + float(wm.useful_s or 0)
+                useful[int(w)] = useful.get(int(w), 0.0) + float(wm.useful_s or 0)
         busy = max(useful.values(), default=0.0) / span
         numbers = {"latency_s": round(latencies[-1], 3), "busy": round(busy, 3)}
         if latencies[-1] > self.up_latency_s and latencies[-1] >= latencies[0]:

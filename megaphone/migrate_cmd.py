@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Apply the plan and print what moved; user errors raise ``ValueError`` (exit 2)."""
-    from megaphone.migrator.pipeline import running_pipeline
+    from megaphone.migrator.registry import running_pipeline
     from megaphone.migrator.statedir import StateDir, StateDirLocked
     from megaphone.plans.plan import MigrationPlan
     from megaphone.plans.policy import plan_policy
@@ -63,18 +63,14 @@ def run(args: argparse.Namespace) -> int:
 def _offline(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from megaphone.migrator.offline import migrate_offline
+    from megaphone.migrator.offline import check_offline_plan, migrate_offline
     from megaphone.migrator.planning import bin_sizes, committed_table
-    from megaphone.plans.plan import PlanError
 
     commit = state.read_commit()
     # The checks migrate_offline makes (after discarding what a crash left past the commit),
     # made first and read-only, so an error prints alone and nothing changes.
-    if commit.plans:
-        raise PlanError(f"{state.path} has a plan in flight from a running pipeline; open the "
-                        "pipeline to finish it first")
     table_before = committed_table(state, commit.state_version)
-    plan.validate(table_before, commit.epoch + 1)
+    check_offline_plan(state, commit, table_before, plan)
     owners_before = table_before.owners()
     sizes = bin_sizes(state, owners_before)
     moves = plan.moves

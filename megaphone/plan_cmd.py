@@ -161,9 +161,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_ds2(args: argparse.Namespace) -> int:
     """``plan --ds2``: print DS2's decision on the last window; with ``-o`` write its plan."""
-    from megaphone.migrator.api import rescale
-    from megaphone.migrator.planning import committed_table, epoch_records
-    from megaphone.migrator.statedir import StateDir
+    from megaphone.migrator.planning import plan_from, state_dir_source
     from megaphone.plans.autoscale import Policy
     from megaphone.plans.plan import PlanError
     from megaphone.plans.scale_decision import decide_once, explain
@@ -174,23 +172,21 @@ def run_ds2(args: argparse.Namespace) -> int:
                     per_worker=args.per_worker, balance=args.balance or "load")
     if args.per_worker != 1 and policy.strategy != BATCHED:
         raise PlanError("--per-worker applies only to --strategy batched")
-    state = StateDir.open(args.state_dir)
-    commit = state.read_commit()
-    table = committed_table(state, commit.state_version)
-    decision = decide_once(epoch_records(state.read_metrics()), len(table.workers()), policy,
+    source = state_dir_source(args.state_dir)
+    table = source.table
+    decision = decide_once(source.metrics, len(table.workers()), policy,
                            source_rate=args.source_rate, num_bins=table.num_bins,
-                           in_flight=len(commit.plans))
+                           in_flight=source.in_flight)
     if args.json:
         print(json.dumps(decision.to_dict(), indent=1))
     else:
-        print(f"DS2 for pipeline {state.fingerprint.pipeline_id}")
+        print(f"DS2 for pipeline {table.fingerprint.pipeline_id}")
         print(explain(decision))
     if args.output is None or decision.action != "scale":
         if args.output is not None and not args.json:
             print("no plan written: DS2 does not rescale now")
         return 0
-    plan = rescale(args.state_dir, workers=decision.target, strategy=policy.strategy,
-                   gap=policy.gap, balance=policy.balance, per_worker=policy.per_worker)
+    plan = plan_from(source, workers=decision.target, **policy.plan_options())
     if not plan.steps:
         print("no plan written: nothing to move")
         return 0

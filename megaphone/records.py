@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-R = TypeVar("R", bound="_Record")
+_R = TypeVar("_R", bound="_Record")
 
 
 class _Record:
@@ -36,13 +36,13 @@ class _Record:
         return out
 
     @classmethod
-    def from_dict(cls: type[R], data: dict[str, Any]) -> R:
+    def from_dict(cls: type[_R], data: dict[str, Any]) -> _R:
         """The record stored as ``data``; keys this version does not know go to ``extra``."""
         if not isinstance(data, dict):
             raise TypeError(f"a {cls.__name__} is a JSON object, not {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         known = {k: v for k, v in data.items() if k in names and k != "extra"}
-        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+        return cls(**known, extra={k: v for k, v in data.items() if k not in known})
 
 
 @dataclass

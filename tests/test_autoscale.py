@@ -20,6 +20,7 @@ from megaphone.migrator.autoscale import DS2Controller
 from megaphone.migrator.planning import epoch_records
 from megaphone.plans.autoscale import Policy, input_span, select_window
 from megaphone.plans.scale_decision import decide_once, explain
+from megaphone.records import EpochMetrics
 
 # -- a fake pipeline -------------------------------------------------------------------------
 
@@ -57,6 +58,9 @@ class FakePipe:
 
     def metrics(self) -> list[dict]:
         return list(self._metrics)
+
+    def metric_records(self, last: int | None = None) -> list[EpochMetrics]:
+        return list(epoch_records(self._metrics[-last:] if last else self._metrics))
 
     def migrate(self, plan: FakePlan) -> str:
         self.submitted.append(plan)

@@ -16,7 +16,8 @@ import pytest
 
 from megaphone import rescale
 from megaphone.cli import main
-from megaphone.migrator.pipeline import Pipeline, running_pipeline
+from megaphone.migrator.pipeline import Pipeline
+from megaphone.migrator.registry import running_pipeline
 from megaphone.migrator.statedir import StateDir
 from megaphone.plans.plan import MigrationPlan, PlanStep
 from megaphone.routing.fingerprint import Fingerprint

@@ -7,12 +7,13 @@ import os
 from pathlib import Path
 
 from megaphone.migrator.offline import migrate_offline
-from megaphone.migrator.pipeline import Pipeline, running_pipeline
+from megaphone.migrator.pipeline import Pipeline
 from megaphone.migrator.plan_queue import MigrationHandle
 from megaphone.migrator.planning import pipeline_source, plan_from, state_dir_source
+from megaphone.migrator.registry import running_pipeline
 from megaphone.migrator.statedir import StateDir
 from megaphone.plans.plan import MigrationPlan, PlanError
-from megaphone.plans.policy import MigrationPolicy, plan_policy
+from megaphone.plans.policy import MigrationPolicy
 from megaphone.plans.strategies import FLUID
 from megaphone.plans.targets import TargetSpec
 
@@ -44,7 +45,6 @@ def migrate(
             f"no pipeline {plan.fingerprint.pipeline_id!r} is running in this process and no "
             "state_dir was given"
         )
-    plan_policy(plan)  # offline the policy does not run, but its spec must be valid
     return migrate_offline(os.fspath(state_dir), plan)
 
 

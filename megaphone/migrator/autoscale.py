@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from megaphone.migrator.planning import epoch_records, pipeline_source, plan_from
+from megaphone.migrator.planning import pipeline_source, plan_from
 from megaphone.plans.autoscale import (
     Policy,
     Proposal,
@@ -62,9 +62,9 @@ Planner = Callable[[Any, int], MigrationPlan]
 class Autoscaler:
     """The policy loop around a decision rule; subclasses implement :meth:`propose`.
 
-    ``pipe`` is a :class:`~megaphone.Pipeline` (or anything with ``metrics()``, ``routing``,
-    ``in_flight`` and ``migrate(plan)``); ``planner(pipe, workers)`` builds the plan (default:
-    ``rescale`` with the policy's strategy and balance); ``clock`` gives the time when
+    ``pipe`` is a :class:`~megaphone.Pipeline`; ``planner(pipe, workers)`` builds the plan
+    (default: :func:`~megaphone.migrator.planning.plan_from` the pipeline's planning source,
+    with the policy's strategy and balance); ``clock`` gives the time when
     :meth:`step` is called without ``now``.
     """
 
@@ -99,7 +99,7 @@ class Autoscaler:
         """Evaluate the policy once over the epochs since the last evaluation; may submit."""
         now = self._clock() if now is None else float(now)
         with self._lock:
-            metrics = epoch_records(self.pipe.metrics())
+            metrics = self.pipe.metric_records()
             current = len(self.pipe.routing.workers())
             window = select_window(metrics, self._seen, now, self.policy, self._since)
             self._seen = max(self._seen, window.seen_through)
@@ -141,10 +141,7 @@ class Autoscaler:
         return replace(decision, plan=summary)
 
     def _rescale(self, pipe: Any, workers: int) -> MigrationPlan:
-        p = self.policy
-        return plan_from(pipeline_source(pipe), workers=workers, strategy=p.strategy, gap=p.gap,
-                         balance=p.balance, per_worker=p.per_worker,
-                         target_latency=p.target_latency)
+        return plan_from(pipeline_source(pipe), workers=workers, **self.policy.plan_options())
 
     def _record(self, decision: ScaleDecision) -> ScaleDecision:
         self.decisions.append(decision)
@@ -165,7 +162,7 @@ class Autoscaler:
         if self.running:
             return self
         self._stop.clear()
-        self._seen = max((int(m["epoch"]) for m in self.pipe.metrics()), default=-1)
+        self._seen = max((m.epoch for m in self.pipe.metric_records(last=1)), default=-1)
         self._since = self._seen
         self._thread = threading.Thread(target=self._loop, name="megaphone-autoscale",
                                         daemon=True)
@@ -207,5 +204,4 @@ class DS2Controller(Autoscaler):
         return ds2_proposal(window, self.policy, self.source_rate)
 
 
-# ``Policy`` is re-exported: the README documents ``megaphone.migrator.autoscale.Policy``.
-__all__ = ["MAX_DECISIONS", "Autoscaler", "DS2Controller", "Planner", "Policy"]
+__all__ = ["MAX_DECISIONS", "Autoscaler", "DS2Controller", "Planner"]

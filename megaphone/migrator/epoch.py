@@ -27,14 +27,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 
 from megaphone.migrator.faults import crash_point
 from megaphone.migrator.inbox import take_plans
-from megaphone.migrator.layout import EpochLayout, epoch_layout
+from megaphone.migrator.layout import EpochLayout, commit_record, epoch_layout
 from megaphone.migrator.plan_queue import PlanQueue, PolicyInputs
 from megaphone.migrator.spark_job import MapSides, epoch_job, epoch_metrics, split_results
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import Update
 from megaphone.migrator.worker import EpochSpec
 from megaphone.plans.plan import MigrationPlan
-from megaphone.records import WorkerMetrics
+from megaphone.records import EpochMetrics
 
 log = logging.getLogger("megaphone.epoch")
 
@@ -90,7 +90,7 @@ class EpochHost:
     outputs_frame: Callable[[pa.Table], DataFrame]
     track_load: Callable[[np.ndarray, np.ndarray], None]
     committed: Callable[[Commit], None]
-    recorded: Callable[[dict[str, Any]], None]
+    recorded: Callable[[EpochMetrics], None]
 
 
 class EpochRun:
@@ -169,8 +169,7 @@ class EpochRun:
                 with queue.lock:
                     queue.committed(epoch, report.bytes_by_bin)
                     stream = self.stream if self.stream is not None else admitted.committed.stream
-                    commit = _commit_record(epoch, layout, stream, queue.to_list(),
-                                            record.per_worker)
+                    commit = commit_record(layout, stream, queue.to_list(), record.per_worker)
                     state.write_commit(commit, after=kept.result)  # the epoch's commit point
                     host.committed(commit)
             finally:
@@ -181,7 +180,7 @@ class EpochRun:
         record.phases_s = dict(self.phases)
         stored = record.to_dict()
         state.append_metrics(stored)  # a crash before this line loses the line, not the epoch
-        host.recorded(stored)
+        host.recorded(record)
         return outputs
 
     def _collect(self, job: DataFrame, rebuild: Callable[[], DataFrame]) -> pa.Table:
@@ -202,13 +201,3 @@ class EpochRun:
                             "again (attempt %d)", self.epoch, text.splitlines()[0][:200],
                             self.attempts + 1)
 
-
-
-def _commit_record(epoch: int, layout: EpochLayout, stream: dict[str, Any],
-                   plans: list[dict[str, Any]], per_worker: dict[int, WorkerMetrics]) -> Commit:
-    """The driver's commit record of ``epoch``: its routing version, the bins its old owners
-    drop next, the stream's position, the plans in flight and each worker's attempt token."""
-    return Commit(epoch=epoch, state_version=layout.version,
-                  pending_drops=[[m.bin, m.src] for m in layout.moves], stream=stream,
-                  plans=plans, tokens={str(w): m.token for w, m in per_worker.items()
-                                       if m.token})

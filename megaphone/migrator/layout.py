@@ -7,10 +7,12 @@ by the previous epoch's moves that their old owners now delete, and the workers 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from megaphone.migrator.statedir import Commit
+from megaphone.records import WorkerMetrics
 from megaphone.routing.table import Move, RoutingTable
 
 
@@ -58,3 +60,23 @@ def epoch_layout(
         drops={w: tuple(b) for w, b in drops.items()},
         partitions=max(involved) + 1,
     )
+
+
+def task_fields(layout: EpochLayout, commit: Commit, table: RoutingTable) -> dict[str, Any]:
+    """The fields of the epoch's task spec (``EpochSpec``) that its layout and the last commit
+    decide: what each worker installs, ships and drops, and what the commit left behind."""
+    return {"epoch": layout.epoch, "incoming": layout.incoming, "outgoing": layout.outgoing,
+            "drops": layout.drops, "live": layout.live,
+            "committed_tokens": commit.worker_tokens(),
+            "committed_owners": frozenset(table.workers(commit.epoch))
+            if commit.epoch >= 0 else frozenset()}
+
+
+def commit_record(layout: EpochLayout, stream: dict[str, Any], plans: list[dict[str, Any]],
+                  per_worker: Mapping[int, WorkerMetrics]) -> Commit:
+    """The driver's commit record of the epoch: its routing version, the bins its old owners
+    drop next, the stream's position, the plans in flight and each worker's attempt token."""
+    return Commit(epoch=layout.epoch, state_version=layout.version,
+                  pending_drops=[[m.bin, m.src] for m in layout.moves], stream=stream,
+                  plans=plans, tokens={str(w): m.token for w, m in per_worker.items()
+                                       if m.token})

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from megaphone.migrator.layout import EpochLayout, epoch_layout
+from megaphone.migrator.layout import EpochLayout, commit_record, epoch_layout, task_fields
 from megaphone.migrator.local_epoch import run_epoch_tasks
 from megaphone.migrator.plan_queue import MigrationHandle
 from megaphone.migrator.recovery import check_and_recover
@@ -25,6 +25,7 @@ from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import make_update
 from megaphone.migrator.worker import EpochSpec, shuffle_schema
 from megaphone.plans.plan import MigrationPlan, PlanError
+from megaphone.plans.policy import plan_policy
 from megaphone.routing.table import RoutingTable
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES
 from megaphone.state_backends.remote import default_local_dir, release_stores
@@ -44,6 +45,7 @@ def migrate_offline(
     The plan is validated first: a bad plan raises ``PlanError`` and nothing changes.
     ``on_step(step_index, bytes_moved)`` is called after each committed step (progress bars).
     """
+    plan_policy(plan)  # the policy does not run offline, but its spec must be valid
     state = StateDir.open(state_dir)
     if state.manifest.get("checkpoint") is not None:
         raise PlanError(f"{state_dir} keeps a durable copy at {state.manifest['checkpoint']}; "
@@ -69,17 +71,7 @@ def _migrate_locked(
     commit = state.read_commit()
     check_and_recover(state, commit)  # a crashed run's leftovers are discarded first
     table = state.load_routing()
-    if commit.plans:
-        raise PlanError(
-            f"{state.path} has a plan in flight from a running pipeline; open the pipeline to "
-            "finish it first"
-        )
-    if commit.state_version != table.version:
-        raise PlanError(
-            f"{state.path} has routing versions not applied to its state yet "
-            f"({commit.state_version} < {table.version}); open the pipeline to finish them"
-        )
-    plan.validate(table, commit.epoch + 1)
+    check_offline_plan(state, commit, table, plan)
     handle = MigrationHandle(plan)
     epochs = _OfflineEpochs(state, table, chunk_bytes, local_dir)
     for i, step in enumerate(plan.steps):
@@ -93,6 +85,24 @@ def _migrate_locked(
     if commit.pending_drops or any(w not in live for w in state.worker_ids()):
         commit, _ = epochs.run(commit)  # drops what left the old owners, releases the idle
     return handle
+
+
+def check_offline_plan(state: StateDir, commit: Commit, table: RoutingTable,
+                       plan: MigrationPlan) -> None:
+    """Raise ``PlanError`` unless ``plan`` can be applied offline to ``state`` at ``commit``
+    (routing ``table``): no plan of a running pipeline in flight, every routing version
+    applied to the state, and the plan valid from the next epoch on."""
+    if commit.plans:
+        raise PlanError(
+            f"{state.path} has a plan in flight from a running pipeline; open the pipeline to "
+            "finish it first"
+        )
+    if commit.state_version != table.version:
+        raise PlanError(
+            f"{state.path} has routing versions not applied to its state yet "
+            f"({commit.state_version} < {table.version}); open the pipeline to finish them"
+        )
+    plan.validate(table, commit.epoch + 1)
 
 
 class _OfflineEpochs:
@@ -111,11 +121,8 @@ class _OfflineEpochs:
         layout = epoch_layout(self.table, commit, commit.epoch + 1, self.state.worker_ids())
         with tempfile.TemporaryDirectory(prefix="megaphone-offline-") as spill:
             reports = run_epoch_tasks(self._spec(layout, commit), layout.partitions, spill)
-        done = Commit(epoch=layout.epoch, state_version=layout.version,
-                      pending_drops=[[m.bin, m.src] for m in layout.moves],
-                      stream=_stream_after(commit), plans=[],
-                      tokens={str(r.worker): r.metrics.token for r in reports
-                              if r.metrics.token})
+        done = commit_record(layout, _stream_after(commit), [],
+                             {r.worker: r.metrics for r in reports if r.metrics.token})
         self.state.write_commit(done)  # the epoch's commit point
         return done, sum(r.metrics.bytes_out or 0 for r in reports)
 
@@ -123,7 +130,7 @@ class _OfflineEpochs:
         fp = self.state.fingerprint
         key = pa.int64() if fp.key_type == "int64" else pa.string()
         return EpochSpec(
-            epoch=layout.epoch,
+            **task_fields(layout, commit, self.table),
             state_dir=str(self.state.path.absolute()),
             backend=self.state.manifest["backend"],
             key_type=fp.key_type,
@@ -131,17 +138,10 @@ class _OfflineEpochs:
             update=_NO_RECORDS,
             output_schema=pa.schema([("key", key)]),
             chunk_bytes=self.chunk_bytes,
-            incoming=layout.incoming,
-            outgoing=layout.outgoing,
-            drops=layout.drops,
-            live=layout.live,
             shuffle_schema=shuffle_schema(key, None, False),
             local_dir=self.local_dir,
             pipeline_id=fp.pipeline_id,
             run_id=self.run_id,
-            committed_tokens=commit.worker_tokens(),
-            committed_owners=frozenset(self.table.workers(commit.epoch))
-            if commit.epoch >= 0 else frozenset(),
         )
 
 

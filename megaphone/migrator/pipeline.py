@@ -38,9 +38,9 @@ from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.pipeline_epochs import PipelineEpochs
 from megaphone.migrator.pipeline_state_dir import StateDirOwner
 from megaphone.migrator.plan_queue import MigrationHandle, PlanQueue, PolicyInputs
-from megaphone.migrator.planning import bin_sizes, epoch_records, sizes_from_stats
+from megaphone.migrator.planning import bin_sizes, sizes_from_stats
 from megaphone.migrator.recovery import RecoveryReport
-from megaphone.migrator.registry import running_pipeline, unregister
+from megaphone.migrator.registry import unregister
 from megaphone.migrator.schemas import PipelineSchema
 from megaphone.migrator.spark_job import MapSides
 from megaphone.migrator.state_reader import DurableRead, read_bin_stats, read_state
@@ -49,6 +49,7 @@ from megaphone.migrator.streaming import Sink, Stream
 from megaphone.migrator.updates import UpdateFn
 from megaphone.plans.plan import MigrationPlan
 from megaphone.plans.policy import MigrationPolicy
+from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.spark import task_slots
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES
@@ -135,7 +136,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         self._pipeline_id = pipeline_id
         self._key_type = key_type
         self._lock = threading.RLock()  # one epoch at a time; guards commit and routing
-        self._metrics: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
+        self._metrics: collections.deque[EpochMetrics] = collections.deque(maxlen=10_000)
         self._bin_load = np.zeros(num_bins)  # records per bin per epoch, smoothed
         self._task_slots: int | None = None
         self._map_sides = MapSides()  # the epoch job's map side, kept while it holds
@@ -303,7 +304,13 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
             unregister(self._state.fingerprint.pipeline_id, self)
 
     def metrics(self, last: int | None = None) -> list[dict[str, Any]]:
-        """Per-epoch metrics (records in/out, useful time, bins and bytes moved, per worker)."""
+        """Per-epoch metrics (records in/out, useful time, bins and bytes moved, per worker), as
+        plain dicts: the records :meth:`metric_records` returns, as ``metrics.jsonl`` holds them."""
+        return [m.to_dict() for m in self.metric_records(last)]
+
+    def metric_records(self, last: int | None = None) -> list[EpochMetrics]:
+        """The newest ``last`` (default: all kept) epochs' metrics as typed records, oldest
+        first: what planning and policies read."""
         items = list(self._metrics)
         return items[-last:] if last else items
 
@@ -368,7 +375,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         if self._task_slots is None:  # asked once
             self._task_slots = task_slots(self.spark)
         return PolicyInputs(
-            history=lambda: epoch_records(self.metrics(last=POLICY_HISTORY)), bin_bytes=sizes,
+            history=lambda: self.metric_records(last=POLICY_HISTORY), bin_bytes=sizes,
             bin_records=load, lag_s=lag_s, parallelism=self._task_slots)
 
     def _track_load(self, bins: np.ndarray, records: np.ndarray) -> None:
@@ -377,11 +384,10 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         self._bin_load += LOAD_SMOOTHING * counts
 
 
-
 def _open_on_server(spark: SparkSession, state_dir: str, settings: dict[str, Any]) -> ServeBatch:
     """Open a pipeline on a Spark Connect server for a stream's batch function
     (:class:`~megaphone.migrator.connect_stream.ServerBatch`)."""
     return Pipeline(spark, state_dir, **settings)._serve_batch
 
 
-__all__ = ["Pipeline", "running_pipeline"]
+__all__ = ["Pipeline"]

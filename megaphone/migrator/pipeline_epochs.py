@@ -16,13 +16,14 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
 from megaphone.migrator.epoch import Admission, EpochHost, EpochRun
-from megaphone.migrator.layout import EpochLayout
+from megaphone.migrator.layout import EpochLayout, task_fields
 from megaphone.migrator.plan_queue import PlanQueue
 from megaphone.migrator.schemas import PipelineSchema
 from megaphone.migrator.spark_job import MapSides
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import Update
 from megaphone.migrator.worker import EpochSpec, shuffle_schema
+from megaphone.records import EpochMetrics
 
 
 class PipelineEpochs:
@@ -43,7 +44,7 @@ class PipelineEpochs:
     _num_bins: int
     _key_type: str | None
     _lock: threading.RLock
-    _metrics: collections.deque[dict[str, Any]]
+    _metrics: collections.deque[EpochMetrics]
     _map_sides: MapSides
     _state: StateDir | None
     _queue: PlanQueue | None
@@ -148,7 +149,7 @@ class PipelineEpochs:
         key_arrow, value_arrow = self._schema.arrow_types(self._key_type, update, batch.schema)
         out = self._output_spark_schema()
         return EpochSpec(
-            epoch=layout.epoch,
+            **task_fields(layout, self._commit, self.routing),
             state_dir=str(self.state_dir.path.absolute()),
             backend=self._settings["backend"],
             key_type=self._key_type,
@@ -156,18 +157,11 @@ class PipelineEpochs:
             update=update,
             output_schema=pa.schema([(f.name, to_arrow_type(f.dataType)) for f in out]),
             chunk_bytes=self.chunk_bytes,
-            incoming=layout.incoming,
-            outgoing=layout.outgoing,
-            drops=layout.drops,
-            live=layout.live,
             has_event_time=self.event_time is not None,
             shuffle_schema=shuffle_schema(key_arrow, value_arrow, self.event_time is not None),
             local_dir=self.local_dir,
             pipeline_id=self.fingerprint.pipeline_id,
             run_id=self._run_id,
-            committed_tokens=self._commit.worker_tokens(),
             checkpoint=self._settings["checkpoint"],
             snapshot_every=self._settings["snapshot_every"],
-            committed_owners=frozenset(self.routing.workers(self._commit.epoch))
-            if self._commit.epoch >= 0 else frozenset(),
         )

@@ -13,10 +13,12 @@ from typing import Any
 
 from megaphone.migrator.config import check_config, check_restore
 from megaphone.migrator.plan_queue import PlanQueue
+from megaphone.migrator.planning import epoch_records
 from megaphone.migrator.recovery import RecoveryReport, check_and_recover
 from megaphone.migrator.registry import register
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.paths import local_stores_path
+from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.state_backends.durable import claim_checkpoint
 from megaphone.state_backends.remote import release_stores
@@ -36,7 +38,7 @@ class StateDirOwner:
     _key_type: str | None
     _path: Path
     _lock: threading.RLock
-    _metrics: collections.deque[dict[str, Any]]
+    _metrics: collections.deque[EpochMetrics]
     _state: StateDir | None
     _queue: PlanQueue | None
     _commit: Commit
@@ -64,7 +66,7 @@ class StateDirOwner:
         self._commit = commit
         self._queue = PlanQueue(state.load_routing())
         self._queue.restore(self._commit.plans)
-        self._metrics.extend(state.read_metrics(last=self._metrics.maxlen))
+        self._metrics.extend(epoch_records(state.read_metrics(last=self._metrics.maxlen)))
         register(fp.pipeline_id, self)
 
     def _create(self, key_type: str) -> None:

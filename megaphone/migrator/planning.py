@@ -125,7 +125,7 @@ def pipeline_source(pipeline: Pipeline) -> PlanningSource:
     except RuntimeError as exc:
         raise PlanError(str(exc)) from None
     return PlanningSource(pipeline.routing, len(pipeline.in_flight),
-                          epoch_records(pipeline.metrics()), pipeline.bin_sizes,
+                          tuple(pipeline.metric_records()), pipeline.bin_sizes,
                           pipeline.bin_load)
 
 

@@ -105,6 +105,11 @@ class Policy:
             raise ValueError(f"unknown balance {self.balance!r}; expected one of "
                              f"{BALANCE_MODES}")
 
+    def plan_options(self) -> dict[str, Any]:
+        """How a rescale plan is made for this policy: the planner's keyword arguments."""
+        return {"strategy": self.strategy, "gap": self.gap, "balance": self.balance,
+                "per_worker": self.per_worker, "target_latency": self.target_latency}
+
 
 @dataclass(frozen=True)
 class Window:

@@ -141,10 +141,10 @@ def rates_from_metrics(metrics_window: Iterable[EpochMetrics]) -> OperatorRates:
     time (an old owner that only exported bins, a worker without bins) contribute nothing.
     Raises ``ValueError`` when no worker has useful time in the window.
     """
-    totals: dict[str, list[float]] = {}
+    totals: dict[int, list[float]] = {}
     for record in metrics_window:
         for w, wm in record.per_worker.items():
-            row = totals.setdefault(str(w), [0.0, 0.0, 0.0])
+            row = totals.setdefault(int(w), [0.0, 0.0, 0.0])
             row[0] += float(wm.records_in or 0)
             row[1] += float(wm.records_out or 0)
             row[2] += float(wm.useful_s or 0)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 
-from megaphone.routing.keys import KEY_TYPES
-from megaphone.state_backends.backend_base import SST_MIN_BYTES
 from megaphone.state_backends.base import (
     DEFAULT_CHUNK_BYTES,
     EXPORT_SCHEMA,
@@ -73,9 +71,7 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_CHUNK_BYTES",
     "EXPORT_SCHEMA",
-    "KEY_TYPES",
     "META_PREFIX",
-    "SST_MIN_BYTES",
     "BinStats",
     "ImportStats",
     "MemoryBackend",
