@@ -35,7 +35,7 @@ STORE_LOCK = "store-service.lock"
 STORE_LOG = "store-service.log"
 #: Under ``LOCAL_DIR``: the state directories of pipelines a Spark Connect server opens.
 DRIVERS = "drivers"
-#: Under the state directory: the checkpoint of the stream :meth:`Pipeline.start` runs.
+#: Under the state directory: the checkpoint of ``Pipeline.start``'s query, if it names none.
 STREAM_CHECKPOINT = "_stream_checkpoint"
 #: The endings of a plan handed over through the inbox and of the status that answers it.
 PLAN_SUFFIX = ".plan.json"
@@ -150,7 +150,7 @@ class StateDirPaths:
 
     @property
     def stream_checkpoint(self) -> Path:
-        """The checkpoint location of the stream the pipeline runs itself."""
+        """The checkpoint location of ``Pipeline.start``'s query when it is given none."""
         return self.root / STREAM_CHECKPOINT
 
 
