@@ -23,9 +23,11 @@ OUTPUTS = "outputs"
 INBOX = "inbox"
 #: The checkpoint location's folder of the driver's copy.
 DRIVER = "driver"
-#: The driver's copy's numbered commit records and folded metrics.
+#: The driver's copy's numbered commit records and folded metrics, and their files' endings.
 COMMITS = "commits"
 FOLDED_METRICS = "metrics"
+COMMIT_RECORD_SUFFIX = ".json"
+FOLDED_METRICS_SUFFIX = ".jsonl"
 #: Under ``LOCAL_DIR``: the working copies of checkpointed pipelines' workers.
 STORES = "stores"
 #: Under ``LOCAL_DIR``: the host's store service's socket, pid file, starters' lock and log.

@@ -15,7 +15,15 @@ import pytest
 from megaphone import MigrationPlan, Move, Pipeline, PlanError
 from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.offline import migrate_offline
-from megaphone.paths import COMMIT, COMMITS, ROUTING, StateDirPaths, local_stores_path, seq_name
+from megaphone.paths import (
+    COMMIT,
+    COMMIT_RECORD_SUFFIX,
+    COMMITS,
+    ROUTING,
+    StateDirPaths,
+    local_stores_path,
+    seq_name,
+)
 from megaphone.state_backends.durable import claim_checkpoint
 from megaphone.state_backends.remote import release_stores, service_pid
 from tests.helpers.servers import s3_endpoint
@@ -157,7 +165,7 @@ def test_a_state_directory_behind_its_checkpoint_is_brought_forward(spark, tmp_p
     reopened.close()
 
     copy = DriverCopy(checkpoint)  # corrupt: a clear error, and the directory is left alone
-    newest = f"{copy.root}/{COMMITS}/{seq_name(copy.latest_commit()['seq'], '.json')}"
+    newest = f"{copy.root}/{COMMITS}/" + seq_name(copy.latest_commit()["seq"], COMMIT_RECORD_SUFFIX)
     with open(newest, "r+b") as fh:
         fh.truncate(20)
     shutil.rmtree(state_dir)
