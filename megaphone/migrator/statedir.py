@@ -33,7 +33,7 @@ import pyarrow as pa
 from megaphone._io import atomic_write_bytes, atomic_write_json, read_json
 from megaphone.errors import MegaphoneError
 from megaphone.migrator.driver_copy import DriverCopy, DriverCopyError
-from megaphone.paths import OUTPUTS, ROUTING, StateDirPaths, outputs_epoch_of, worker_of
+from megaphone.paths import MANIFEST, OUTPUTS, ROUTING, StateDirPaths, outputs_epoch_of, worker_of
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
 
@@ -236,7 +236,7 @@ class StateDir:
         if not root.is_dir():
             raise NotAStateDir(f"not a megaphone state directory: {root} does not exist")
         if not cls.exists(root):
-            raise NotAStateDir(f"not a megaphone state directory: {root} has no megaphone.json")
+            raise NotAStateDir(f"not a megaphone state directory: {root} has no {MANIFEST}")
         try:
             manifest = read_json(StateDirPaths(root).manifest, "state directory manifest")
             if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
