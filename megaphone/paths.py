@@ -1,13 +1,15 @@
 """Every path of megaphone's on-disk layout, in one place: the state directory, the
-executor-local store dirs and the checkpoint location (the workers' and the driver's copies).
+executor-local dir (store service, working copies) and the checkpoint location (the workers'
+and the driver's copies).
 
 Imports nothing from megaphone, so every layer (state backends, the runtime, the CLI) can use it.
-Local paths are :class:`~pathlib.Path`; checkpoint paths are ``/``-joined strings, as
-``pyarrow.fs`` takes them.
+Local paths are :class:`~pathlib.Path` (the store service's socket and pid file are strings);
+checkpoint paths are ``/``-joined strings, as ``pyarrow.fs`` takes them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -21,11 +23,30 @@ OUTPUTS = "outputs"
 INBOX = "inbox"
 #: The checkpoint location's folder of the driver's copy.
 DRIVER = "driver"
-#: The driver's copy's numbered commit records and folded metrics.
+#: The driver's copy's numbered commit records and folded metrics, and their files' endings.
 COMMITS = "commits"
 FOLDED_METRICS = "metrics"
+COMMIT_RECORD_SUFFIX = ".json"
+FOLDED_METRICS_SUFFIX = ".jsonl"
 #: Under ``LOCAL_DIR``: the working copies of checkpointed pipelines' workers.
 STORES = "stores"
+#: Under ``LOCAL_DIR``: the host's store service's socket, pid file, starters' lock and log.
+STORE_SOCKET = "store.sock"
+STORE_PID = "store-service.pid"
+STORE_LOCK = "store-service.lock"
+STORE_LOG = "store-service.log"
+#: Under ``LOCAL_DIR``: the state directories of pipelines a Spark Connect server opens.
+DRIVERS = "drivers"
+#: Under the state directory: the checkpoint of ``Pipeline.start``'s query, if it names none.
+STREAM_CHECKPOINT = "_stream_checkpoint"
+#: The endings of a plan handed over through the inbox and of the status that answers it.
+PLAN_SUFFIX = ".plan.json"
+STATUS_SUFFIX = ".status.json"
+#: A worker's durable copy: a changelog per epoch it applied, and now and then a snapshot.
+CHANGELOG = "changelog"
+SNAPSHOT = "snapshot"
+#: At the checkpoint location's root: the record of the pipeline that owns the location.
+CHECKPOINT_OWNER = "megaphone-checkpoint.json"
 
 
 def worker_name(worker: int) -> str:
@@ -45,6 +66,17 @@ def outputs_name(epoch: int) -> str:
 
 def outputs_epoch_of(name: str) -> int | None:
     """The epoch an outputs file name from :func:`outputs_name` names, ``None`` otherwise."""
+    stem = name.removesuffix(".arrow")
+    return int(stem[1:]) if stem != name and stem[:1] == "e" and stem[1:].isdigit() else None
+
+
+def durable_name(epoch: int) -> str:
+    """The file name of a worker's changelog or snapshot of ``epoch`` (``e000000000007.arrow``)."""
+    return f"e{epoch:012d}.arrow"
+
+
+def durable_epoch_of(name: str) -> int | None:
+    """The epoch a file name from :func:`durable_name` names, ``None`` for any other name."""
     stem = name.removesuffix(".arrow")
     return int(stem[1:]) if stem != name and stem[:1] == "e" and stem[1:].isdigit() else None
 
@@ -114,6 +146,25 @@ class StateDirPaths:
         """The folder of plans handed over by another process."""
         return self.root / INBOX
 
+    def inbox_plan(self, name: str) -> Path:
+        """The file of the plan ``name`` handed over through the inbox."""
+        return self.inbox / f"{name}{PLAN_SUFFIX}"
+
+    @property
+    def stream_checkpoint(self) -> Path:
+        """The checkpoint location of ``Pipeline.start``'s query when it is given none."""
+        return self.root / STREAM_CHECKPOINT
+
+
+def plan_status_path(plan: Path) -> Path:
+    """The status file that answers the inbox plan file ``plan``."""
+    return plan.with_name(plan.name.removesuffix(PLAN_SUFFIX) + STATUS_SUFFIX)
+
+
+def status_plan_path(status: Path) -> Path:
+    """The inbox plan file the status file ``status`` answers."""
+    return status.with_name(status.name.removesuffix(STATUS_SUFFIX) + PLAN_SUFFIX)
+
 
 def local_worker_path(local_dir: str | os.PathLike[str], pipeline_id: str, worker: int) -> Path:
     """Where a host keeps its working copy of a checkpointed pipeline's worker."""
@@ -125,9 +176,52 @@ def local_stores_path(local_dir: str | os.PathLike[str], pipeline_id: str) -> Pa
     return Path(local_dir) / STORES / pipeline_id
 
 
+def store_socket_path(local_dir: str) -> str:
+    """Where the store service of ``local_dir`` listens: ``LOCAL_DIR/store.sock``, or a short
+    path under ``/tmp`` named for ``local_dir`` when that is too long (Unix sockets allow ~107
+    bytes)."""
+    path = os.path.join(local_dir, STORE_SOCKET)
+    if len(path.encode()) < 100:
+        return path
+    digest = hashlib.sha256(os.path.abspath(local_dir).encode()).hexdigest()[:16]
+    return os.path.join("/tmp", f"megaphone-{digest}.sock")
+
+
+def store_pid_path(local_dir: str) -> str:
+    """The file holding the pid of the store service of ``local_dir``."""
+    return os.path.join(local_dir, STORE_PID)
+
+
+def store_lock_path(local_dir: str) -> str:
+    """The file whose lock lets one process at a time start the store service of ``local_dir``."""
+    return os.path.join(local_dir, STORE_LOCK)
+
+
+def store_log_path(local_dir: str) -> str:
+    """The file the store service of ``local_dir`` logs to."""
+    return os.path.join(local_dir, STORE_LOG)
+
+
+def driver_state_path(local_dir: str | os.PathLike[str], pipeline_id: str, run: str) -> Path:
+    """The state directory a Spark Connect server opens pipeline ``pipeline_id`` in for the
+    stream query run ``run``."""
+    return Path(local_dir) / DRIVERS / f"{pipeline_id}-{run}"
+
+
 def checkpoint_worker_root(root: str, worker: int) -> str:
     """The folder of ``worker``'s durable copy under the checkpoint location's path ``root``."""
     return f"{root.rstrip('/')}/{WORKERS}/{worker_name(worker)}"
+
+
+def checkpoint_durable_file(worker_root: str, kind: str, epoch: int) -> str:
+    """The ``kind`` (:data:`CHANGELOG` or :data:`SNAPSHOT`) file of ``epoch`` under a worker's
+    durable copy folder ``worker_root`` (from :func:`checkpoint_worker_root`)."""
+    return f"{worker_root}/{kind}/{durable_name(epoch)}"
+
+
+def checkpoint_owner_path(root: str) -> str:
+    """The record of the owning pipeline under the checkpoint location's path ``root``."""
+    return f"{root.rstrip('/')}/{CHECKPOINT_OWNER}"
 
 
 def checkpoint_driver_root(root: str) -> str:

@@ -15,7 +15,15 @@ import pytest
 from megaphone import MigrationPlan, Move, Pipeline, PlanError
 from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.offline import migrate_offline
-from megaphone.paths import local_stores_path
+from megaphone.paths import (
+    COMMIT,
+    COMMIT_RECORD_SUFFIX,
+    COMMITS,
+    ROUTING,
+    StateDirPaths,
+    local_stores_path,
+    seq_name,
+)
 from megaphone.state_backends.durable import claim_checkpoint
 from megaphone.state_backends.remote import release_stores, service_pid
 from tests.helpers.servers import s3_endpoint
@@ -144,12 +152,12 @@ def test_a_state_directory_behind_its_checkpoint_is_brought_forward(spark, tmp_p
     pipe = Pipeline(spark, str(state_dir), key="k", update="count", workers=2, num_bins=16,
                     key_type="int64", pipeline_id=uuid.uuid4().hex, checkpoint=checkpoint)
     pipe.process_arrow(spark.createDataFrame([(1,), (2,)], "k long"))
-    before = {n: (state_dir / n).read_bytes() for n in ("commit.json", "routing.json")}
+    before = {n: (state_dir / n).read_bytes() for n in (COMMIT, ROUTING)}
     pipe.process_arrow(spark.createDataFrame([(2,), (3,)], "k long"))
     pipe.close()
     for name, data in before.items():  # as if the local rename had not happened
         (state_dir / name).write_bytes(data)
-    (state_dir / "outputs" / "e000000001.arrow").unlink()
+    StateDirPaths(state_dir).outputs_file(1).unlink()
     reopened = Pipeline(spark, str(state_dir), key="k", update="count", num_bins=16)
     assert reopened.epoch == 1 and reopened.recovery.clean
     assert reopened.state_dir.read_outputs(1).num_rows == 2
@@ -157,7 +165,7 @@ def test_a_state_directory_behind_its_checkpoint_is_brought_forward(spark, tmp_p
     reopened.close()
 
     copy = DriverCopy(checkpoint)  # corrupt: a clear error, and the directory is left alone
-    newest = f"{copy.root}/commits/s{copy.latest_commit()['seq']:012d}.json"
+    newest = f"{copy.root}/{COMMITS}/" + seq_name(copy.latest_commit()["seq"], COMMIT_RECORD_SUFFIX)
     with open(newest, "r+b") as fh:
         fh.truncate(20)
     shutil.rmtree(state_dir)

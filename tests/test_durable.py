@@ -12,7 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megaphone.paths import checkpoint_worker_root
+from megaphone.paths import (
+    CHANGELOG,
+    CHECKPOINT_OWNER,
+    checkpoint_durable_file,
+    checkpoint_owner_path,
+    checkpoint_worker_root,
+    durable_epoch_of,
+)
 from megaphone.routing.bins import bin_of
 from megaphone.state_backends.durable import DurableCopy, DurableCopyError, claim_checkpoint
 from megaphone.state_backends.encoding import encode_keys
@@ -108,8 +115,8 @@ def test_a_missing_changelog_is_an_error_not_a_short_state(tmp_path):
         _, keys = raw([epoch])
         store.commit(epoch, keys, [b"x"], [None], b"", [])
     store.close()
-    (Path(checkpoint_worker_root(str(tmp_path / "ckpt"), 0)) / "changelog" / f"e{1:012d}.arrow"
-     ).unlink()
+    Path(checkpoint_durable_file(checkpoint_worker_root(str(tmp_path / "ckpt"), 0), CHANGELOG, 1)
+         ).unlink()
     with open_store(tmp_path, "fresh", tmp_path / "ckpt", 100) as fresh, \
             pytest.raises(DurableCopyError, match="no changelog or snapshot of epoch 1"):
         fresh.restore(2)
@@ -120,8 +127,8 @@ def test_a_corrupt_changelog_is_an_error(tmp_path):
     store.check_can_apply(0)
     store.commit(0, raw([1])[1], [b"x"], [None], b"", [])
     store.close()
-    (Path(checkpoint_worker_root(str(tmp_path / "ckpt"), 0)) / "changelog" / f"e{0:012d}.arrow"
-     ).write_bytes(b"not arrow")
+    Path(checkpoint_durable_file(checkpoint_worker_root(str(tmp_path / "ckpt"), 0), CHANGELOG, 0)
+         ).write_bytes(b"not arrow")
     with open_store(tmp_path, "fresh", tmp_path / "ckpt", 100) as fresh, \
             pytest.raises(DurableCopyError, match="missing or corrupt"):
         fresh.restore(0)
@@ -188,10 +195,11 @@ def test_the_durable_copy_on_an_s3_endpoint_holds_only_arrow_files(tmp_path):
         names = [info.path.removeprefix(root + "/") for info in
                  fs.get_file_info(pafs.FileSelector(root, recursive=True))
                  if info.type == pafs.FileType.File]
-        assert "megaphone-checkpoint.json" in names
-        objects = sorted(n for n in names if n != "megaphone-checkpoint.json")
+        assert CHECKPOINT_OWNER in names
+        objects = sorted(n for n in names if n != CHECKPOINT_OWNER)
         assert objects and all(n.endswith(".arrow") for n in objects), objects  # no RocksDB file
-        assert f"workers/w00000/changelog/e{4:012d}.arrow" in objects
+        changelog = checkpoint_durable_file(checkpoint_worker_root(root, 0), CHANGELOG, 4)
+        assert changelog.removeprefix(root + "/") in objects
 
 
 @settings(max_examples=60)
@@ -224,3 +232,12 @@ def test_merged_rows_equal_replaying_the_changelogs(changelogs, snapshot):
     keys = table.column("k").to_pylist()
     assert keys == sorted(keys)
     assert dict(zip(keys, table.column("v").to_pylist(), strict=True)) == state
+
+
+def test_the_durable_copy_keeps_its_file_names():
+    """The names on disk are a format: a checkpoint written before must still be read."""
+    assert checkpoint_durable_file("/c/workers/w00000", CHANGELOG, 4) == \
+        "/c/workers/w00000/changelog/e000000000004.arrow"
+    assert durable_epoch_of("e000000000004.arrow") == 4
+    assert durable_epoch_of("e000000000004.arrow.tmp") is None
+    assert checkpoint_owner_path("/c/") == "/c/megaphone-checkpoint.json"

@@ -11,7 +11,6 @@ runs, and is brought forward from the checkpoint when it stops (:class:`ServerHa
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import uuid
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.statedir import StateDir
+from megaphone.paths import driver_state_path
 from megaphone.state_backends.remote import default_local_dir
 
 #: ``serve(batch, batch_id, location) -> (outputs, epoch)``: a micro-batch run as an epoch of
@@ -53,9 +53,9 @@ class ServerBatch:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         serve = _OPEN.get(self.run)
         if serve is None:  # a state directory per query run: an earlier run's may be locked
-            state_dir = os.path.join(default_local_dir(), "drivers",
-                                     f"{self.settings['pipeline_id']}-{self.run}")
-            serve = _OPEN[self.run] = self.open(batch.sparkSession, state_dir, self.settings)
+            state_dir = driver_state_path(default_local_dir(), self.settings["pipeline_id"],
+                                          self.run)
+            serve = _OPEN[self.run] = self.open(batch.sparkSession, str(state_dir), self.settings)
         outputs, epoch = serve(batch, batch_id, self.location)
         self.sink(outputs, epoch)
 

@@ -30,8 +30,10 @@ import pyarrow.fs as pafs
 
 from megaphone.errors import MegaphoneError
 from megaphone.paths import (
+    COMMIT_RECORD_SUFFIX,
     COMMITS,
     FOLDED_METRICS,
+    FOLDED_METRICS_SUFFIX,
     MANIFEST,
     OUTPUTS,
     ROUTING,
@@ -93,7 +95,7 @@ class DriverCopy:
             self._put(self._path(ROUTING), routing)
             self._routing = routing
         record = {"commit": commit, "metrics": self._pending}
-        self._put(self._path(COMMITS, seq_name(commit["seq"], ".json")),
+        self._put(self._path(COMMITS, seq_name(commit["seq"], COMMIT_RECORD_SUFFIX)),
                   json.dumps(record, separators=(",", ":")).encode())
         self._pending = []
         commits = self._listed_commits()
@@ -114,17 +116,17 @@ class DriverCopy:
 
     def _listed_commits(self) -> list[int]:
         if self._commits is None:
-            self._commits = self._list(COMMITS, ".json")
+            self._commits = self._list(COMMITS, COMMIT_RECORD_SUFFIX)
         return self._commits
 
     def _fold(self, seqs: list[int]) -> None:
         lines = []
         for seq in seqs:
             lines += [json.dumps(m, separators=(",", ":")) for m in self._commit_file(seq)[1]]
-        self._put(self._path(FOLDED_METRICS, seq_name(seqs[-1], ".jsonl")),
+        self._put(self._path(FOLDED_METRICS, seq_name(seqs[-1], FOLDED_METRICS_SUFFIX)),
                   "".join(f"{line}\n" for line in lines).encode())
         for seq in seqs:
-            self.fs.delete_file(self._path(COMMITS, seq_name(seq, ".json")))
+            self.fs.delete_file(self._path(COMMITS, seq_name(seq, COMMIT_RECORD_SUFFIX)))
 
     def write_outputs(self, epoch: int, data: bytes) -> None:
         """Keep the outputs of ``epoch`` (an Arrow IPC file's bytes)."""
@@ -161,7 +163,7 @@ class DriverCopy:
                                   f"corrupt: {exc}") from None
 
     def _commit_file(self, seq: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        record = self._json(COMMITS, seq_name(seq, ".json"))
+        record = self._json(COMMITS, seq_name(seq, COMMIT_RECORD_SUFFIX))
         if not isinstance(record, dict) or not isinstance(record.get("commit"), dict) \
                 or record["commit"].get("seq") != seq or not isinstance(record.get("metrics"),
                                                                         list):
@@ -184,8 +186,9 @@ class DriverCopy:
     def metrics(self) -> list[dict[str, Any]]:
         """Every kept metrics record, in order (folded files, then commit files)."""
         records: list[dict[str, Any]] = []
-        for seq in self._list(FOLDED_METRICS, ".jsonl"):
-            for line in self.read(FOLDED_METRICS, seq_name(seq, ".jsonl")).decode().splitlines():
+        for seq in self._list(FOLDED_METRICS, FOLDED_METRICS_SUFFIX):
+            data = self.read(FOLDED_METRICS, seq_name(seq, FOLDED_METRICS_SUFFIX))
+            for line in data.decode().splitlines():
                 records.append(json.loads(line))
         for seq in self._listed_commits():
             records += self._commit_file(seq)[1]

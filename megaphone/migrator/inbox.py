@@ -17,21 +17,16 @@ from typing import Any
 
 from megaphone._io import atomic_write_bytes, atomic_write_json, read_json
 from megaphone.migrator.statedir import StateDir
+from megaphone.paths import PLAN_SUFFIX, plan_status_path, status_plan_path
 from megaphone.plans.plan import MigrationPlan, PlanError
-
-
-def inbox_path(state: StateDir) -> Path:
-    """The directory running pipelines read plans from."""
-    return state.paths.inbox
 
 
 def post_plan(state: StateDir, plan: MigrationPlan) -> Path:
     """Drop ``plan`` into the inbox; return the path its status will be written to."""
-    inbox = inbox_path(state)
-    inbox.mkdir(exist_ok=True)
-    name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
-    atomic_write_bytes(inbox / f"{name}.plan.json", plan.to_json().encode())
-    return inbox / f"{name}.status.json"
+    state.paths.inbox.mkdir(exist_ok=True)
+    plan_path = state.paths.inbox_plan(f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}")
+    atomic_write_bytes(plan_path, plan.to_json().encode())
+    return plan_status_path(plan_path)
 
 
 def take_plans(state: StateDir, submit: Callable[[MigrationPlan], Any]) -> int:
@@ -39,12 +34,12 @@ def take_plans(state: StateDir, submit: Callable[[MigrationPlan], Any]) -> int:
 
     Called by the pipeline between epochs. Returns how many plans were accepted.
     """
-    inbox = inbox_path(state)
+    inbox = state.paths.inbox
     if not inbox.is_dir():
         return 0
     accepted = 0
-    for path in sorted(inbox.glob("*.plan.json")):
-        status_path = path.with_name(path.name.replace(".plan.json", ".status.json"))
+    for path in sorted(inbox.glob(f"*{PLAN_SUFFIX}")):
+        status_path = plan_status_path(path)
         try:
             plan = MigrationPlan.load(path)
             submit(plan)
@@ -66,8 +61,7 @@ def wait_status(status_path: Path, timeout: float) -> dict[str, Any]:
             status_path.unlink()
             return status
         time.sleep(0.2)
-    plan_path = status_path.with_name(status_path.name.replace(".status.json", ".plan.json"))
-    plan_path.unlink(missing_ok=True)
+    status_plan_path(status_path).unlink(missing_ok=True)
     raise PlanError(
         f"the pipeline holding {status_path.parent.parent} did not pick up the plan within "
         f"{timeout:.0f} s (it reads its inbox between epochs; is it processing batches?)"

@@ -47,6 +47,7 @@ from megaphone.migrator.state_reader import DurableRead, read_bin_stats, read_st
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.streaming import Sink, Stream
 from megaphone.migrator.updates import UpdateFn
+from megaphone.paths import StateDirPaths
 from megaphone.plans.plan import MigrationPlan
 from megaphone.plans.policy import MigrationPolicy
 from megaphone.records import EpochMetrics
@@ -246,7 +247,8 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         object is brought forward from the checkpoint when the query ends; meanwhile
         :meth:`process` and :meth:`migrate` are refused (submit plans before :meth:`start`).
         """
-        self._stream = Stream(self.spark, self._run_batch, str(self._path / "_stream_checkpoint"),
+        self._stream = Stream(self.spark, self._run_batch,
+                              str(StateDirPaths(self._path).stream_checkpoint),
                               self._step_aside, _open_on_server, self._rejoin)
         return self._stream.start(stream, sink, trigger, checkpoint_location)
 

@@ -33,7 +33,7 @@ import pyarrow as pa
 from megaphone._io import atomic_write_bytes, atomic_write_json, read_json
 from megaphone.errors import MegaphoneError
 from megaphone.migrator.driver_copy import DriverCopy, DriverCopyError
-from megaphone.paths import OUTPUTS, ROUTING, StateDirPaths, outputs_epoch_of, worker_of
+from megaphone.paths import MANIFEST, OUTPUTS, ROUTING, StateDirPaths, outputs_epoch_of, worker_of
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
 
@@ -223,10 +223,10 @@ class StateDir:
                        metrics: list[dict[str, Any]]) -> None:
         self.paths.outputs.mkdir(exist_ok=True)
         for epoch in outputs:
-            path = self.outputs_path(epoch)
+            path = self.paths.outputs_file(epoch)
             atomic_write_bytes(path, copy.read(OUTPUTS, path.name))
         atomic_write_bytes(self.routing_path, copy.read(ROUTING))
-        with open(self.metrics_path, "a", encoding="utf-8") as fh:
+        with open(self.paths.metrics, "a", encoding="utf-8") as fh:
             fh.writelines(json.dumps(m, separators=(",", ":")) + "\n" for m in metrics)
 
     @classmethod
@@ -236,7 +236,7 @@ class StateDir:
         if not root.is_dir():
             raise NotAStateDir(f"not a megaphone state directory: {root} does not exist")
         if not cls.exists(root):
-            raise NotAStateDir(f"not a megaphone state directory: {root} has no megaphone.json")
+            raise NotAStateDir(f"not a megaphone state directory: {root} has no {MANIFEST}")
         try:
             manifest = read_json(StateDirPaths(root).manifest, "state directory manifest")
             if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
@@ -259,11 +259,6 @@ class StateDir:
         """Where the routing table lives."""
         return self.paths.routing
 
-    @property
-    def metrics_path(self) -> Path:
-        """The JSON-lines file of per-epoch metrics."""
-        return self.paths.metrics
-
     def worker_path(self, worker: int) -> Path:
         """The state backend directory of ``worker``."""
         return self.paths.worker(worker)
@@ -273,14 +268,10 @@ class StateDir:
         found = (worker_of(child.name) for child in self.paths.workers.glob("w*"))
         return sorted(w for w in found if w is not None)
 
-    def outputs_path(self, epoch: int) -> Path:
-        """The file that keeps the outputs of ``epoch`` (for a stream's replay)."""
-        return self.paths.outputs_file(epoch)
-
     def output_epochs(self) -> list[int]:
         """The epochs whose outputs are kept, in order."""
         root = self.paths.outputs
-        found = (outputs_epoch_of(p.name) for p in root.glob("e*.arrow")) if root.is_dir() else ()
+        found = (outputs_epoch_of(p.name) for p in root.iterdir()) if root.is_dir() else ()
         return sorted(e for e in found if e is not None)
 
     def write_outputs(self, epoch: int, outputs: pa.Table) -> None:
@@ -293,11 +284,11 @@ class StateDir:
             self.durable.write_outputs(epoch, data)
         self.paths.outputs.mkdir(exist_ok=True)
         # With a driver's copy, that one is durable: this one need not be synced too.
-        atomic_write_bytes(self.outputs_path(epoch), data, sync=self.durable is None)
+        atomic_write_bytes(self.paths.outputs_file(epoch), data, sync=self.durable is None)
 
     def read_outputs(self, epoch: int) -> pa.Table:
         """The kept outputs of ``epoch``; a ``ValueError`` when they are gone or unreadable."""
-        path = self.outputs_path(epoch)
+        path = self.paths.outputs_file(epoch)
         try:
             with pa.memory_map(str(path)) as source:
                 return pa.ipc.open_file(source).read_all()
@@ -313,7 +304,7 @@ class StateDir:
     def drop_outputs(self, epochs: list[int]) -> None:
         """Delete the kept outputs of ``epochs``."""
         for epoch in epochs:
-            self.outputs_path(epoch).unlink(missing_ok=True)
+            self.paths.outputs_file(epoch).unlink(missing_ok=True)
         if self.durable is not None and epochs:
             self.durable.drop_outputs(epochs)
 
@@ -355,17 +346,17 @@ class StateDir:
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Append one epoch's metrics as a JSON line."""
-        with open(self.metrics_path, "a", encoding="utf-8") as fh:
+        with open(self.paths.metrics, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, separators=(",", ":")) + "\n")
         if self.durable is not None:
             self.durable.add_metrics(record)
 
     def read_metrics(self, last: int | None = None) -> list[dict[str, Any]]:
         """The recorded per-epoch metrics (the ``last`` N when given); torn lines are skipped."""
-        if not self.metrics_path.exists():
+        if not self.paths.metrics.exists():
             return []
         records = []
-        with open(self.metrics_path, encoding="utf-8") as fh:
+        with open(self.paths.metrics, encoding="utf-8") as fh:
             for line in fh:
                 try:
                     records.append(json.loads(line))

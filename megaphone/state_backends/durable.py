@@ -29,7 +29,14 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from megaphone.errors import MegaphoneError
-from megaphone.paths import checkpoint_worker_root
+from megaphone.paths import (
+    CHANGELOG,
+    SNAPSHOT,
+    checkpoint_durable_file,
+    checkpoint_owner_path,
+    checkpoint_worker_root,
+    durable_epoch_of,
+)
 
 #: Rows of changelogs and snapshots: raw key and value bytes (a null value deletes the key).
 ROW_SCHEMA = pa.schema([("k", pa.binary()), ("v", pa.binary())])
@@ -56,17 +63,6 @@ class Restored:
     since: int | None = None
 
 
-def _name(epoch: int) -> str:
-    return f"e{epoch:012d}.arrow"
-
-
-def _epoch_of(name: str) -> int | None:
-    stem = name.rsplit("/", 1)[-1]
-    if stem.startswith("e") and stem.endswith(".arrow") and stem[1:-6].isdigit():
-        return int(stem[1:-6])
-    return None
-
-
 class DurableCopy:
     """Worker ``worker``'s changelogs and snapshots under the checkpoint location ``uri``."""
 
@@ -78,24 +74,24 @@ class DurableCopy:
         self.snapshot_every = snapshot_every
         self.fs, root = filesystem(uri)
         self.root = checkpoint_worker_root(root, worker)
-        self.fs.create_dir(f"{self.root}/changelog", recursive=True)
-        self.fs.create_dir(f"{self.root}/snapshot", recursive=True)
+        for kind in (CHANGELOG, SNAPSHOT):
+            self.fs.create_dir(f"{self.root}/{kind}", recursive=True)
         self.changelogs: list[int] = []
         self.snapshots: list[int] = []
         self.refresh()
 
     def refresh(self) -> None:
         """List the files again (another host may have written the worker's later epochs)."""
-        self.changelogs = self._list("changelog")
-        self.snapshots = self._list("snapshot")
+        self.changelogs = self._list(CHANGELOG)
+        self.snapshots = self._list(SNAPSHOT)
 
     def _list(self, kind: str) -> list[int]:
         infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{kind}",
                                                         allow_not_found=True))
-        return sorted(e for info in infos if (e := _epoch_of(info.path)) is not None)
+        return sorted(e for info in infos if (e := durable_epoch_of(info.base_name)) is not None)
 
     def _path(self, kind: str, epoch: int) -> str:
-        return f"{self.root}/{kind}/{_name(epoch)}"
+        return checkpoint_durable_file(self.root, kind, epoch)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -110,7 +106,7 @@ class DurableCopy:
         self.refresh()
         self.forget_from(epoch)
         meta = {"epoch": epoch, "prev": prev, "drops": sorted(set(drops)), "token": token}
-        self._write("changelog", epoch, meta, rows)
+        self._write(CHANGELOG, epoch, meta, rows)
         self.changelogs.append(epoch)
 
     def snapshot_due(self, epoch: int) -> bool:
@@ -126,20 +122,20 @@ class DurableCopy:
         The previous snapshot and the changelogs after it stay: ``epoch`` itself is not
         committed by the driver yet, and restoring ``epoch - 1`` must remain possible.
         """
-        self._write("snapshot", epoch, {"epoch": epoch, "token": token}, rows)
+        self._write(SNAPSHOT, epoch, {"epoch": epoch, "token": token}, rows)
         self.snapshots.append(epoch)
         if len(self.snapshots) > 2:
             keep_from = self.snapshots[-2]
             for old in self.snapshots[:-2]:
-                self.fs.delete_file(self._path("snapshot", old))
+                self.fs.delete_file(self._path(SNAPSHOT, old))
             for old in [e for e in self.changelogs if e <= keep_from]:
-                self.fs.delete_file(self._path("changelog", old))
+                self.fs.delete_file(self._path(CHANGELOG, old))
             self.snapshots = self.snapshots[-2:]
             self.changelogs = [e for e in self.changelogs if e > keep_from]
 
     def forget_from(self, epoch: int) -> None:
         """Delete changelogs and snapshots of ``epoch`` and later (a rolled-back epoch)."""
-        for kind, epochs in (("changelog", self.changelogs), ("snapshot", self.snapshots)):
+        for kind, epochs in ((CHANGELOG, self.changelogs), (SNAPSHOT, self.snapshots)):
             for e in [e for e in epochs if e >= epoch]:
                 self.fs.delete_file(self._path(kind, e))
                 epochs.remove(e)
@@ -189,13 +185,13 @@ class DurableCopy:
         while True:
             if at in self.snapshots:
                 if at == epoch:
-                    self._check_token(self._read("snapshot", at)[0], token)
+                    self._check_token(self._read(SNAPSHOT, at)[0], token)
                 return at, chain[::-1]
             if at not in self.changelogs:
                 raise DurableCopyError(
                     f"the durable copy of worker {self.worker} at {self.uri} has no changelog "
                     f"or snapshot of epoch {at}, needed to restore epoch {epoch}")
-            meta, _ = self._read("changelog", at)
+            meta, _ = self._read(CHANGELOG, at)
             if at == epoch:
                 self._check_token(meta, token)
             chain.append(at)
@@ -219,14 +215,14 @@ class DurableCopy:
         while e > at:
             if e not in self.changelogs:
                 return None
-            meta, _ = self._read("changelog", e)
+            meta, _ = self._read(CHANGELOG, e)
             if e == epoch and meta.get("token") != token:
                 return None
             chain.append(e)
             e = int(meta["prev"])
         if e != at:
             return None
-        kinds = [k for k, have in (("changelog", self.changelogs), ("snapshot", self.snapshots))
+        kinds = [k for k, have in ((CHANGELOG, self.changelogs), (SNAPSHOT, self.snapshots))
                  if at in have]
         if not kinds or self._read(kinds[0], at)[0].get("token") != at_token:
             return None
@@ -241,13 +237,13 @@ class DurableCopy:
 
     def snapshot_rows(self, epoch: int) -> Iterator[pa.RecordBatch]:
         """The ``(k, v)`` rows of the snapshot of ``epoch``, in key order."""
-        _, reader = self._read("snapshot", epoch)
+        _, reader = self._read(SNAPSHOT, epoch)
         for i in range(reader.num_record_batches):
             yield reader.get_batch(i)
 
     def changelog(self, epoch: int) -> tuple[list[int], Iterator[pa.RecordBatch]]:
         """The changelog of ``epoch``: the bins it dropped, then its rows to write in order."""
-        meta, reader = self._read("changelog", epoch)
+        meta, reader = self._read(CHANGELOG, epoch)
         return list(meta["drops"]), (reader.get_batch(i)
                                      for i in range(reader.num_record_batches))
 
@@ -296,7 +292,7 @@ def claim_checkpoint(uri: str, pipeline_id: str) -> None:
     """Make ``uri`` the checkpoint location of pipeline ``pipeline_id``: a location that
     already belongs to another pipeline is refused (their durable copies would mix)."""
     fs, root = filesystem(uri)
-    path = f"{root.rstrip('/')}/megaphone-checkpoint.json"
+    path = checkpoint_owner_path(root)
     fs.create_dir(root, recursive=True)
     if fs.get_file_info(path).type != pafs.FileType.NotFound:
         check_checkpoint(uri, pipeline_id)
@@ -310,7 +306,7 @@ def check_checkpoint(uri: str, pipeline_id: str) -> None:
     (an executor that reaches another location, or none, must not run its tasks)."""
     fs, root = filesystem(uri)
     try:
-        with fs.open_input_stream(f"{root.rstrip('/')}/megaphone-checkpoint.json") as src:
+        with fs.open_input_stream(checkpoint_owner_path(root)) as src:
             found = json.loads(src.read()).get("pipeline_id")
     except (OSError, ValueError, AttributeError) as exc:
         raise ValueError(f"checkpoint location {uri} is not readable: {exc}") from None

@@ -28,7 +28,8 @@ from typing import Any
 import pyarrow as pa
 
 from megaphone.errors import MegaphoneError
-from megaphone.state_backends.service_identity import code_id, pid_file, socket_path
+from megaphone.paths import store_lock_path, store_log_path, store_pid_path, store_socket_path
+from megaphone.state_backends.service_identity import code_id
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
 
 log = logging.getLogger("megaphone.store")
@@ -140,7 +141,7 @@ def _checked(reply: dict[str, Any] | None) -> dict[str, Any]:
 def _dial(local_dir: str) -> _Connection | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(socket_path(local_dir))
+        sock.connect(store_socket_path(local_dir))
     except OSError:
         sock.close()
         return None
@@ -197,12 +198,12 @@ def forget(local_dir: str) -> None:
 
 def _start(local_dir: str) -> _Connection:
     os.makedirs(local_dir, mode=0o700, exist_ok=True)
-    with open(os.path.join(local_dir, "store-service.lock"), "a") as lock:
+    with open(store_lock_path(local_dir), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per host; the others then connect
         conn = _dial(local_dir)
         if conn is not None:
             return conn
-        log_path = os.path.join(local_dir, "store-service.log")
+        log_path = store_log_path(local_dir)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-c",
@@ -226,7 +227,7 @@ def _start(local_dir: str) -> _Connection:
 def service_pid(local_dir: str) -> int | None:
     """The pid of the service of ``local_dir`` if one runs."""
     try:
-        with open(pid_file(local_dir)) as fh:
+        with open(store_pid_path(local_dir)) as fh:
             pid = int(fh.read().strip())
     except (OSError, ValueError):
         return None

@@ -1,14 +1,13 @@
-"""How a host's store service and its clients find and recognize each other.
+"""How a host's store service and its clients recognize each other.
 
-The socket and pid file of a local directory, a digest of the service's code (a client replaces
-a service running other code) and process start times (a pid plus its start time names one
-process even after the pid is reused).
+A digest of the service's code (a client replaces a service running other code) and process
+start times (a pid plus its start time names one process even after the pid is reused); the
+socket and pid file of a local directory are in :mod:`megaphone.paths`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 
@@ -40,16 +39,3 @@ def code_id() -> str:
 
 _CODE_ID: str | None = None
 
-
-def socket_path(local_dir: str) -> str:
-    """Where the service of ``local_dir`` listens (a short path: Unix sockets allow ~107 bytes)."""
-    path = os.path.join(local_dir, "store.sock")
-    if len(path.encode()) < 100:
-        return path
-    digest = hashlib.sha256(os.path.abspath(local_dir).encode()).hexdigest()[:16]
-    return os.path.join("/tmp", f"megaphone-{digest}.sock")
-
-
-def pid_file(local_dir: str) -> str:
-    """The file holding the running service's pid."""
-    return os.path.join(local_dir, "store-service.pid")

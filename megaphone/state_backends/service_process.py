@@ -18,8 +18,8 @@ import socketserver
 import sys
 import threading
 
+from megaphone.paths import store_pid_path, store_socket_path
 from megaphone.state_backends.service import IDLE_EXIT_S, StoreService
-from megaphone.state_backends.service_identity import pid_file, socket_path
 
 log = logging.getLogger("megaphone.store_service")
 
@@ -27,7 +27,7 @@ log = logging.getLogger("megaphone.store_service")
 def run(local_dir: str, idle_exit_s: float = IDLE_EXIT_S) -> None:
     """Serve ``local_dir``'s socket until shut down, idle, or the executors using it are gone."""
     service = StoreService(idle_exit_s)
-    path = socket_path(local_dir)
+    path = store_socket_path(local_dir)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # the caller holds the start lock: no live service owns it
 
@@ -41,9 +41,9 @@ def run(local_dir: str, idle_exit_s: float = IDLE_EXIT_S) -> None:
 
     server = Server(path, Handler)
     os.chmod(path, 0o600)
-    with open(pid_file(local_dir) + ".tmp", "w") as fh:
+    with open(store_pid_path(local_dir) + ".tmp", "w") as fh:
         fh.write(str(os.getpid()))
-    os.replace(pid_file(local_dir) + ".tmp", pid_file(local_dir))
+    os.replace(store_pid_path(local_dir) + ".tmp", store_pid_path(local_dir))
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                      daemon=True).start()
     log.info("store service %d listening on %s", os.getpid(), path)
