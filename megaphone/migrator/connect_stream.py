@@ -25,8 +25,9 @@ from megaphone.migrator.statedir import StateDir
 from megaphone.paths import driver_state_path
 from megaphone.state_backends.remote import default_local_dir
 
-#: ``serve(batch, batch_id, location) -> (outputs, epoch)``: a micro-batch run as an epoch of
-#: the pipeline opened on the server, its metrics in the checkpoint when it returns.
+#: ``run(batch, batch_id, location) -> (outputs, epoch)``: one micro-batch run as an epoch of
+#: a pipeline (the client's own, or on a Connect server the one opened there, whose metrics are
+#: in the checkpoint when it returns).
 ServeBatch = Callable[[DataFrame, int, str], tuple[DataFrame, int]]
 #: ``open(spark, state_dir, settings) -> serve``: opens the pipeline (``settings`` are its
 #: keyword arguments) in ``state_dir`` on the server.

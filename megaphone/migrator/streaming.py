@@ -15,15 +15,13 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from megaphone.migrator.connect_stream import BatchOpener, ServerBatch
+from megaphone.migrator.connect_stream import BatchOpener, ServeBatch, ServerBatch
 from megaphone.spark import is_connect
 
 log = logging.getLogger("megaphone.pipeline")
 
 #: ``sink(outputs, epoch)``: what a stream does with each epoch's outputs.
 Sink = Callable[[DataFrame, int], None]
-#: ``run_batch(batch, batch_id, location) -> (outputs, epoch)``: one micro-batch as an epoch.
-RunBatch = Callable[[DataFrame, int, str], tuple[DataFrame, int]]
 
 
 class Stream:
@@ -35,7 +33,7 @@ class Stream:
     ``rejoin()`` brings it forward from the checkpoint when the query ends.
     """
 
-    def __init__(self, spark: SparkSession, run_batch: RunBatch, local_location: str,
+    def __init__(self, spark: SparkSession, run_batch: ServeBatch, local_location: str,
                  step_aside: Callable[[str | None], dict[str, Any]],
                  open_on_server: BatchOpener, rejoin: Callable[[], None]) -> None:
         self.spark = spark
