@@ -52,6 +52,7 @@ from megaphone.plans.plan import MigrationPlan
 from megaphone.plans.policy import MigrationPolicy
 from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint
+from megaphone.routing.table import RoutingTable
 from megaphone.spark import task_slots
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES
 from megaphone.state_backends.durable import SNAPSHOT_EVERY
@@ -180,7 +181,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         return self._state
 
     @property
-    def routing(self):
+    def routing(self) -> RoutingTable:
         """The pipeline's routing table (read it; change it only through :meth:`migrate`)."""
         assert self._queue is not None
         return self._queue.table

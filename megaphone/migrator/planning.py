@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -25,8 +25,20 @@ from megaphone.records import EpochMetrics
 from megaphone.routing.table import RoutingTable
 from megaphone.state_backends import open_backend
 
-if TYPE_CHECKING:
-    from megaphone.migrator.pipeline import Pipeline
+
+class LivePipeline(Protocol):
+    """What planning reads from a running :class:`~megaphone.Pipeline` (this module does not
+    import the pipeline, which imports it)."""
+
+    @property
+    def state_dir(self) -> StateDir: ...
+    @property
+    def routing(self) -> RoutingTable: ...
+    @property
+    def in_flight(self) -> list[Any]: ...
+    def metric_records(self, last: int | None = None) -> list[EpochMetrics]: ...
+    def bin_sizes(self, owners: np.ndarray | None = None) -> BinSizes: ...
+    def bin_load(self) -> np.ndarray: ...
 
 
 def epoch_records(metrics: Iterable[Mapping[str, Any]]) -> tuple[EpochMetrics, ...]:
@@ -117,7 +129,7 @@ class PlanningSource:
                               self.metrics, self.in_flight)
 
 
-def pipeline_source(pipeline: Pipeline) -> PlanningSource:
+def pipeline_source(pipeline: LivePipeline) -> PlanningSource:
     """What a live pipeline offers for planning: its live routing table, its metrics and its
     smoothed per-bin load."""
     try:
@@ -156,6 +168,7 @@ def plan_from(
 
 
 __all__ = [
+    "LivePipeline",
     "PlanningSource",
     "bin_sizes",
     "committed_table",
