@@ -24,6 +24,7 @@ def describe(state_dir: str) -> dict[str, Any]:
     """Everything ``inspect`` shows, as a JSON-ready dict (the ``--json`` output)."""
     from megaphone.migrator.planning import bin_sizes
     from megaphone.migrator.statedir import StateDir
+    from megaphone.plans.planner import per_worker_table
 
     state = StateDir.open(state_dir)
     fp = state.fingerprint
@@ -32,14 +33,7 @@ def describe(state_dir: str) -> dict[str, Any]:
     owners = routing.owners()
     sizes = bin_sizes(state, owners)
     workers = routing.workers()
-    per_worker = {}
-    for w in workers:
-        mine = owners == w
-        per_worker[str(w)] = {
-            "bins": int(mine.sum()),
-            "keys": int(sizes.keys[mine].sum()),
-            "bytes": int(sizes.bytes[mine].sum()),
-        }
+    per_worker = per_worker_table(owners, sizes, None, workers)
     in_flight = []
     for item in commit.plans:
         plan = item.get("plan", {})

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from megaphone.plans.plan import MigrationPlan, PlanError
+from megaphone.plans.report import skew
 from megaphone.plans.strategies import FLUID, make_plan
 from megaphone.plans.targets import (
     BALANCE_MODES,
@@ -118,8 +119,10 @@ def _weights(balance: str, sizes: BinSizes, load: np.ndarray | None) -> np.ndarr
     return np.asarray(load, dtype=np.float64)
 
 
-def _per_worker(owners: np.ndarray, sizes: BinSizes, load: np.ndarray | None,
-                workers: Iterable[int]) -> dict[str, dict[str, float | int]]:
+def per_worker_table(owners: np.ndarray, sizes: BinSizes, load: np.ndarray | None,
+                     workers: Iterable[int]) -> dict[str, dict[str, float | int]]:
+    """Bins, keys and bytes (and records, when ``load`` is known) each of ``workers`` holds
+    under ``owners``, keyed by the worker's number as text (as plans and ``inspect`` show it)."""
     out: dict[str, dict[str, float | int]] = {}
     for w in sorted(set(workers)):
         mine = owners == w
@@ -135,9 +138,7 @@ def _per_worker(owners: np.ndarray, sizes: BinSizes, load: np.ndarray | None,
 
 
 def _skew(per_worker: dict[str, dict[str, float | int]], field: str, live: list[int]) -> float:
-    values = [float(per_worker[str(w)][field]) for w in live]
-    mean = sum(values) / len(values) if values else 0.0
-    return round(max(values) / mean, 4) if mean > 0 else 1.0
+    return round(skew([float(per_worker[str(w)][field]) for w in live]), 4)
 
 
 def check_request(
@@ -209,8 +210,8 @@ def plan_rescale(
     before_live = sorted({int(w) for w in owners})
     after_live = sorted({int(w) for w in new_owners})
     shown = set(before_live) | set(after_live)
-    before = _per_worker(owners, sizes, load, shown)
-    after = _per_worker(new_owners, sizes, load, shown)
+    before = per_worker_table(owners, sizes, load, shown)
+    after = per_worker_table(new_owners, sizes, load, shown)
     skew_field = {"keys": "keys", "bytes": "bytes", "load": "records"}.get(mode, "keys")
     if skew_field == "records" and load is None:
         skew_field = "keys"
@@ -259,6 +260,7 @@ __all__ = [
     "PlanningInputs",
     "check_request",
     "observed_load",
+    "per_worker_table",
     "plan_rescale",
     "transfer_rate",
 ]
