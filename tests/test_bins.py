@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from megaphone.routing.bins import bin_column, bin_of, validate_num_bins, xxhash64_unsigned
-from megaphone.routing.keys import KEY_TYPES, key_type_of
+from megaphone.routing.keys import KEY_ARROW_TYPES, KEY_SPARK_CASTS, KEY_TYPES, key_type_of
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 # Characters of 1, 2, 3 and 4 UTF-8 bytes, so string byte lengths hit every tail size.
@@ -330,6 +330,7 @@ def test_out_of_int64_range_raises_value_error(keys: object) -> None:
 
 def test_key_type_of() -> None:
     assert KEY_TYPES == ("int64", "str")
+    assert tuple(KEY_ARROW_TYPES) == tuple(KEY_SPARK_CASTS) == KEY_TYPES
     for keys in (
         1,
         np.int32(1),

@@ -26,6 +26,7 @@ from megaphone.migrator.updates import make_update
 from megaphone.migrator.worker import EpochSpec, shuffle_schema
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.plans.policy import plan_policy
+from megaphone.routing.keys import KEY_ARROW_TYPES
 from megaphone.routing.table import RoutingTable
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES
 from megaphone.state_backends.remote import default_local_dir, release_stores
@@ -128,7 +129,7 @@ class _OfflineEpochs:
 
     def _spec(self, layout: EpochLayout, commit: Commit) -> EpochSpec:
         fp = self.state.fingerprint
-        key = pa.int64() if fp.key_type == "int64" else pa.string()
+        key = KEY_ARROW_TYPES[fp.key_type]
         return EpochSpec(
             **task_fields(layout, commit, self.table),
             state_dir=str(self.state.path.absolute()),

@@ -146,6 +146,7 @@ class PipelineEpochs:
 
     def _spec(self, batch: DataFrame, update: Update, layout: EpochLayout) -> EpochSpec:
         """The metadata every task of the epoch gets."""
+        assert self._key_type is not None  # the batch was admitted
         key_arrow, value_arrow = self._schema.arrow_types(self._key_type, update, batch.schema)
         out = self._output_spark_schema()
         return EpochSpec(

@@ -11,6 +11,7 @@ from pyspark.sql.pandas.types import to_arrow_type
 
 from megaphone.migrator import columns as C
 from megaphone.migrator.updates import Update, UpdateFn, make_update
+from megaphone.routing.keys import KEY_ARROW_TYPES, KEY_SPARK_CASTS
 
 
 def key_type_of(dtype: T.DataType, column: str) -> str:
@@ -86,7 +87,7 @@ class PipelineSchema:
     def record_columns(self, key_type: str, update: Update) -> dict[str, Column]:
         """The record columns an epoch reads from a batch, by shuffle column: the key, and the
         value and the event time (microseconds) where used, cast for the update."""
-        key_cast = "long" if key_type == "int64" else "string"
+        key_cast = KEY_SPARK_CASTS[key_type]
         value_cast = None
         if self.value and update.is_builtin:
             value_cast = "long" if update.value_kind == "int" else "double"
@@ -100,10 +101,10 @@ class PipelineSchema:
             self._columns = ((key_cast, value_cast), cols)
         return self._columns[1]
 
-    def arrow_types(self, key_type: str | None, update: Update, batch: T.StructType
+    def arrow_types(self, key_type: str, update: Update, batch: T.StructType
                     ) -> tuple[pa.DataType, pa.DataType | None]:
         """The Arrow types of a batch's key and value in the epoch's shuffle."""
-        key_arrow = pa.int64() if key_type == "int64" else pa.string()
+        key_arrow = KEY_ARROW_TYPES[key_type]
         value_arrow = None
         if self.value:
             value_arrow = (pa.int64() if update.value_kind == "int" else pa.float64()) \

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from megaphone.routing.keys import Keys, check_key_type, normalize_keys
+from megaphone.routing.keys import KEY_SPARK_CASTS, Keys, check_key_type, normalize_keys
 from megaphone.routing.xxh64 import hash_int64, hash_strings
 
 if TYPE_CHECKING:
@@ -109,5 +109,5 @@ def bin_column(
         col = F.col(col)
     elif not isinstance(col, Column):
         raise TypeError(f"col must be a column name or a Column, got {type(col).__name__}")
-    key = col.cast("long" if key_type == "int64" else "string")
+    key = col.cast(KEY_SPARK_CASTS[key_type])
     return F.shiftrightunsigned(F.xxhash64(key), 64 - k).cast("int")

@@ -14,10 +14,15 @@ from typing import Any, TypeAlias
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["KEY_TYPES", "Keys", "check_key_type", "key_type_of", "normalize_keys"]
+__all__ = ["KEY_ARROW_TYPES", "KEY_SPARK_CASTS", "KEY_TYPES", "Keys", "check_key_type",
+           "key_type_of", "normalize_keys"]
 
 #: Key types megaphone can route: 64-bit signed integers and (UTF-8) strings.
 KEY_TYPES: tuple[str, ...] = ("int64", "str")
+#: Each key type as an Arrow type (a shuffle's ``key`` column, an epoch's outputs).
+KEY_ARROW_TYPES: dict[str, pa.DataType] = {"int64": pa.int64(), "str": pa.string()}
+#: Each key type as the Spark SQL type a key column is cast to before it is hashed.
+KEY_SPARK_CASTS: dict[str, str] = {"int64": "long", "str": "string"}
 
 #: Anything :func:`bin_of` / :func:`xxhash64_unsigned` accept as a batch of keys (or one key).
 Keys: TypeAlias = "int | str | np.integer | Sequence[Any] | np.ndarray | pa.Array | pa.ChunkedArray"
