@@ -342,6 +342,11 @@ def state_total(pipe: Pipeline) -> int:
     return int(value) if value is not None else 0
 
 
+def phase_seconds(m: dict[str, Any], name: str) -> float:
+    """A worker phase's seconds in an epoch's metrics, summed over its workers."""
+    return round(sum(w.get(name) or 0.0 for w in m.get("per_worker", {}).values()), 4)
+
+
 def load_avg() -> float:
     """The one-minute load average (other work on the machine skews the numbers)."""
     return os.getloadavg()[0]
@@ -423,6 +428,7 @@ class LiveRun:
             records=int(m["records_in"]), latency_s=finished - end,
             duration_s=finished - started, bins_moved=int(m["bins_moved"]),
             keys_moved=int(m["keys_moved"]), bytes_moved=int(m["bytes_moved"]),
+            export_s=phase_seconds(m, "export_s"), install_s=phase_seconds(m, "install_s"),
             rss_driver_mb=round(rss.driver, 1), rss_jvm_mb=round(rss.jvm, 1),
             rss_workers_mb=round(rss.workers, 1), load1=load_avg())
 
@@ -799,6 +805,14 @@ def findings(stats: dict[str, dict[str, Any]], backend: dict[str, float]) -> lis
             f"keys/s over the busy time of moving epochs; backend export+import on this "
             f"state: {rate(backend['sequential_keys_per_s'])} keys/s "
             f"({fmt_x(ratio(s['busy_keys_per_s'], backend['sequential_keys_per_s']))})")
+        if s["transfer_s"] > 0:
+            own = s["keys_moved"] / backend["sequential_keys_per_s"] / max(1, s["bins_moved"])
+            out.append(
+                f"{name}: the transfer's own time (export + ship + install, from the workers' "
+                f"timings) {ms(s['transfer_s_per_bin'])} ms per bin, "
+                f"{rate(s['transfer_keys_per_s'])} keys/s; the backend's export+import of the "
+                f"same keys: {ms(own)} ms per bin "
+                f"({fmt_x(ratio(s['transfer_keys_per_s'], backend['sequential_keys_per_s']))})")
     for name in ("fluid", "batched"):
         s = stats.get(name)
         if s is None:

@@ -43,6 +43,10 @@ class EpochRow:
     bins_moved: int = 0
     keys_moved: int = 0
     bytes_moved: int = 0
+    #: Seconds the exporters spent reading and shipping the moving bins (summed over senders).
+    export_s: float = 0.0
+    #: Seconds the receivers spent installing them, waiting for input excluded (summed).
+    install_s: float = 0.0
     rss_driver_mb: float = 0.0
     rss_jvm_mb: float = 0.0
     rss_workers_mb: float = 0.0
@@ -160,6 +164,9 @@ def run_stats(result: RunResult) -> dict[str, Any]:
     base = pct([r.duration_s for r in steady], 50)
     extra = sum(max(0.0, r.duration_s - base) for r in result.rows if r.bins_moved)
     busy = sum(w.busy_s for w in result.windows) or (extra if math.isfinite(extra) else 0.0)
+    moving = [r for r in result.rows if r.bins_moved]
+    transfer_s = sum(r.export_s + r.install_s for r in moving)
+    bins = sum(r.bins_moved for r in moving)
     measured = [r for r in result.rows if r.phase != WARMUP]
     records = sum(r.records for r in measured)
     busy_all = sum(r.duration_s for r in measured)
@@ -175,6 +182,9 @@ def run_stats(result: RunResult) -> dict[str, Any]:
         "keys_per_s": keys / migration_s if migration_s > 0 else math.nan,
         "bytes_per_s": nbytes / migration_s if migration_s > 0 else math.nan,
         "busy_keys_per_s": keys / busy if busy > 0 else math.nan,
+        "transfer_s": transfer_s, "bins_moved": bins,
+        "transfer_s_per_bin": transfer_s / bins if bins else math.nan,
+        "transfer_keys_per_s": keys / transfer_s if transfer_s > 0 else math.nan,
         "steady_duration_p50": pct([r.duration_s for r in steady], 50),
         "capacity_rps": records / busy_all if busy_all > 0 else math.nan,
         "rss_steady": max((r.rss_total_mb for r in steady), default=math.nan),
