@@ -65,6 +65,8 @@ class WorkerMetrics(_Record):
     begin_s: float | None = None
     restored: dict[str, Any] | None = None
     install_method: str | None = None
+    #: Bins that arrived as whole files (the rest of ``bins_in`` came as rows).
+    files_in: int | None = None
     install_s: float | None = None
     null_keys: int | None = None
     apply_s: float | None = None
@@ -78,6 +80,8 @@ class WorkerMetrics(_Record):
     bins_out: int | None = None
     keys_out: int | None = None
     bytes_out: int | None = None
+    #: Bins that left as whole files (the rest of ``bins_out`` went as rows).
+    files_out: int | None = None
     export_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -1,8 +1,9 @@
 """Property: with any plans, outputs and final state equal a plain Python run without migration.
 
 Random batches of random keys (int and str), random plans (random bins and epochs, chained
-plans queued behind each other, scale out and in, moves back and forth), every update kind and
-both backends, checked epoch by epoch against a reference that knows nothing of workers. The
+plans queued behind each other, scale out and in, moves back and forth), every update kind,
+both backends and bins shipped as rows or as files, checked epoch by epoch against a reference
+that knows nothing of workers. The
 last plan may be adaptive: a random policy (any subset of the remaining moves at any epoch,
 including none) or the deadline policy decides at each epoch which moves start.
 """
@@ -112,6 +113,7 @@ def scenarios(draw):
         "key_type": key_type,
         "workers": workers,
         "backend": draw(st.sampled_from(["memory", "rocksdb"])),
+        "transfer": draw(st.sampled_from(["auto", "rows", "files"])),
         "update": draw(st.sampled_from(["count", "sum", "min", "max", "custom"])),
         "batches": batches,
         "plans": plans,
@@ -136,7 +138,7 @@ def test_outputs_and_state_equal_a_run_without_migration(spark, scenario):
             spark, state_dir, key="k", value=None if update == "count" else "v",
             update=custom_update if update == "custom" else update, workers=scenario["workers"],
             num_bins=NUM_BINS, backend=scenario["backend"], key_type=key_type,
-            pipeline_id=uuid.uuid4().hex, output_type="bigint",
+            pipeline_id=uuid.uuid4().hex, output_type="bigint", transfer=scenario["transfer"],
         )
         expected_outputs, expected_state = reference(update, scenario["batches"])
         handles = []

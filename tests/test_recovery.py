@@ -50,13 +50,15 @@ def local_dir(state_dir: Path) -> str:
 
 
 # A crash at each phase of a migrating epoch, chained: every restart resumes the previous
-# crash and then dies at the next phase. all-at-once moves every bin at epoch 2; fluid moves one
-# bin per epoch at epochs 2-5, so its crashes hit successive migration steps. Together the two
-# chains cover every phase (each restart costs a JVM start, so no phase is killed twice).
+# crash and then dies at the next phase. all-at-once moves every bin at epoch 2, as rows; fluid
+# moves one bin per epoch at epochs 2-5, as files, so its crashes hit successive migration
+# steps and every phase of a file's transfer (written and shipped, received in part,
+# ingested). Together the two chains cover every phase (each restart costs a JVM start, so no
+# phase is killed twice).
 CHAINS = {
     "all-at-once": ["admit:2", "export:2", "install:2", "apply:2", "collect:2", "commit:2"],
-    "fluid": ["export:2", "layout:3", "install:3", "launch:4", "apply:4", "cleanup:4",
-              "commit:5"],
+    "fluid": ["export:2", "receive:2", "layout:3", "install:3", "launch:4", "apply:4",
+              "cleanup:4", "commit:5"],
 }
 # Kills of the store service, all in one run of the driver (each fires once): the epoch's job
 # fails, runs again, and the result must still equal a run without them. At most two kills
@@ -64,15 +66,16 @@ CHAINS = {
 STORE_KILLS = {
     "all-at-once": ["admit:1", "export:2", "install:2", "layout:3", "apply:3", "launch:4",
                     "collect:4", "commit:5", "cleanup:5"],
-    "fluid": ["export:2", "layout:2", "install:3", "admit:3", "apply:4", "collect:4",
-              "launch:5", "commit:5", "cleanup:1"],
+    "fluid": ["export:2", "receive:2", "layout:2", "install:3", "admit:3", "apply:4",
+              "collect:4", "launch:5", "commit:5", "cleanup:1"],
 }
 
 
 def test_the_crash_chains_cover_every_phase():
     assert {p.split(":")[0] for points in CHAINS.values() for p in points} == set(PHASES)
-    for strategy, points in STORE_KILLS.items():
-        assert {p.split(":")[0] for p in points} == set(PHASES), strategy
+    for strategy, points in STORE_KILLS.items():  # all-at-once (rows) kills mid-export
+        assert {p.split(":")[0] for p in points} >= set(PHASES) - {"receive"}, strategy
+    assert "receive" in {p.split(":")[0] for p in STORE_KILLS["fluid"]}
 
 
 def wait_for_service_exit(state_dir: Path, timeout: float = 20.0) -> None:
@@ -123,6 +126,7 @@ def test_crash_at_every_phase_then_resume_equals_a_run_without_crash(tmp_path):
         assert got["outputs"] == expected_outputs, strategy
         assert got["state"] == expected_state, strategy
         assert got["workers"] == [0, 1, 2, 3], strategy
+        assert (got["files_in"] > 0) == strategy.endswith("fluid"), strategy  # files or rows
         if kind == "crash_and_resume":
             # The last crash hit the commit write: every worker had applied the epoch, so the
             # resume rolled all of them back to the last commit before running it again.

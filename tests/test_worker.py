@@ -33,7 +33,7 @@ def records(keys, worker) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
         [pa.array([worker] * n, pa.int32()), pa.array(bin_of(keys, BINS), pa.int32()),
          pa.array(keys), pa.nulls(n, pa.binary()), pa.nulls(n, pa.binary()),
-         pa.nulls(n, pa.string())], schema=SCHEMA)
+         pa.nulls(n, pa.binary()), pa.nulls(n, pa.string())], schema=SCHEMA)
 
 
 def run(s: EpochSpec, worker: int, batches) -> tuple[dict, dict]:
@@ -51,8 +51,10 @@ def state_of(tmp_path, backend, worker) -> dict:
         b.close()
 
 
-@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
-def test_state_arriving_after_records_is_installed_first_and_retries_replay(tmp_path, backend):
+@pytest.mark.parametrize(("backend", "transfer"),
+                         [("memory", "rows"), ("rocksdb", "rows"), ("rocksdb", "files")])
+def test_state_arriving_after_records_is_installed_first_and_retries_replay(tmp_path, backend,
+                                                                           transfer):
     keys = np.arange(200)
     bins = bin_of(keys, BINS)
     moving = int(bins[0])
@@ -62,14 +64,21 @@ def test_state_arriving_after_records_is_installed_first_and_retries_replay(tmp_
     assert out == {int(k): 1 for k in keys}
     # Epoch 1: bin `moving` goes 0 -> 1; its state is exported and shipped after the records.
     s1 = spec(tmp_path, 1, backend, live=frozenset({0, 1}), incoming={1: (moving,)},
-              outgoing={0: ((moving, 1),)})
+              outgoing={0: ((moving, 1),)}, transfer=transfer)
     shipped = list(export_worker(s1, 0, SCHEMA))
-    assert len(shipped) > 1  # many bounded chunks for one bin
+    assert len(shipped) > 1  # many bounded chunks (rows, or parts of its file) for one bin
+    assert all(len(b.column("_sv").drop_null()) == 0 or
+               sum(len(v) for v in b.column("_sv").drop_null().to_pylist()) <= 64 * b.num_rows
+               for b in shipped)
+    if transfer == "files":  # parts of a file may arrive in any order
+        assert all(b.column("_sk").null_count == b.num_rows for b in shipped)
+        shipped = shipped[::-1]
     moved_keys = [int(k) for k in keys[bins == moving]]
     to_1 = records(moved_keys, 1)
     out1, m1 = run(s1, 1, [to_1, *shipped])  # records first, state after: still correct
     assert out1 == {k: 2 for k in moved_keys}
     assert m1["keys_in"] == len(moved_keys) and m1["records_in"] == len(moved_keys)
+    assert m1["install_method"] == ("files" if transfer == "files" else "chunk")
     # The exporter's metrics ride the shuffle to the receiver, which returns them beside its own.
     results = split_results(pa.Table.from_batches(apply_worker(s1, 1, iter(shipped))))
     exported = results.reports[1:]

@@ -1,7 +1,8 @@
 """The column names of an epoch's shuffle and of its tasks' results, defined once.
 
-A shuffle row is a record (:data:`KEY`, :data:`VALUE`, :data:`EVENT_TIME`), a chunk of moving
-state (:data:`STATE_KEY`, :data:`STATE_VALUE`) or an exporter's report (:data:`EXPORT_REPORT`),
+A shuffle row is a record (:data:`KEY`, :data:`VALUE`, :data:`EVENT_TIME`), a key of moving
+state (:data:`STATE_KEY`, :data:`STATE_VALUE`), a part of a moving bin's file
+(:data:`STATE_FILE`, :data:`STATE_VALUE`) or an exporter's report (:data:`EXPORT_REPORT`),
 bound for worker :data:`WORKER`. A task's results are its outputs, then rows of reports
 (:data:`REPORT`) with the records it applied per bin (:data:`LOAD_BINS`, :data:`LOAD_COUNTS`).
 """
@@ -20,6 +21,9 @@ EVENT_TIME = "_t"
 STATE_KEY = "_sk"
 #: A moving key's encoded state.
 STATE_VALUE = "_sv"
+#: A part of a moving bin's file: its descriptor (msgpack; the part's bytes are in
+#: :data:`STATE_VALUE`).
+STATE_FILE = "_sf"
 #: An exporter's JSON report, riding the shuffle to the worker that gets its first bin.
 EXPORT_REPORT = "_em"
 #: A task's JSON reports in its results (null on output rows).

@@ -71,6 +71,7 @@ class ServerHandoff:
     value: str | None
     event_time: str | None
     chunk_bytes: int
+    transfer: str
     keep_outputs: int
     _update_arg: Any
     _output_type_arg: str
@@ -97,7 +98,8 @@ class ServerHandoff:
                     "num_bins": self._num_bins, "backend": self._settings["backend"],
                     "key_type": fp.key_type, "pipeline_id": fp.pipeline_id,
                     "event_time": self.event_time, "output_type": self._output_type_arg,
-                    "chunk_bytes": self.chunk_bytes, "keep_outputs": self.keep_outputs,
+                    "chunk_bytes": self.chunk_bytes, "transfer": self.transfer,
+                    "keep_outputs": self.keep_outputs,
                     "checkpoint": self._settings["checkpoint"],
                     "snapshot_every": self._settings["snapshot_every"]}
         with self._lock:  # the server opens the stores and writes the checkpoint from now on

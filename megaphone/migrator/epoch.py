@@ -41,7 +41,7 @@ log = logging.getLogger("megaphone.epoch")
 #: The driver's phases of an epoch, in order.
 DRIVER_PHASES = ("admit", "layout", "launch", "collect", "commit", "cleanup")
 #: The workers' phases, inside ``collect``.
-WORKER_PHASES = ("export", "install", "apply")
+WORKER_PHASES = ("export", "receive", "install", "apply")
 #: Every phase name: crash points and timings use these.
 PHASES = DRIVER_PHASES + WORKER_PHASES
 #: Runs of an epoch's job before its error is raised, when the store service died under it.

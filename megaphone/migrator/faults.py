@@ -8,7 +8,8 @@ that holds the workers' state, once; the pipeline lives on and must recover by i
 Phases are those of :data:`megaphone.migrator.epoch.PHASES`: the driver's ``admit``,
 ``layout``, ``launch``, ``collect`` (after every worker committed, before the driver's commit),
 ``commit`` (in the middle of the commit record's write) and ``cleanup``, and the workers'
-``export`` (mid-export), ``install`` (after installing arriving bins) and ``apply`` (after
+``export`` (mid-export), ``receive`` (once the first moving state reached its new owner),
+``install`` (after installing arriving bins) and ``apply`` (after
 applying the records, before the worker's commit). A store kill finds the service through the
 pipeline's ``local_dir``; at ``commit``, which fires inside the state directory's write, through
 ``$MEGAPHONE_LOCAL_DIR`` (or the default), as the crash tests set it.

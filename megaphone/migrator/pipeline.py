@@ -54,7 +54,7 @@ from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
 from megaphone.spark import task_slots
-from megaphone.state_backends import DEFAULT_CHUNK_BYTES
+from megaphone.state_backends import DEFAULT_CHUNK_BYTES, check_transfer
 from megaphone.state_backends.durable import SNAPSHOT_EVERY
 from megaphone.state_backends.remote import default_local_dir
 
@@ -78,6 +78,8 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
     flight; ``workers`` then only applies to a new directory. ``local_dir`` is the host-local
     directory of the store service that keeps the workers' stores open across epochs
     (default ``$MEGAPHONE_LOCAL_DIR`` or ``$TMPDIR/megaphone-<uid>``; docs/worker-store.md).
+    ``transfer``: how moving bins travel, ``"auto"`` (RocksDB bins from 64 KiB as SST files,
+    the rest as rows), ``"files"`` or ``"rows"``, in shuffle rows of up to ``chunk_bytes``.
 
     >>> pipe = Pipeline(spark, "/tmp/wc", key="word", update="count")  # doctest: +SKIP
     >>> pipe.process(spark.createDataFrame([("a",), ("b",), ("a",)], "word string")).show()
@@ -106,6 +108,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         event_time: str | None = None,
         output_type: str = "string",
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        transfer: str = "auto",
         keep_outputs: int = 8,
         local_dir: str | None = None,
         checkpoint: str | None = None,
@@ -118,6 +121,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         self.value = value
         self.event_time = event_time
         self.chunk_bytes = chunk_bytes
+        self.transfer = check_transfer(transfer)
         self.keep_outputs = max(1, keep_outputs)
         self.local_dir = str(Path(local_dir or default_local_dir()).absolute())
         self._update_arg = update

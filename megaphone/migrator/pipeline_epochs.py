@@ -37,6 +37,7 @@ class PipelineEpochs:
     key: str
     event_time: str | None
     chunk_bytes: int
+    transfer: str
     keep_outputs: int
     local_dir: str
     _schema: PipelineSchema
@@ -158,6 +159,7 @@ class PipelineEpochs:
             update=update,
             output_schema=pa.schema([(f.name, to_arrow_type(f.dataType)) for f in out]),
             chunk_bytes=self.chunk_bytes,
+            transfer=self.transfer,
             has_event_time=self.event_time is not None,
             shuffle_schema=shuffle_schema(key_arrow, value_arrow, self.event_time is not None),
             local_dir=self.local_dir,

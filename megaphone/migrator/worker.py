@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from megaphone.migrator import columns as C
 from megaphone.migrator.faults import crash_point
 from megaphone.migrator.statedir import StateDir
+from megaphone.migrator.transfer import Arrivals, export_rows, rows
 from megaphone.migrator.updates import (
     Update,
     apply_builtin,
@@ -40,7 +41,7 @@ from megaphone.migrator.updates import (
 from megaphone.paths import StateDirPaths, local_worker_path
 from megaphone.records import WorkerMetrics, WorkerReport
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, check_checkpoint
-from megaphone.state_backends.encoding import encode_keys, payload_bytes
+from megaphone.state_backends.encoding import encode_keys
 from megaphone.state_backends.remote import DurableSpec, RemoteStore, default_local_dir
 
 _BINS = pa.list_(pa.int32())
@@ -62,7 +63,9 @@ class EpochSpec:
     ``(bin, new owner)`` pairs it exports; ``drops``: worker -> bins that left it last epoch;
     ``live``: workers owning bins at this epoch; ``local_dir``: the host-local directory of
     the store service that keeps the workers' stores open across epochs; ``pipeline_id``:
-    whose state directory tasks must find (checked once per Python worker, when given).
+    whose state directory tasks must find (checked once per Python worker, when given);
+    ``transfer``: how moving bins travel (:data:`~megaphone.state_backends.bin_files.
+    TRANSFER_MODES`).
     """
 
     epoch: int
@@ -73,6 +76,7 @@ class EpochSpec:
     update: Update
     output_schema: pa.Schema
     chunk_bytes: int
+    transfer: str = "auto"
     incoming: dict[int, tuple[int, ...]] = field(default_factory=dict)
     outgoing: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     drops: dict[int, tuple[int, ...]] = field(default_factory=dict)
@@ -111,7 +115,7 @@ def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_
     if event_time:
         fields.append(pa.field(C.EVENT_TIME, pa.int64()))
     fields += [pa.field(C.STATE_KEY, pa.binary()), pa.field(C.STATE_VALUE, pa.binary()),
-               pa.field(C.EXPORT_REPORT, pa.string())]
+               pa.field(C.STATE_FILE, pa.binary()), pa.field(C.EXPORT_REPORT, pa.string())]
     return pa.schema(fields)
 
 
@@ -190,52 +194,16 @@ def _store(spec: EpochSpec, worker: int) -> RemoteStore:
 
 
 def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Stream the state of the bins leaving ``sender`` as shuffle rows bound for their new owners.
+    """Stream the state of the bins leaving ``sender`` as shuffle rows bound for their new owners
+    (:func:`~megaphone.migrator.transfer.export_rows`: rows, or parts of whole-bin files).
 
     The sender's live store (in the store service) is read, not changed. Memory stays bounded by
     the chunk size. Its report follows as one last row, to the worker that gets its first bin.
     """
-    started = time.perf_counter()
     check_state_dir(spec)
-    moves = spec.outgoing.get(sender, ())
-    by_dst: dict[int, list[int]] = {}
-    for b, dst in moves:
-        by_dst.setdefault(dst, []).append(b)
-    bytes_by_bin: dict[int, int] = {}
-    keys_out = 0
-    if moves and (spec.checkpoint is not None or spec.worker_path(sender).exists()):
-        store = _store(spec, sender)
-        for dst, bins in sorted(by_dst.items()):
-            for b in sorted(bins):
-                for chunk in store.export([b], spec.chunk_bytes, spec.required_epoch(sender),
-                                          spec.epoch, spec.run_id):
-                    keys_out += chunk.num_rows
-                    nbytes = payload_bytes(chunk)
-                    bytes_by_bin[b] = bytes_by_bin.get(b, 0) + nbytes
-                    yield _state_rows(schema, dst, b, chunk)
-                    crash_point("export", spec.epoch, spec.local_dir)
-    if by_dst:
-        metrics = WorkerMetrics(bins_out=len(moves), keys_out=keys_out,
-                                bytes_out=sum(bytes_by_bin.values()),
-                                export_s=time.perf_counter() - started)
-        report = WorkerReport(sender, metrics, bytes_by_bin).to_json()
-        yield _rows(schema, 1, {C.WORKER: pa.array([min(by_dst)], pa.int32()),
-                                C.EXPORT_REPORT: pa.array([report])})
-
-
-def _rows(schema: pa.Schema, n: int, columns: dict[str, pa.Array]) -> pa.RecordBatch:
-    """``n`` rows of ``schema`` holding ``columns`` by name, null in every other column."""
-    return pa.RecordBatch.from_arrays(
-        [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in schema],
-        schema=schema)
-
-
-def _state_rows(schema: pa.Schema, dst: int, b: int, chunk: pa.RecordBatch) -> pa.RecordBatch:
-    """Shuffle rows carrying one exported chunk of bin ``b`` to worker ``dst``."""
-    n = chunk.num_rows
-    return _rows(schema, n, {C.WORKER: pa.array([dst] * n, pa.int32()),
-                             C.BIN: pa.array([b] * n, pa.int32()),
-                             C.STATE_KEY: chunk.column(0), C.STATE_VALUE: chunk.column(1)})
+    has_state = bool(spec.outgoing.get(sender)) and (
+        spec.checkpoint is not None or spec.worker_path(sender).exists())
+    yield from export_rows(spec, sender, _store(spec, sender) if has_state else None, schema)
 
 
 def apply_worker(
@@ -279,33 +247,13 @@ def apply_worker(
             spec.output_schema.empty_table()
     else:
         store.drop_bins(sorted(set(drops) | set(incoming)))
-        records: list[pa.RecordBatch] = []
-
-        def state_chunks() -> Iterator[pa.RecordBatch]:
-            for batch in timed:
-                is_state = pc.is_valid(batch.column(C.STATE_KEY))
-                n_state = pc.sum(is_state).as_py() or 0
-                if n_state < batch.num_rows:
-                    records.append(batch.filter(pc.invert(is_state)) if n_state else batch)
-                if n_state:
-                    chunk = batch.filter(is_state)
-                    metrics.keys_in += chunk.num_rows
-                    kv = pa.RecordBatch.from_arrays(
-                        [chunk.column(C.STATE_KEY), chunk.column(C.STATE_VALUE)],
-                        names=["k", "v"])
-                    metrics.bytes_in += payload_bytes(kv)
-                    yield kv
-
+        arrivals = Arrivals(spec, worker, store.path, metrics)
         t0, waited = time.perf_counter(), timed.waiting
-        if incoming:
-            metrics.install_method = store.install(state_chunks())["method"]
-        else:  # nothing to install: read the records without a round trip to the store
-            for _ in state_chunks():
-                raise RuntimeError(f"worker {worker} received state at epoch {spec.epoch} but "
-                                   "installs no bin: the epoch's layout is inconsistent")
+        metrics.install_method = arrivals.install(store, timed, incoming)
         metrics.install_s = time.perf_counter() - t0 - (timed.waiting - waited)
         crash_point("install", spec.epoch, spec.local_dir)
         t0 = time.perf_counter()
+        records = arrivals.records
         table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
         keys_column = table.column(C.KEY)
         if keys_column.null_count:  # counted, never applied: a key decides the state
@@ -331,7 +279,7 @@ def apply_worker(
     metrics.records_out = outputs.num_rows
     schema = result_schema(spec.output_schema)
     for batch in outputs.cast(spec.output_schema).to_batches():
-        yield _rows(schema, batch.num_rows, dict(zip(batch.schema.names, batch.columns,
+        yield rows(schema, batch.num_rows, dict(zip(batch.schema.names, batch.columns,
                                                      strict=True)))
     metrics.useful_s = time.perf_counter() - started - timed.waiting
     own = WorkerReport(worker, metrics).to_json()
@@ -347,7 +295,7 @@ def _report_rows(schema: pa.Schema, reports: list[str],
         pad = [None] * (len(reports) - 1)
         columns[C.LOAD_BINS] = pa.array([load[0], *pad], _BINS)
         columns[C.LOAD_COUNTS] = pa.array([load[1], *pad], _BINS)
-    return _rows(schema, len(reports), columns)
+    return rows(schema, len(reports), columns)
 
 
 def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table

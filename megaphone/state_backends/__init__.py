@@ -16,6 +16,7 @@ from megaphone.state_backends.base import (
     ImportStats,
     StateBackend,
 )
+from megaphone.state_backends.bin_files import TRANSFER_MODES, BinFile, check_transfer
 from megaphone.state_backends.encoding import (
     META_PREFIX,
     bin_range,
@@ -72,6 +73,8 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "EXPORT_SCHEMA",
     "META_PREFIX",
+    "TRANSFER_MODES",
+    "BinFile",
     "BinStats",
     "ImportStats",
     "MemoryBackend",
@@ -79,6 +82,7 @@ __all__ = [
     "StateBackend",
     "bin_range",
     "bins_range",
+    "check_transfer",
     "decode_keys",
     "encode_keys",
     "meta_key",

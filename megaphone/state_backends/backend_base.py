@@ -22,6 +22,7 @@ from megaphone.state_backends.base import (
     BinStats,
     ImportStats,
 )
+from megaphone.state_backends.bin_files import BinFile
 from megaphone.state_backends.descriptor import RESERVED_META
 from megaphone.state_backends.encoding import (
     arrow_lengths,
@@ -100,6 +101,17 @@ class BackendBase:
     def checkpoint(self, dest_dir: str) -> None:
         """Copy the state to ``dest_dir`` (see :class:`StateBackend`)."""
         raise NotImplementedError
+
+    #: Whether this backend writes and ingests whole-bin files (see :class:`StateBackend`).
+    supports_bin_files = False
+
+    def write_bin_file(self, b: int, min_bytes: int = 1) -> BinFile | None:
+        """Bin ``b`` as one SST file (see :class:`StateBackend`); RocksDB only."""
+        raise NotImplementedError(f"{type(self).__name__} cannot write bins as files")
+
+    def ingest_bin_files(self, files: Sequence[BinFile]) -> ImportStats:
+        """Ingest whole-bin files (see :class:`StateBackend`); RocksDB only."""
+        raise NotImplementedError(f"{type(self).__name__} cannot ingest bin files")
 
     def flush(self) -> None:
         """Make writes durable (see :class:`StateBackend`)."""

@@ -20,6 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from megaphone.state_backends.bin_files import BinFile
+
 EXPORT_SCHEMA = pa.schema([("k", pa.binary()), ("v", pa.binary())])
 """Schema of exported state chunks: raw key (with bin prefix) and msgpack value."""
 
@@ -139,6 +141,18 @@ class StateBackend(Protocol):
 
     def drop_bins(self, bins: Iterable[int]) -> None:
         """Delete every key of ``bins`` (one range per run of consecutive bins), atomically."""
+        ...
+
+    #: Whether :meth:`write_bin_file` and :meth:`ingest_bin_files` work (RocksDB: yes).
+    supports_bin_files: bool
+
+    def write_bin_file(self, b: int, min_bytes: int = 1) -> BinFile | None:
+        """Bin ``b`` as one sorted SST file in the store's directory; ``None`` if it holds fewer
+        than ``min_bytes`` bytes."""
+        ...
+
+    def ingest_bin_files(self, files: Sequence[BinFile]) -> ImportStats:
+        """Ingest :meth:`write_bin_file` files (moved, not copied) into bins empty here."""
         ...
 
     # -- inspection and lifecycle ------------------------------------------------------------

@@ -96,7 +96,7 @@ class DurableCopy:
     # -- writing -----------------------------------------------------------------------------
 
     def record(self, epoch: int, prev: int, drops: Sequence[int],
-               rows: Sequence[pa.RecordBatch], token: str = "") -> None:
+               rows: Iterable[pa.RecordBatch], token: str = "") -> None:
         """Write epoch ``epoch``'s changelog: ``drops`` first, then ``rows`` in order;
         ``token`` names this application of the epoch (see :meth:`plan_restore`).
 

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from megaphone.errors import MegaphoneError
 from megaphone.paths import store_lock_path, store_log_path, store_pid_path, store_socket_path
+from megaphone.state_backends.bin_files import BinFile
 from megaphone.state_backends.service_identity import code_id
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
 
@@ -284,6 +285,11 @@ class RemoteStore:
         self.token = ""
 
     @property
+    def path(self) -> str:
+        """The store's directory (absolute), as the service knows it."""
+        return self._id["path"]
+
+    @property
     def service_pid(self) -> int:
         """The pid of the service holding the store."""
         return self.conn.pid
@@ -329,6 +335,11 @@ class RemoteStore:
             forget(self.local_dir)  # the stream was cut: the connection is out of step
             raise
 
+    def ingest(self, files: Sequence[BinFile]) -> dict[str, Any]:
+        """Install arriving bins from whole-bin files in the store's incoming transfer
+        directory; returns the path taken, keys, bytes, seconds."""
+        return self._call("ingest", lease=self.lease, files=[f.to_wire() for f in files])
+
     def read(self, raw_keys: Sequence[bytes]) -> list[bytes | None]:
         """Current values of ``raw_keys``."""
         if not raw_keys:
@@ -347,16 +358,23 @@ class RemoteStore:
         return reply
 
     def export(self, bins: Sequence[int], chunk_bytes: int, required: int | None = None,
-               current: int | None = None, run: str = "") -> Iterator[pa.RecordBatch]:
+               current: int | None = None, run: str = "", file_min_bytes: int | None = None
+               ) -> Iterator[pa.RecordBatch | BinFile]:
         """Stream the state of ``bins`` as ``(k, v)`` chunks, as of the driver's last commit:
         first an epoch ``current`` that another run applied is rolled back, and a store behind
-        ``required`` restored from its durable copy (as at :meth:`begin`)."""
+        ``required`` restored from its durable copy (as at :meth:`begin`). With
+        ``file_min_bytes``, a bin of at least that many bytes comes as one :class:`BinFile` on
+        this host instead, where the backend can write one (the caller deletes it)."""
         finished = False
         try:
             for frame in self.conn.receive_stream("export", **self._id, bins=list(bins),
                                                   chunk_bytes=chunk_bytes, required=required,
-                                                  current=current, run=run):
-                yield from ipc_to_batches(frame["chunk"])
+                                                  current=current, run=run,
+                                                  file_min_bytes=file_min_bytes):
+                if "file" in frame:
+                    yield BinFile.from_wire(frame["file"])
+                else:
+                    yield from ipc_to_batches(frame["chunk"])
             finished = True
         finally:
             if not finished:  # abandoned or failed mid-stream: the connection is out of step

@@ -10,6 +10,7 @@ disagree with the data, even after a crash.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import os
 import shutil
@@ -35,6 +36,7 @@ from rocksdict import (
 
 from megaphone.state_backends.backend_base import BackendBase
 from megaphone.state_backends.base import ImportStats
+from megaphone.state_backends.bin_files import BinFile, new_file_name, transfer_dir
 from megaphone.state_backends.descriptor import INFO_META, check_info, info_bytes
 from megaphone.state_backends.encoding import (
     arrow_lengths,
@@ -262,6 +264,73 @@ class RocksDBBackend(BackendBase):
         opts.set_move_files(True)
         self._db.ingest_external_file([*files, meta_file], opts)
         self._counters = counters
+
+    # ------------------------------------------------------------------ whole-bin files
+
+    supports_bin_files = True
+
+    def write_bin_file(self, b: int, min_bytes: int = 1) -> BinFile | None:
+        """Bin ``b``'s keys and values as one sorted SST file in the store's outgoing transfer
+        directory; ``None`` if the bin holds fewer than ``min_bytes`` bytes (or none). The scan
+        feeds the writer in C (no Python per key); the bin's counters give its keys and bytes."""
+        b = int(self._check_bin_ids([b])[0])
+        keys, nbytes = int(self._counters.keys[b]), int(self._counters.bytes[b])
+        if keys == 0 or nbytes < min_bytes:
+            return None
+        directory = transfer_dir(self.path, "out")
+        os.makedirs(directory, exist_ok=True)
+        name = new_file_name(b)
+        path = os.path.join(directory, f"out-{name}.sst")
+        writer = SstFileWriter(self._options)
+        writer.open(path)
+        try:
+            collections.deque(itertools.starmap(writer.__setitem__, self._scan(b, b + 1)),
+                              maxlen=0)
+            writer.finish()
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+        return BinFile(b, keys, nbytes, os.path.getsize(path), path, name)
+
+    def ingest_bin_files(self, files: Sequence[BinFile]) -> ImportStats:
+        """Ingest :meth:`write_bin_file` files, moving them into the DB, in one ingestion.
+
+        Their bins must be empty here. The counters are written (synced) before the files are
+        ingested: a crash in between leaves counters that overstate empty bins, which the next
+        attempt's drop of its arriving bins resets; the other order could leave keys that the
+        counters call empty, which a drop would skip.
+        """
+        self._check_writable()
+        if not files:
+            return ImportStats("files", 0, 0)
+        bins = np.array([f.bin for f in files], dtype=np.int64)
+        self._check_raw_bins(bins)
+        if len(np.unique(bins)) != len(bins):
+            raise ValueError(f"two files for one bin among bins {sorted(bins.tolist())}")
+        full = bins[~self._counters.empty_mask()[bins]]
+        if full.size:
+            raise ValueError(f"bins {sorted(full.tolist())} are not empty here: a bin file "
+                             "installs a whole bin")
+        for f in files:
+            if not os.path.isfile(f.path) or os.path.getsize(f.path) != f.size:
+                raise ValueError(f"bin file {f.path} is missing or not {f.size} bytes")
+        counters = self._counters.copy()
+        counters.keys[bins] += [f.keys for f in files]
+        counters.bytes[bins] += [f.bytes for f in files]
+        wb = WriteBatch(raw_mode=True)
+        wb.put(meta_key(STATS_META), counters.to_bytes())
+        self._db.write(wb, _SYNCED)
+        self._counters = counters
+        opts = IngestExternalFileOptions()
+        opts.set_move_files(True)
+        try:
+            self._db.ingest_external_file([f.path for f in sorted(files, key=lambda f: f.bin)],
+                                          opts)
+        except Exception:
+            self.drop_bins(bins.tolist())  # back to empty bins and matching counters
+            raise
+        return ImportStats("files", sum(f.keys for f in files), sum(f.bytes for f in files))
 
     # ------------------------------------------------------------------ lifecycle
 

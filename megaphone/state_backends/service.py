@@ -40,6 +40,7 @@ from typing import Any
 import pyarrow as pa
 
 from megaphone.errors import MegaphoneError
+from megaphone.state_backends.bin_files import BinFile, transfer_dir
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
 from megaphone.state_backends.service_identity import code_id, process_start
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
@@ -267,14 +268,39 @@ class StoreService:
             return {"seconds": seconds, "token": token, **entry.store.health()}
 
     def _export(self, sock: socket.socket, req: dict[str, Any], owner) -> None:
+        """Stream bins as ``(k, v)`` chunks; with ``file_min_bytes`` (and a backend that can),
+        each bin of at least that many bytes goes as one file instead (its descriptor)."""
         entry = self.entry(req, owner)
+        min_bytes = req.get("file_min_bytes")
         with entry.lock:
             self._catch_up(entry, req)
-            for chunk in entry.store.backend.export_bins(req["bins"], req["chunk_bytes"]):
-                if chunk.num_rows:
-                    send_frame(sock, {"chunk": batch_to_ipc(chunk)})
+            backend = entry.store.backend
+            files = min_bytes is not None and backend.supports_bin_files
+            for group in ([b] for b in req["bins"]) if files else [req["bins"]]:
+                made = backend.write_bin_file(group[0], max(1, min_bytes)) if files else None
+                if made is not None:
+                    send_frame(sock, {"file": made.to_wire()})
+                    continue
+                for chunk in backend.export_bins(group, req["chunk_bytes"]):
+                    if chunk.num_rows:
+                        send_frame(sock, {"chunk": batch_to_ipc(chunk)})
             entry.last_used = time.monotonic()
         send_frame(sock, {"ok": True, "end": True})
+
+    def op_ingest(self, req: dict[str, Any], owner) -> dict[str, Any]:
+        """Install arriving bins from whole-bin files the task wrote into the store's
+        incoming transfer directory (no other path is accepted)."""
+        entry = self._leased(req, owner)
+        inbox = transfer_dir(req["path"], "in")
+        files = [BinFile.from_wire(f) for f in req["files"]]
+        for f in files:
+            if os.path.dirname(os.path.abspath(f.path)) != inbox:
+                raise ValueError(f"bin file {f.path} is not in the store's transfer directory")
+        with entry.lock:
+            started = time.perf_counter()
+            stats = entry.store.ingest_files(files)
+            return {"method": stats.method, "keys": stats.keys, "bytes": stats.bytes,
+                    "seconds": time.perf_counter() - started}
 
     def op_stats(self, req: dict[str, Any], owner) -> dict[str, Any]:
         """Keys and bytes of every non-empty bin, as of the driver's last commit."""

@@ -18,6 +18,7 @@ threads flush and compact it, outside every epoch's commit.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import struct
@@ -30,6 +31,7 @@ import pyarrow as pa
 
 from megaphone.errors import MegaphoneError
 from megaphone.state_backends.base import ImportStats, StateBackend
+from megaphone.state_backends.bin_files import BinFile
 from megaphone.state_backends.durable import DurableCopy, Restored, merged_rows
 
 EPOCH_META = "epoch"
@@ -68,6 +70,7 @@ class WorkerStore:
         self._stall_at_begin = 0.0
         self._dropped: set[int] = set()
         self._installed: list[pa.RecordBatch] = []
+        self._ingested: set[int] = set()
 
     @classmethod
     def open(cls, kind: str, path: str | os.PathLike[str], key_type: str, num_bins: int,
@@ -110,7 +113,7 @@ class WorkerStore:
             raise StoreVersionError(
                 f"worker state at {self.backend.path} is at epoch {at}, ahead of epoch {epoch}")
         self._stall_at_begin = self.stall_seconds()
-        self._dropped, self._installed = set(), []
+        self._dropped, self._installed, self._ingested = set(), [], set()
         return at < epoch
 
     def restore(self, epoch: int, token: str = "") -> Restored:
@@ -186,6 +189,12 @@ class WorkerStore:
             chunks = _kept(chunks, self._installed)
         return self.backend.import_bins(chunks, method="auto")
 
+    def ingest_files(self, files: Sequence[BinFile]) -> ImportStats:
+        """Install arriving bins shipped as whole-bin files (ingested, no per-key work)."""
+        stats = self.backend.ingest_bin_files(files)
+        self._ingested.update(f.bin for f in files)
+        return stats
+
     def read(self, raw_keys: Sequence[bytes]) -> list[bytes | None]:
         """Current values of ``raw_keys`` (``None`` where absent)."""
         return self.backend.get_raw(raw_keys)
@@ -209,15 +218,18 @@ class WorkerStore:
         if self.durable is not None:  # durable before the worker's commit, so before the driver's
             writes = pa.RecordBatch.from_arrays(
                 [pa.array(keys, pa.binary()), pa.array(values, pa.binary())], names=["k", "v"])
-            self.durable.record(epoch, at, sorted(self._dropped), [*self._installed, writes],
-                                token)
+            # Bins that arrived as files enter the changelog as rows, read back before the
+            # epoch's writes (which come after them in the log, as in the store).
+            ingested = self.backend.export_bins(sorted(self._ingested))
+            self.durable.record(epoch, at, sorted(self._dropped),
+                                itertools.chain(ingested, self._installed, [writes]), token)
         undo = msgpack.packb({"epoch": epoch, "bins": list(installed), "keys": list(keys),
                               "old": list(old), "run": self.run, "token": self.token})
         self.backend.write_raw(keys, values, old, meta={
             EPOCH_META: pack_epoch(epoch), OUTPUTS_META: outputs, UNDO_META: undo,
             RUN_META: run.encode(), TOKEN_META: token.encode()})
         self.backend.flush_if_volatile()
-        self._installed = []
+        self._installed, self._ingested = [], set()
         if self.durable is not None and self.durable.snapshot_due(epoch):
             self.durable.write_snapshot(
                 epoch, self.backend.export_bins(range(self.backend.num_bins)), token)

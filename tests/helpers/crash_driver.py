@@ -25,8 +25,10 @@ def batch_keys(epoch: int) -> list[int]:
 
 def main(state_dir: str, strategy: str, out: str) -> None:
     spark = spark_session("local[2]", "crash-driver")
+    # fluid ships its bins as files, all-at-once as rows: the chains cover both transfers.
     pipe = Pipeline(spark, state_dir, key="k", update="count", workers=2, num_bins=16,
-                    key_type="int64", pipeline_id="crash-test", keep_outputs=100)
+                    key_type="int64", pipeline_id="crash-test", keep_outputs=100,
+                    transfer="files" if strategy == "fluid" else "rows")
     while pipe.epoch + 1 < EPOCHS:
         epoch = pipe.epoch + 1
         if epoch == PLAN_EPOCH and pipe.routing.version == 0 and not pipe.in_flight:
@@ -42,7 +44,9 @@ def main(state_dir: str, strategy: str, out: str) -> None:
     with open(out, "w") as fh:
         json.dump({"outputs": outputs, "state": state, "workers": pipe.routing.workers(),
                    "rolled_back": pipe.recovery.workers_rolled_back,
-                   "job_attempts": sum(m.get("job_attempts", 1) for m in pipe.metrics())}, fh)
+                   "job_attempts": sum(m.get("job_attempts", 1) for m in pipe.metrics()),
+                   "files_in": sum(w.get("files_in") or 0 for m in pipe.metrics()
+                                   for w in m["per_worker"].values())}, fh)
     pipe.close()
     spark.stop()
 
