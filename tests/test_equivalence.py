@@ -3,9 +3,9 @@
 Random batches of random keys (int and str), random plans (random bins and epochs, chained
 plans queued behind each other, scale out and in, moves back and forth), every update kind,
 both backends and bins shipped as rows or as files, checked epoch by epoch against a reference
-that knows nothing of workers. The
-last plan may be adaptive: a random policy (any subset of the remaining moves at any epoch,
-including none) or the deadline policy decides at each epoch which moves start.
+that knows nothing of workers. The last plan may be adaptive: a random policy (any subset of
+the remaining moves at any epoch, including none) or the deadline policy decides at each epoch
+which moves start.
 """
 
 from __future__ import annotations
