@@ -35,6 +35,8 @@ STORE_SOCKET = "store.sock"
 STORE_PID = "store-service.pid"
 STORE_LOCK = "store-service.lock"
 STORE_LOG = "store-service.log"
+#: Under ``LOCAL_DIR``: the directories of the host's further store services (one per core).
+SERVICE_PREFIX = "service-"
 #: Under ``LOCAL_DIR``: the state directories of pipelines a Spark Connect server opens.
 DRIVERS = "drivers"
 #: Under the state directory: the checkpoint of ``Pipeline.start``'s query, if it names none.
@@ -174,6 +176,21 @@ def local_worker_path(local_dir: str | os.PathLike[str], pipeline_id: str, worke
 def local_stores_path(local_dir: str | os.PathLike[str], pipeline_id: str) -> Path:
     """The folder of a host's working copies of one checkpointed pipeline's workers."""
     return Path(local_dir) / STORES / pipeline_id
+
+
+def service_dir(local_dir: str, shard: int) -> str:
+    """The directory of a host's store service number ``shard``: ``LOCAL_DIR`` itself for the
+    first, ``LOCAL_DIR/service-<shard>`` for the others (socket, pid, lock and log inside)."""
+    return local_dir if shard == 0 else os.path.join(local_dir, f"{SERVICE_PREFIX}{shard}")
+
+
+def service_dirs(local_dir: str) -> list[str]:
+    """The directories of every store service that ``local_dir`` has held (the first always)."""
+    try:
+        names = sorted(n for n in os.listdir(local_dir) if n.startswith(SERVICE_PREFIX))
+    except OSError:
+        names = []
+    return [local_dir, *(os.path.join(local_dir, n) for n in names)]
 
 
 def store_socket_path(local_dir: str) -> str:

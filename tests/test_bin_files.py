@@ -158,7 +158,8 @@ def test_memory_backend_keeps_rows_and_modes_are_checked(tmp_path):
 def test_a_live_move_ships_bins_as_files_and_the_durable_copy_has_them(spark, tmp_path):
     pipe = Pipeline(spark, str(tmp_path / "state"), key="k", update="count", workers=2,
                     num_bins=BINS, key_type="int64", pipeline_id="files-test",
-                    checkpoint=str(tmp_path / "checkpoint"), transfer="files")
+                    checkpoint=str(tmp_path / "checkpoint"), transfer="files",
+                    local_dir=str(tmp_path / "local"))
     expected: Counter = Counter()
 
     def epoch(keys: list[int]) -> None:

@@ -25,7 +25,7 @@ from megaphone.paths import (
     seq_name,
 )
 from megaphone.state_backends.durable import claim_checkpoint
-from megaphone.state_backends.remote import release_stores, service_pid
+from megaphone.state_backends.remote import release_stores, service_pids
 from tests.helpers.servers import s3_endpoint
 
 EPOCHS = 7
@@ -125,8 +125,7 @@ def test_a_driver_restarts_anywhere_from_the_checkpoint(spark, tmp_path, checkpo
     outputs = {e: pipe.state_dir.read_outputs(e) for e in pipe.state_dir.output_epochs()}
     metrics = pipe.metrics()
     pipe.close()
-    pid = service_pid(pipe.local_dir)
-    if pid is not None:  # the host is gone: its store service too
+    for pid in service_pids(pipe.local_dir):  # the host is gone: its store services too
         os.kill(pid, signal.SIGKILL)
     shutil.rmtree(tmp_path / "state")
     shutil.rmtree(tmp_path / "host-a")

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from megaphone.migrator.epoch import PHASES
-from megaphone.state_backends.remote import service_pid
+from megaphone.state_backends.remote import service_pids
 from tests.helpers.crash_driver import EPOCHS, batch_keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,9 +79,10 @@ def test_the_crash_chains_cover_every_phase():
 
 
 def wait_for_service_exit(state_dir: Path, timeout: float = 20.0) -> None:
-    """The store service of a crashed pipeline must end by itself (its executor is gone)."""
+    """The store services of a crashed pipeline must end by themselves (their executor is
+    gone)."""
     deadline = time.monotonic() + timeout
-    while service_pid(local_dir(state_dir)) is not None:
+    while service_pids(local_dir(state_dir)):
         assert time.monotonic() < deadline, "the store service outlived its crashed pipeline"
         time.sleep(0.2)
 

@@ -2,8 +2,8 @@
 
 Inert unless ``MEGAPHONE_CRASH_AT`` is set in the environment of the pipeline process (Spark's
 Python workers inherit it): a comma-separated list of ``<phase>:<epoch>`` (SIGKILL the whole
-pipeline: driver, JVM, Python workers) or ``<phase>:<epoch>:store`` (SIGKILL the store service
-that holds the workers' state, once; the pipeline lives on and must recover by itself).
+pipeline: driver, JVM, Python workers) or ``<phase>:<epoch>:store`` (SIGKILL the store services
+that hold the workers' state, once; the pipeline lives on and must recover by itself).
 
 Phases are those of :data:`megaphone.migrator.epoch.PHASES`: the driver's ``admit``,
 ``layout``, ``launch``, ``collect`` (after every worker committed, before the driver's commit),
@@ -39,7 +39,7 @@ def crash_point(phase: str, epoch: int, local_dir: str | None = None) -> None:
 
 
 def _kill_store_service(phase: str, epoch: int, local_dir: str | None) -> None:
-    from megaphone.state_backends.remote import default_local_dir, service_pid
+    from megaphone.state_backends.remote import default_local_dir, service_pids
 
     local_dir = local_dir or default_local_dir()
     marker = os.path.join(local_dir, f"crashed-{phase}-{epoch}")
@@ -47,6 +47,5 @@ def _kill_store_service(phase: str, epoch: int, local_dir: str | None) -> None:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return
-    pid = service_pid(local_dir)
-    if pid is not None:
+    for pid in service_pids(local_dir):  # every service of the host
         os.kill(pid, signal.SIGKILL)
