@@ -57,7 +57,7 @@ class RemoteStore:
         """Reach the store at ``path`` through the service of ``local_dir`` that holds
         ``worker``'s store (starting it if none runs)."""
         self.local_dir = service_dir(local_dir, worker % service_shards())
-        self.conn = connect(local_dir)
+        self.conn = connect(self.local_dir)
         assert self.conn is not None
         self._id: dict[str, Any] = {"path": os.path.abspath(path), "kind": kind,
                                     "key_type": key_type, "num_bins": num_bins}

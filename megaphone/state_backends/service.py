@@ -1,4 +1,5 @@
-"""The store service: a long-lived process per host that keeps workers' stores open across epochs.
+"""The store service: a long-lived process on each host that keeps workers' stores open across
+epochs (one per core: :func:`~megaphone.state_backends.service_client.service_shards`).
 
 PySpark reuses Python worker processes but does not pin a partition to one, and a RocksDB can
 be opened read-write by one process only. So the worker stores of a host live in one process of
