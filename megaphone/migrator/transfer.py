@@ -107,7 +107,8 @@ def _file_rows(schema: pa.Schema, dst: int, f: BinFile, spec: EpochSpec
 class Arrivals:
     """What reaches a worker's task, sorted out: records (kept in :attr:`records` for after the
     installs), row chunks of moving state (streamed to the store by :meth:`chunks`) and parts of
-    bin files (written to the store's incoming transfer directory, ingested by :meth:`ingest`).
+    bin files (written to the store's incoming transfer directory, ingested once whole), all by
+    :meth:`install`.
     """
 
     def __init__(self, spec: EpochSpec, worker: int, store_path: str,
