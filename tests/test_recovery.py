@@ -18,6 +18,7 @@ from pathlib import Path
 
 from megaphone.migrator.epoch import PHASES
 from megaphone.state_backends.remote import service_pids
+from megaphone.state_backends.service import IDLE_EXIT_S
 from tests.helpers.crash_driver import EPOCHS, batch_keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,9 +79,10 @@ def test_the_crash_chains_cover_every_phase():
     assert "receive" in {p.split(":")[0] for p in STORE_KILLS["fluid"]}
 
 
-def wait_for_service_exit(state_dir: Path, timeout: float = 20.0) -> None:
-    """The store services of a crashed pipeline must end by themselves (their executor is
-    gone)."""
+def wait_for_service_exit(state_dir: Path, timeout: float = IDLE_EXIT_S + 15) -> None:
+    """The store services of a crashed pipeline must end by themselves: at once when the
+    executor they served is gone, at the latest after IDLE_EXIT_S without a store or a
+    connection (a service the crash left without ever opening a store)."""
     deadline = time.monotonic() + timeout
     while service_pids(local_dir(state_dir)):
         assert time.monotonic() < deadline, "the store service outlived its crashed pipeline"

@@ -85,7 +85,7 @@ class DurableRead:
         path = local_worker_path(self.local_dir, self.pipeline_id, worker)
         return RemoteStore(self.local_dir, str(path), backend, key_type, num_bins,
                            DurableSpec(self.uri, worker, self.snapshot_every,
-                                       self.committed_tokens.get(worker, "")))
+                                       self.committed_tokens.get(worker, "")), worker)
 
 
 def read_bin_stats(spark: SparkSession, durable: DurableRead, backend: str, key_type: str,

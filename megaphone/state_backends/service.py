@@ -87,6 +87,7 @@ class StoreService:
         self.last_activity = time.monotonic()
         self.stopping = threading.Event()
         self.orphaned = False  # stores were closed because their executor is gone
+        self.watched: set[tuple[int, int]] = set()  # executors that connected (pid, start)
 
     # -- stores -------------------------------------------------------------------------------
 
@@ -142,6 +143,8 @@ class StoreService:
                         pid = req.get("watch")
                         start = process_start(pid) if pid else None
                         owner = (pid, start) if start is not None else None
+                        if owner is not None:
+                            self.watched.add(owner)
                         send_frame(sock, {"ok": True, "pid": os.getpid(), "code": code_id()})
                     elif op == "export":
                         self._export(sock, req, owner)
@@ -338,7 +341,10 @@ class StoreService:
             lambda p, e: bool(e.owners) and all(process_start(pid) != start
                                                 for pid, start in e.owners),
             "its executor is gone")
-        if gone:
+        # Orphaned: stores closed because their executor died, or every executor that ever
+        # connected is gone (a crash while this service held no store).
+        if gone or (self.watched and all(process_start(pid) != start
+                                         for pid, start in self.watched)):
             self.orphaned = True
         self.close_stores(lambda p, e: now - e.last_used > STORE_IDLE_CLOSE_S, "idle")
         with self._lock:
