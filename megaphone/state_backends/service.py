@@ -2,9 +2,10 @@
 epochs (one per core: :func:`~megaphone.state_backends.service_client.service_shards`).
 
 PySpark reuses Python worker processes but does not pin a partition to one, and a RocksDB can
-be opened read-write by one process only. So the worker stores of a host live in one process of
-their own, started on demand by the first task that needs one (``start_new_session``: it
-outlives the task), and every task of every epoch reaches it over a Unix socket. The task keeps
+be opened read-write by one process only. So each worker store of a host lives in a process
+of its own kind (one per core; a worker always in the same one), started on demand by the first
+task that needs it (``start_new_session``: it outlives the task), and every task of every epoch
+reaches it over a Unix socket. The task keeps
 the computation (grouping, the update function, outputs); the service does the storage
 operations: the epoch's version check, drops, installs, reads, the commit, exports. Opening a
 store, flushing its memtable and compacting no longer happen inside an epoch: the memtable
