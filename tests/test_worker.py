@@ -8,10 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from megaphone.migrator.epoch_spec import EpochSpec, shuffle_schema
 from megaphone.migrator.spark_job import split_results
 from megaphone.migrator.statedir import MANIFEST_FORMAT
 from megaphone.migrator.updates import make_update
-from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker, shuffle_schema
+from megaphone.migrator.worker import apply_worker, export_worker
 from megaphone.paths import StateDirPaths
 from megaphone.routing.bins import bin_of
 from megaphone.state_backends import open_backend

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 
+from megaphone.migrator.epoch_spec import EpochSpec
 from megaphone.migrator.faults import crash_point
 from megaphone.migrator.inbox import take_plans
 from megaphone.migrator.layout import EpochLayout, commit_record, epoch_layout
@@ -32,7 +33,6 @@ from megaphone.migrator.plan_queue import PlanQueue, PolicyInputs
 from megaphone.migrator.spark_job import MapSides, epoch_job, epoch_metrics, split_results
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import Update
-from megaphone.migrator.worker import EpochSpec
 from megaphone.plans.plan import MigrationPlan
 from megaphone.records import EpochMetrics
 

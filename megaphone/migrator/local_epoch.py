@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from megaphone.migrator import columns as C
-from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker
+from megaphone.migrator.epoch_spec import EpochSpec
+from megaphone.migrator.worker import apply_worker, export_worker
 from megaphone.records import WorkerReport
 
 

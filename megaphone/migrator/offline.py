@@ -17,13 +17,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from megaphone.migrator.epoch_spec import EpochSpec, shuffle_schema
 from megaphone.migrator.layout import EpochLayout, commit_record, epoch_layout, task_fields
 from megaphone.migrator.local_epoch import run_epoch_tasks
 from megaphone.migrator.plan_queue import MigrationHandle
 from megaphone.migrator.recovery import check_and_recover
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import make_update
-from megaphone.migrator.worker import EpochSpec, shuffle_schema
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.plans.policy import plan_policy
 from megaphone.routing.keys import KEY_ARROW_TYPES

@@ -16,13 +16,13 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
 from megaphone.migrator.epoch import Admission, EpochHost, EpochRun
+from megaphone.migrator.epoch_spec import EpochSpec, shuffle_schema
 from megaphone.migrator.layout import EpochLayout, task_fields
 from megaphone.migrator.plan_queue import PlanQueue
 from megaphone.migrator.schemas import PipelineSchema
 from megaphone.migrator.spark_job import MapSides
 from megaphone.migrator.statedir import Commit, StateDir
 from megaphone.migrator.updates import Update
-from megaphone.migrator.worker import EpochSpec, shuffle_schema
 from megaphone.records import EpochMetrics
 
 

@@ -25,8 +25,9 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
 from megaphone.migrator import columns as C
+from megaphone.migrator.epoch_spec import EpochSpec
 from megaphone.migrator.layout import EpochLayout
-from megaphone.migrator.worker import EpochSpec, apply_worker, export_worker, result_schema
+from megaphone.migrator.worker import apply_worker, export_worker, result_schema
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column
 

@@ -13,13 +13,13 @@ import contextlib
 import os
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
 import msgpack
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from megaphone.migrator import columns as C
+from megaphone.migrator.epoch_spec import EpochSpec
 from megaphone.migrator.faults import crash_point
 from megaphone.records import WorkerMetrics, WorkerReport
 from megaphone.state_backends.bin_files import (
@@ -31,9 +31,6 @@ from megaphone.state_backends.bin_files import (
 )
 from megaphone.state_backends.encoding import payload_bytes
 from megaphone.state_backends.remote import RemoteStore
-
-if TYPE_CHECKING:
-    from megaphone.migrator.worker import EpochSpec
 
 
 def rows(schema: pa.Schema, n: int, columns: dict[str, pa.Array]) -> pa.RecordBatch:

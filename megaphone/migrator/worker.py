@@ -20,29 +20,26 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from megaphone.migrator import columns as C
+from megaphone.migrator.epoch_spec import EpochSpec
 from megaphone.migrator.faults import crash_point
 from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.transfer import Arrivals, export_rows, rows
 from megaphone.migrator.updates import (
-    Update,
     apply_builtin,
     apply_custom,
     group_values,
     partial_aggregates,
 )
-from megaphone.paths import StateDirPaths, local_worker_path
 from megaphone.records import WorkerMetrics, WorkerReport
-from megaphone.state_backends.durable import SNAPSHOT_EVERY, check_checkpoint
+from megaphone.state_backends.durable import check_checkpoint
 from megaphone.state_backends.encoding import encode_keys
-from megaphone.state_backends.remote import DurableSpec, RemoteStore, default_local_dir
+from megaphone.state_backends.remote import DurableSpec, RemoteStore
 
 _BINS = pa.list_(pa.int32())
 
@@ -53,70 +50,6 @@ def result_schema(output_schema: pa.Schema) -> pa.Schema:
     bins to it)."""
     return pa.schema([*output_schema, pa.field(C.REPORT, pa.string()),
                       pa.field(C.LOAD_BINS, _BINS), pa.field(C.LOAD_COUNTS, _BINS)])
-
-
-@dataclass(frozen=True)
-class EpochSpec:
-    """Everything a task needs to know about an epoch: small metadata, never bulk state.
-
-    ``incoming``: worker -> bins it installs at this epoch; ``outgoing``: old owner ->
-    ``(bin, new owner)`` pairs it exports; ``drops``: worker -> bins that left it last epoch;
-    ``live``: workers owning bins at this epoch; ``local_dir``: the host-local directory of
-    the store service that keeps the workers' stores open across epochs; ``pipeline_id``:
-    whose state directory tasks must find (checked once per Python worker, when given);
-    ``transfer``: how moving bins travel (:data:`~megaphone.state_backends.bin_files.
-    TRANSFER_MODES`).
-    """
-
-    epoch: int
-    state_dir: str
-    backend: str
-    key_type: str
-    num_bins: int
-    update: Update
-    output_schema: pa.Schema
-    chunk_bytes: int
-    transfer: str = "auto"
-    incoming: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    outgoing: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
-    drops: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    live: frozenset[int] = frozenset()
-    has_event_time: bool = False
-    shuffle_schema: pa.Schema | None = None
-    local_dir: str = field(default_factory=default_local_dir)
-    pipeline_id: str | None = None
-    checkpoint: str | None = None
-    snapshot_every: int = SNAPSHOT_EVERY
-    committed_owners: frozenset[int] = frozenset()
-    run_id: str = ""
-    committed_tokens: dict[int, str] = field(default_factory=dict)
-
-    def required_epoch(self, worker: int) -> int | None:
-        """The epoch ``worker``'s state must be at before this epoch (the last commit) when it
-        owned bins then; ``None`` when its state does not matter (it owned none)."""
-        return self.epoch - 1 if worker in self.committed_owners else None
-
-    def worker_path(self, worker: int) -> Path:
-        """The working copy of ``worker``: with a checkpoint location, on the disk of the host
-        that runs the task (under ``local_dir``); else in the state directory."""
-        if self.checkpoint is not None:
-            return local_worker_path(self.local_dir, self.pipeline_id or "", worker)
-        return StateDirPaths(self.state_dir).worker(worker)
-
-
-def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_time: bool
-                   ) -> pa.Schema:
-    """The rows of an epoch's one shuffle (:mod:`~megaphone.migrator.columns`): records, state
-    and exporters' reports."""
-    fields = [pa.field(C.WORKER, pa.int32()), pa.field(C.BIN, pa.int32()),
-              pa.field(C.KEY, key_type)]
-    if value_type is not None:
-        fields.append(pa.field(C.VALUE, value_type))
-    if event_time:
-        fields.append(pa.field(C.EVENT_TIME, pa.int64()))
-    fields += [pa.field(C.STATE_KEY, pa.binary()), pa.field(C.STATE_VALUE, pa.binary()),
-               pa.field(C.STATE_FILE, pa.binary()), pa.field(C.EXPORT_REPORT, pa.string())]
-    return pa.schema(fields)
 
 
 def bin_counts(bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
