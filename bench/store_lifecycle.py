@@ -95,7 +95,7 @@ def run(name: str, path: Path, local: Path, works: list[list[bytes]],
     if name == "in-process":
         kept = WorkerStore.open("rocksdb", path, "int64", BINS)
     elif name == "service":
-        kept = RemoteStore(str(local), str(path), "rocksdb", "int64", BINS)
+        kept = RemoteStore(str(local), str(path), "rocksdb", "int64", BINS, 0)
     for epoch, raw in enumerate(tqdm(works, desc=name, disable=not progress, leave=False)):
         started = time.perf_counter()
         if kept is None:  # open, apply, commit, close (the close flushes the memtable)

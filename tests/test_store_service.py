@@ -78,7 +78,7 @@ def test_commit_replay_and_rollback_of_a_worker_store(tmp_path, kind):
 
 def test_a_store_stays_open_in_the_service_and_survives_its_kill(tmp_path, local):
     path = str(tmp_path / "w")
-    store = RemoteStore(local, path, "rocksdb", "int64", BINS)
+    store = RemoteStore(local, path, "rocksdb", "int64", BINS, 0)
     for epoch in range(3):
         assert store.begin(epoch) == (True, b"")
         one_epoch(store, epoch, [1, 2])
@@ -93,7 +93,7 @@ def test_a_store_stays_open_in_the_service_and_survives_its_kill(tmp_path, local
     time.sleep(0.2)
     # A retry of epoch 2 after the kill: a new service reopens the store from its log, and the
     # epoch is replayed with its stored outputs, not applied twice.
-    again = RemoteStore(local, path, "rocksdb", "int64", BINS)
+    again = RemoteStore(local, path, "rocksdb", "int64", BINS, 0)
     assert again.begin(2) == (False, b"out2")
     assert again.service_pid != first
     assert counts(again, [1, 2]) == [3, 3]
@@ -104,8 +104,8 @@ def test_a_store_stays_open_in_the_service_and_survives_its_kill(tmp_path, local
 
 def test_a_stale_attempt_cannot_write_after_a_retry_began(tmp_path, local):
     path = str(tmp_path / "w")
-    zombie = RemoteStore(local, path, "rocksdb", "int64", BINS)
-    retry = RemoteStore(local, path, "rocksdb", "int64", BINS)
+    zombie = RemoteStore(local, path, "rocksdb", "int64", BINS, 0)
+    retry = RemoteStore(local, path, "rocksdb", "int64", BINS, 0)
     zombie.begin(0)
     retry.begin(0)  # a newer attempt of the same epoch
     with pytest.raises(StoreError, match="LeaseLost"):
@@ -136,9 +136,9 @@ def test_the_service_closes_the_stores_of_a_dead_executor_and_exits(tmp_path):
 
 def test_a_store_is_refused_under_other_settings(tmp_path, local):
     path = str(tmp_path / "w")
-    RemoteStore(local, path, "rocksdb", "int64", BINS).begin(0)
+    RemoteStore(local, path, "rocksdb", "int64", BINS, 0).begin(0)
     with pytest.raises(StoreError, match="is open as rocksdb/int64/16 bins"):
-        RemoteStore(local, path, "rocksdb", "int64", 32).begin(0)
+        RemoteStore(local, path, "rocksdb", "int64", 32, 0).begin(0)
 
 
 def test_a_service_running_other_code_is_replaced(tmp_path):
@@ -177,7 +177,7 @@ def test_a_copy_that_a_failed_run_left_on_a_host_is_never_used(tmp_path):
     ckpt, hosts = str(tmp_path / "ckpt"), [str(tmp_path / h) for h in ("a", "b")]
 
     def store(host: str, committed: str) -> RemoteStore:
-        return RemoteStore(host, f"{host}/w0", "rocksdb", "int64", BINS,
+        return RemoteStore(host, f"{host}/w0", "rocksdb", "int64", BINS, 0,
                            DurableSpec(ckpt, 0, 50, committed))
 
     try:
@@ -213,7 +213,7 @@ def test_a_durable_copy_another_attempt_overwrote_fails_the_restore_loudly(tmp_p
     ckpt, hosts = str(tmp_path / "ckpt"), [str(tmp_path / h) for h in ("a", "b", "c")]
 
     def store(host: str, committed: str = "") -> RemoteStore:
-        return RemoteStore(host, f"{host}/w0", "rocksdb", "int64", BINS,
+        return RemoteStore(host, f"{host}/w0", "rocksdb", "int64", BINS, 0,
                            DurableSpec(ckpt, 0, 50, committed))
 
     try:
@@ -237,7 +237,7 @@ def test_a_copy_left_behind_on_the_committed_history_replays_only_what_it_lacks(
     ckpt, hosts = str(tmp_path / "ckpt"), [str(tmp_path / h) for h in ("a", "b")]
 
     def store(host: str, committed: str = "") -> RemoteStore:
-        return RemoteStore(host, f"{host}/w0", "rocksdb", "int64", BINS,
+        return RemoteStore(host, f"{host}/w0", "rocksdb", "int64", BINS, 0,
                            DurableSpec(ckpt, 0, 50, committed))
 
     try:

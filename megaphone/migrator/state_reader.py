@@ -83,9 +83,9 @@ class DurableRead:
     def store(self, worker: int, backend: str, key_type: str, num_bins: int) -> RemoteStore:
         """Worker ``worker``'s working copy on this host, through its store service."""
         path = local_worker_path(self.local_dir, self.pipeline_id, worker)
-        return RemoteStore(self.local_dir, str(path), backend, key_type, num_bins,
+        return RemoteStore(self.local_dir, str(path), backend, key_type, num_bins, worker,
                            DurableSpec(self.uri, worker, self.snapshot_every,
-                                       self.committed_tokens.get(worker, "")), worker)
+                                       self.committed_tokens.get(worker, "")))
 
 
 def read_bin_stats(spark: SparkSession, durable: DurableRead, backend: str, key_type: str,

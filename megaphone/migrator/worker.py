@@ -123,7 +123,7 @@ def _store(spec: EpochSpec, worker: int) -> RemoteStore:
         DurableSpec(spec.checkpoint, worker, spec.snapshot_every,
                     spec.committed_tokens.get(worker, ""))
     return RemoteStore(spec.local_dir, str(spec.worker_path(worker)), spec.backend,
-                       spec.key_type, spec.num_bins, durable, worker)
+                       spec.key_type, spec.num_bins, worker, durable)
 
 
 def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:

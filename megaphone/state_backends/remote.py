@@ -53,9 +53,12 @@ class RemoteStore:
     """A task's handle on one worker's store in the service (see :class:`WorkerStore`)."""
 
     def __init__(self, local_dir: str, path: str, kind: str, key_type: str,
-                 num_bins: int, durable: DurableSpec | None = None, worker: int = 0) -> None:
-        """Reach the store at ``path`` through the service of ``local_dir`` that holds
-        ``worker``'s store (starting it if none runs)."""
+                 num_bins: int, worker: int, durable: DurableSpec | None = None) -> None:
+        """Reach the store at ``path`` of ``worker`` through the service of ``local_dir`` that
+        holds that worker's stores (starting it if none runs)."""
+        if durable is not None and durable.worker != worker:
+            raise ValueError(f"the durable copy of worker {durable.worker} given for the store "
+                             f"of worker {worker}")
         self.local_dir = service_dir(local_dir, worker % service_shards())
         self.conn = connect(self.local_dir)
         assert self.conn is not None
