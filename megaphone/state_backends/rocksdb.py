@@ -61,6 +61,8 @@ INGEST_DIR_PREFIX = ".megaphone-ingest-"
 _CACHE: Cache | None = None
 _SYNCED = WriteOptions()
 _SYNCED.sync = True
+_MOVED = IngestExternalFileOptions()  # ingest by moving (hard-linking) the files in
+_MOVED.set_move_files(True)
 
 
 def _block_cache() -> Cache:
@@ -260,9 +262,7 @@ class RocksDBBackend(BackendBase):
         writer.open(meta_file)
         writer[meta_key(STATS_META)] = counters.to_bytes()
         writer.finish()
-        opts = IngestExternalFileOptions()
-        opts.set_move_files(True)
-        self._db.ingest_external_file([*files, meta_file], opts)
+        self._db.ingest_external_file([*files, meta_file], _MOVED)
         self._counters = counters
 
     # ------------------------------------------------------------------ whole-bin files
@@ -322,11 +322,9 @@ class RocksDBBackend(BackendBase):
         wb.put(meta_key(STATS_META), counters.to_bytes())
         self._db.write(wb, _SYNCED)
         self._counters = counters
-        opts = IngestExternalFileOptions()
-        opts.set_move_files(True)
         try:
             self._db.ingest_external_file([f.path for f in sorted(files, key=lambda f: f.bin)],
-                                          opts)
+                                          _MOVED)
         except Exception:
             self.drop_bins(bins.tolist())  # back to empty bins and matching counters
             raise
