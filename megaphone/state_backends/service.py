@@ -42,6 +42,7 @@ from typing import Any
 import pyarrow as pa
 
 from megaphone.errors import MegaphoneError
+from megaphone.state_backends.base import StateBackend
 from megaphone.state_backends.bin_files import BinFile, transfer_dir
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
 from megaphone.state_backends.service_identity import code_id, process_start
@@ -280,15 +281,15 @@ class StoreService:
         with entry.lock:
             self._catch_up(entry, req)
             backend = entry.store.backend
-            files = min_bytes is not None and backend.supports_bin_files
-            for group in ([b] for b in req["bins"]) if files else [req["bins"]]:
-                made = backend.write_bin_file(group[0], max(1, min_bytes)) if files else None
-                if made is not None:
-                    send_frame(sock, {"file": made.to_wire()})
-                    continue
-                for chunk in backend.export_bins(group, req["chunk_bytes"]):
-                    if chunk.num_rows:
-                        send_frame(sock, {"chunk": batch_to_ipc(chunk)})
+            if min_bytes is None or not backend.supports_bin_files:
+                _send_chunks(sock, backend, req["bins"], req["chunk_bytes"])
+            else:
+                for b in req["bins"]:
+                    made = backend.write_bin_file(b, max(1, min_bytes))
+                    if made is not None:
+                        send_frame(sock, {"file": made.to_wire()})
+                    else:
+                        _send_chunks(sock, backend, [b], req["chunk_bytes"])
             entry.last_used = time.monotonic()
         send_frame(sock, {"ok": True, "end": True})
 
@@ -353,6 +354,14 @@ class StoreService:
         # Exit once idle: at once if the executors using it are gone, else after idle_exit_s.
         return not self.stopping.is_set() and \
             not (idle and (self.orphaned or now - self.last_activity > self.idle_exit_s))
+
+
+def _send_chunks(sock: socket.socket, backend: StateBackend, bins: list[int], chunk_bytes: int
+                 ) -> None:
+    """Stream ``bins`` of ``backend`` as frames of ``(k, v)`` chunks (Arrow IPC)."""
+    for chunk in backend.export_bins(bins, chunk_bytes):
+        if chunk.num_rows:
+            send_frame(sock, {"chunk": batch_to_ipc(chunk)})
 
 
 def _durable(req: dict[str, Any]) -> DurableCopy:
