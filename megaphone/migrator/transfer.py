@@ -166,8 +166,10 @@ class Arrivals:
                 return None
             by_rows = store.install(self.chunks(batches))
             by_files = self._ingest(store, incoming)
-            taken = [by_rows["method"]] if by_rows["keys"] or not by_files else []
-            return "+".join(taken + ([by_files] if by_files else []))
+            taken = [by_rows["method"]] if by_rows["keys"] else []
+            if by_files:
+                taken.append(by_files)
+            return "+".join(taken) or by_rows["method"]
         finally:
             self.files.discard()
 
