@@ -162,9 +162,9 @@ def run_stats(result: RunResult) -> dict[str, Any]:
     keys = sum(w.keys_moved for w in result.windows)
     nbytes = sum(w.bytes_moved for w in result.windows)
     base = pct([r.duration_s for r in steady], 50)
-    extra = sum(max(0.0, r.duration_s - base) for r in result.rows if r.bins_moved)
-    busy = sum(w.busy_s for w in result.windows) or (extra if math.isfinite(extra) else 0.0)
     moving = [r for r in result.rows if r.bins_moved]
+    extra = sum(max(0.0, r.duration_s - base) for r in moving)
+    busy = sum(w.busy_s for w in result.windows) or (extra if math.isfinite(extra) else 0.0)
     transfer_s = sum(r.export_s + r.install_s for r in moving)
     bins = sum(r.bins_moved for r in moving)
     measured = [r for r in result.rows if r.phase != WARMUP]
