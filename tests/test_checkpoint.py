@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import megaphone
 from megaphone import MigrationPlan, Move, Pipeline, PlanError
 from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.offline import migrate_offline
@@ -196,3 +197,21 @@ def test_a_failed_epoch_is_rolled_back_by_the_executors(spark, tmp_path, monkeyp
     assert reopened.epoch == 1
     assert {r[0]: r[1] for r in reopened.state().collect()} == {1: 1, 2: 3, 3: 1}
     reopened.close()
+
+
+def test_a_checkpointed_pipeline_plans_before_its_first_epoch(spark, tmp_path):
+    """Before anything is committed every bin is empty: rescale plans without reading the
+    executors (it used to refuse, pointing at the pipeline it was given)."""
+    pipe = Pipeline(spark, str(tmp_path / "state"), key="k", update="count", workers=2,
+                    num_bins=16, key_type="int64", pipeline_id=uuid.uuid4().hex,
+                    checkpoint=str(tmp_path / "checkpoint"))
+    assert pipe.epoch < 0 and pipe.bin_sizes().keys.sum() == 0
+    handle = pipe.migrate(megaphone.rescale(pipe, workers=4, strategy="batched"))
+    batch = spark.createDataFrame([(k,) for k in range(40)], "k long")
+    epochs = 0
+    while not handle.done and epochs < 10:
+        pipe.process_arrow(batch)
+        epochs += 1
+    assert handle.done and len(pipe.routing.workers()) == 4
+    assert {r[0]: r[1] for r in pipe.state().collect()} == {k: epochs for k in range(40)}
+    pipe.close()

@@ -344,12 +344,12 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         force), as of the last commit. With a checkpoint location the working copies live on
         the executors, so this runs a small Spark job (one task per worker)."""
         owners = self.routing.owners() if owners is None else owners
-        if self._settings["checkpoint"] is None or self.epoch < 0:
+        if self._settings["checkpoint"] is None:
             return bin_sizes(self.state_dir, owners)
-        committed = self.routing.owners(self.epoch)
-        return sizes_from_stats(read_bin_stats(self.spark, self._durable_read(),
-                                               self._settings["backend"], self._key_type,
-                                               committed), self._num_bins)
+        stats = () if self.epoch < 0 else read_bin_stats(  # nothing committed: all empty
+            self.spark, self._durable_read(), self._settings["backend"], self._key_type,
+            self.routing.owners(self.epoch))
+        return sizes_from_stats(stats, self._num_bins)
 
     def _stateful_workers(self) -> list[int]:
         """Workers that may hold state: those with a directory in the state directory, or

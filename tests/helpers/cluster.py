@@ -70,9 +70,9 @@ def _wait_for_registration(log: Path, proc: subprocess.Popen, timeout: float = 1
 
 
 @contextlib.contextmanager
-def two_hosts(base: Path, memory: str = "1g") -> Iterator[TwoHosts]:
-    """Start a master and two single-core workers (``memory`` each) under ``base``; stop them
-    (only them) on exit. Call :func:`namespaces_permitted` first."""
+def two_hosts(base: Path, memory: str = "1g", cores: int = 1) -> Iterator[TwoHosts]:
+    """Start a master and two workers of ``cores`` cores and ``memory`` each under ``base``;
+    stop them (only them) on exit. Call :func:`namespaces_permitted` first."""
     hidden = base / "driver"  # the driver's own disk: each host mounts its own tmpfs over it
     hidden.mkdir()
     env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
@@ -92,7 +92,7 @@ def two_hosts(base: Path, memory: str = "1g") -> Iterator[TwoHosts]:
             work.mkdir(exist_ok=True)
             local.mkdir(exist_ok=True)
             worker = (f"mount -t tmpfs tmpfs {hidden} && exec {spark_class} "
-                      f"org.apache.spark.deploy.worker.Worker --host 127.0.0.1 --cores 1 "
+                      f"org.apache.spark.deploy.worker.Worker --host 127.0.0.1 --cores {cores} "
                       f"--memory {memory} --webui-port {free_port()} --work-dir {work} "
                       f"spark://127.0.0.1:{port}")
             return start(["unshare", "-m", "--propagation", "private", "sh", "-c", worker],
