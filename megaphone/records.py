@@ -68,6 +68,7 @@ class WorkerMetrics(_Record):
     #: Bins that arrived as whole files (the rest of ``bins_in`` came as rows).
     files_in: int | None = None
     install_s: float | None = None
+    #: Records with a null key the worker applied (a key of its own; part of ``records_in``).
     null_keys: int | None = None
     apply_s: float | None = None
     commit_s: float | None = None
@@ -139,6 +140,7 @@ class EpochMetrics(_Record):
     latency_s: float | None = None
     records_in: int = 0
     records_out: int = 0
+    #: Records with a null key the epoch applied (a key of its own; part of ``records_in``).
     null_keys: int = 0
     routing_version: int = 0
     workers: int = 0

@@ -9,6 +9,7 @@ import pytest
 import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
+from pyspark.sql import functions as F
 
 from megaphone.routing.bins import bin_column, bin_of, validate_num_bins, xxhash64_unsigned
 from megaphone.routing.keys import KEY_ARROW_TYPES, KEY_SPARK_CASTS, KEY_TYPES, key_type_of
@@ -295,20 +296,67 @@ def test_unsupported_or_mixed_keys_raise_type_error(keys: object) -> None:
 
 
 @pytest.mark.parametrize(
-    "keys",
+    ("keys", "valid"),
     [
-        None,
-        [None],
-        [1, None],
-        ["a", None],
-        np.array(["a", None], dtype=object),
-        pa.array([1, None]),
-        pa.array(["a", None]),
-        pa.chunked_array([[1], [None]], pa.int64()),
+        ([None], []),
+        ([1, None], [1]),
+        ([None, -7, None], [-7]),
+        (["a", None], ["a"]),
+        ([None, "", "x" * 40], ["", "x" * 40]),
+        (np.array(["a", None], dtype=object), ["a"]),
+        (np.array([None, 3], dtype=object), [3]),
+        (pa.array([1, None]), [1]),
+        (pa.array(["a", None]), ["a"]),
+        (pa.array(["a", None], pa.large_string()), ["a"]),
+        (pa.array(["a", None, "a"]).dictionary_encode(), ["a", "a"]),
+        (pa.chunked_array([[1], [None]], pa.int64()), [1]),
+        (pa.array([None, 2], pa.int8()), [2]),
+        (pa.nulls(3), []),
+        (pd.Series(["a", None]), ["a"]),
     ],
 )
-def test_null_keys_raise_value_error(keys: object) -> None:
-    with pytest.raises(ValueError, match=r"None|null"):
+def test_null_keys_hash_to_the_seed(keys: object, valid: list) -> None:
+    """A null key is a key of its own: its hash is the seed (Spark's ``xxhash64(NULL)``), so it
+    lives in bin 0; the other keys hash as they would without it."""
+    h = xxhash64_unsigned(keys)  # type: ignore[arg-type]
+    nulls = pa.array(keys if not isinstance(keys, pd.Series) else keys.tolist(),
+                     from_pandas=True).is_null().to_numpy(zero_copy_only=False)
+    assert h.dtype == np.uint64 and h[nulls].tolist() == [42] * int(nulls.sum())
+    if valid:
+        assert h[~nulls].tolist() == xxhash64_unsigned(valid).tolist()
+    for num_bins in (2, 4096, 2**20):
+        bins = bin_of(keys, num_bins)  # type: ignore[arg-type]
+        assert isinstance(bins, np.ndarray) and bins[nulls].tolist() == [0] * int(nulls.sum())
+
+
+def test_scalar_null_key_is_bin_zero() -> None:
+    assert bin_of(None) == 0 and type(bin_of(None)) is int
+    assert bin_of(None, 2**20) == 0
+    assert xxhash64_unsigned(None).tolist() == [42]
+
+
+def test_null_keys_match_spark(spark) -> None:
+    """Spark's xxhash64 of a null key is the seed, and bin_column puts it in bin 0: bin_of
+    agrees, for both key types."""
+    df = spark.createDataFrame([(None, None), (5, "a"), (None, "")], "i long, s string")
+    out = df.select(
+        "i", "s",
+        F.xxhash64("i").alias("hi"), F.xxhash64("s").alias("hs"),
+        *[bin_column("i", n).alias(f"i_{n}") for n in (2, 4096, 2**20)],
+        *[bin_column("s", n, key_type="str").alias(f"s_{n}") for n in (2, 4096, 2**20)],
+    ).toArrow()
+    assert out["hi"].to_pylist()[::2] == [42, 42] and out["hs"].to_pylist()[0] == 42
+    np.testing.assert_array_equal(xxhash64_unsigned(out["i"]).view(np.int64), out["hi"])
+    np.testing.assert_array_equal(xxhash64_unsigned(out["s"]).view(np.int64), out["hs"])
+    for n in (2, 4096, 2**20):
+        np.testing.assert_array_equal(bin_of(out["i"], n), out[f"i_{n}"])
+        np.testing.assert_array_equal(bin_of(out["s"], n), out[f"s_{n}"])
+        assert out[f"i_{n}"][0].as_py() == out[f"s_{n}"][0].as_py() == 0
+
+
+@pytest.mark.parametrize("keys", [[None, 1.5], [None, b"x"], [None, True], [None, 1, "a"]])
+def test_wrong_types_beside_null_keys_still_raise_type_error(keys: object) -> None:
+    with pytest.raises(TypeError):
         bin_of(keys)  # type: ignore[arg-type]
 
 
@@ -352,3 +400,9 @@ def test_key_type_of() -> None:
     assert key_type_of(np.array([], np.int64)) == "int64"
     with pytest.raises(ValueError, match="empty"):
         key_type_of([])
+    # null keys are skipped; keys that are all untyped nulls show no type
+    assert key_type_of([None, 1]) == key_type_of(pa.array([None], pa.int64())) == "int64"
+    assert key_type_of(["a", None]) == key_type_of(pa.array([None], pa.string())) == "str"
+    for nulls in (None, [None], [None, None], np.array([None], object), pa.nulls(2)):
+        with pytest.raises(ValueError, match="all None/null"):
+            key_type_of(nulls)  # type: ignore[arg-type]

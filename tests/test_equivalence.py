@@ -1,6 +1,7 @@
 """Property: with any plans, outputs and final state equal a plain Python run without migration.
 
-Random batches of random keys (int and str), random plans (random bins and epochs, chained
+Random batches of random keys (int and str, the null key among them: a key of its own, as in
+Spark's ``groupBy``, living in bin 0), random plans (random bins and epochs, chained
 plans queued behind each other, scale out and in, moves back and forth), every update kind,
 both backends and bins shipped as rows or as files, checked epoch by epoch against a reference
 that knows nothing of workers. The last plan may be adaptive: a random policy (any subset of
@@ -52,7 +53,10 @@ def random_policy(seed: int):
 
 
 def reference(update: str, batches: list[list[tuple]]) -> tuple[list[dict], dict]:
-    """Per-epoch outputs and the final state of a single-process run without migration."""
+    """Per-epoch outputs and the final state of a single-process run without migration.
+
+    ``None`` is a key like any (one group, one state, one output), as in Spark's ``groupBy``.
+    """
     state: dict = {}
     outputs = []
     for batch in batches:
@@ -84,7 +88,8 @@ def reference(update: str, batches: list[list[tuple]]) -> tuple[list[dict], dict
 def scenarios(draw):
     """Batches, and before each batch maybe a plan (or two chained) of valid random moves."""
     key_type = draw(st.sampled_from(["int64", "str"]))
-    raw_keys = st.integers(-(2**63), 2**63 - 1) if key_type == "int64" else st.text(max_size=6)
+    raw_keys = st.none() | (  # None: the null key, in bin 0
+        st.integers(-(2**63), 2**63 - 1) if key_type == "int64" else st.text(max_size=6))
     keyspace = draw(st.lists(raw_keys, min_size=1, max_size=12, unique=True))
     workers = draw(st.integers(1, 3))
     owners = [b % workers for b in range(NUM_BINS)]
@@ -98,11 +103,12 @@ def scenarios(draw):
         for _ in range(draw(st.integers(0, 2))):
             steps, offset = [], 0
             for _ in range(draw(st.integers(1, 2))):
-                bins = draw(st.lists(st.integers(0, NUM_BINS - 1), min_size=1, max_size=4,
-                                     unique=True))
+                # bin 0 (the null key's) is drawn often, so its state moves often
+                bins = draw(st.lists(st.just(0) | st.integers(0, NUM_BINS - 1), min_size=1,
+                                     max_size=4, unique=True))
                 moves = []
                 for b in bins:
-                    dst = draw(st.integers(0, 4).filter(lambda w, b=b: w != owners[b]))
+                    dst = draw(st.sampled_from([w for w in range(5) if w != owners[b]]))
                     moves.append((b, owners[b], dst))
                     owners[b] = dst
                 steps.append((offset, moves))

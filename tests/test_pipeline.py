@@ -122,14 +122,45 @@ def test_metrics_are_recorded_per_worker_and_on_disk(spark, tmp_path):
     assert pipe.state_dir.read_metrics() == [m]
 
 
-def test_records_without_a_key_are_counted_not_applied(spark, tmp_path):
+def test_a_null_key_is_a_key_of_its_own(spark, tmp_path):
+    """Like Spark's groupBy: the null key has a bin (0), state and an output row."""
     pipe = make(spark, tmp_path, workers=2)
     keys = [1, None, 2, 1, None, None]
     out = pipe.process(spark.createDataFrame([(k,) for k in keys], "k long"))
-    assert sorted(map(tuple, out.collect())) == [(1, 2), (2, 1)]
+    assert sorted(map(tuple, out.collect()), key=repr) == [(1, 2), (2, 1), (None, 3)]
     (m,) = pipe.metrics()
-    assert m["null_keys"] == 3 and m["records_in"] == 3
-    assert counts(pipe) == {1: 2, 2: 1}
+    assert m["null_keys"] == 3 and m["records_in"] == 6 and m["records_out"] == 3
+    assert counts(pipe) == {1: 2, 2: 1, None: 3}
+    pipe.process(spark.createDataFrame([(None,)], "k long"))
+    assert counts(pipe)[None] == 4
+
+
+def test_the_issue_example_null_and_a_key_into_sum(spark, tmp_path):
+    """Issue #16: ``[(None, 1), ("a", 2)]`` into sum gives two outputs, as groupBy would."""
+    pipe = Pipeline(spark, str(tmp_path / "state"), key="k", value="v", update="sum",
+                    num_bins=16, workers=2, key_type="str", pipeline_id=uuid.uuid4().hex)
+    batch = spark.createDataFrame([(None, 1), ("a", 2)], "k string, v long")
+    expected = {tuple(r) for r in batch.groupBy("k").agg(F.sum("v")).collect()}
+    out = {tuple(r) for r in pipe.process(batch).collect()}
+    assert out == expected == {(None, 1), ("a", 2)}
+    (m,) = pipe.metrics()
+    assert m["records_in"] == 2 and m["records_out"] == 2 and m["null_keys"] == 1
+    assert {r[0]: r[1] for r in pipe.state().collect()} == {None: 1, "a": 2}
+
+
+@pytest.mark.parametrize("key_type", ["int64", "str"])
+def test_a_null_keys_state_moves_with_bin_zero(spark, tmp_path, key_type):
+    pipe = make(spark, tmp_path, workers=2, key_type=key_type)
+    schema = f"k {'long' if key_type == 'int64' else 'string'}"
+    real = 7 if key_type == "int64" else ""  # "" encodes to zero bytes: must not collide
+    pipe.process(spark.createDataFrame([(None,), (None,), (real,)], schema))
+    src = pipe.routing.owner(0)
+    handle = pipe.migrate(MigrationPlan.from_moves(pipe.routing, [[Move(0, src, 1 - src)]]))
+    out = pipe.process(spark.createDataFrame([(None,)], schema)).collect()
+    assert handle.done and pipe.routing.owner(0) == 1 - src
+    assert [tuple(r) for r in out] == [(None, 3)]
+    assert pipe.metrics(last=1)[0]["bins_moved"] == 1
+    assert counts(pipe) == {None: 3, real: 1}
 
 
 def test_an_epoch_failing_after_workers_applied_it_is_rolled_back_then_rerun(spark, tmp_path,

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import megaphone.state_backends.backend_base as backend_base
 import megaphone.state_backends.rocksdb as rocksdb_mod
 from megaphone.routing.bins import MAX_NUM_BINS
+from megaphone.routing.keys import KEY_ARROW_TYPES
 from megaphone.state_backends import (
     BACKENDS,
     EXPORT_SCHEMA,
@@ -35,6 +36,7 @@ from megaphone.state_backends import (
     unpack_values,
 )
 from megaphone.state_backends.encoding import (
+    NULL_KEY,
     bin_prefix,
     bin_runs,
     bins_of_raw,
@@ -96,6 +98,49 @@ def test_str_encoding_roundtrip(pairs: list[tuple[int, str]]) -> None:
     assert all(r[:4] == bin_prefix(b) for r, b in zip(raw, bins, strict=True))
 
 
+@pytest.mark.parametrize("key_type", ["int64", "str"])
+@given(data=st.data())
+def test_null_keys_encode_apart_from_every_key_and_round_trip(key_type: str,
+                                                               data: st.DataObject) -> None:
+    """A null key is bin prefix + 0xFF: one byte, never an int64 key's 8 nor valid UTF-8 (nor
+    the empty string's zero bytes); it decodes back to None on every decode path."""
+    keys_st = st.none() | (INT64 if key_type == "int64" else TEXT | st.just(""))
+    pairs = data.draw(st.lists(st.tuples(st.integers(0, MAX_NUM_BINS - 1), keys_st), max_size=40))
+    bins = [b for b, _ in pairs]
+    keys = [k for _, k in pairs]
+    raw = encode_keys(bins, keys, key_type)
+    for r, b, k in zip(raw, bins, keys, strict=True):
+        assert r[:4] == bin_prefix(b)
+        assert (r[4:] == NULL_KEY) == (k is None)
+    assert len(set(raw)) == len(set(pairs))  # distinct (bin, key) pairs stay distinct
+    b2, k2 = decode_keys(raw, key_type)
+    assert b2.tolist() == bins
+    assert (k2.tolist() if isinstance(k2, np.ndarray) else list(k2)) == keys
+    assert bins_of_raw(raw).tolist() == bins
+    arrow_keys = pa.array(keys, KEY_ARROW_TYPES[key_type])
+    assert encode_keys(bins, arrow_keys, key_type) == raw  # Arrow input (nulls as nulls)
+    assert encode_keys(bins, pa.chunked_array([arrow_keys]), key_type) == raw
+    if key_type == "int64":
+        masked = np.ma.masked_array(np.array([0 if k is None else k for k in keys], np.int64),
+                                    mask=[k is None for k in keys])
+        assert encode_keys(bins, masked, key_type) == raw
+        assert encode_keys(bins, np.array(keys, object), key_type) == raw
+        got = decode_int_keys(pa.array(raw, pa.binary()))
+        assert got is not None and got[0].tolist() == bins and got[1].tolist() == keys
+        assert pa.array(got[1], pa.int64()).to_pylist() == keys  # masked -> Arrow nulls
+
+
+def test_null_key_encoding_examples() -> None:
+    assert encode_keys([0, 0], [None, ""], "str") == [b"\0\0\0\0\xff", b"\0\0\0\0"]
+    assert encode_keys([3], [None], "int64") == [b"\0\0\0\x03\xff"]
+    assert encode_keys([1], pa.nulls(1), "int64") == [b"\0\0\0\x01\xff"]
+    with pytest.raises(TypeError):
+        encode_keys([0, 0], [None, 1.5], "int64")
+    with pytest.raises(ValueError, match="12 bytes"):
+        decode_keys([b"\0\0\0\0\xfe", b"\0" * 12], "int64")
+    assert decode_int_keys(pa.array([b"\0\0\0\0\xfe"], pa.binary())) is None
+
+
 def test_ranges_and_meta_prefix() -> None:
     assert bin_range(5) == (b"\x00\x00\x00\x05", b"\x00\x00\x00\x06")
     assert bin_prefix(MAX_NUM_BINS - 1) + b"\xff" * 16 < META_PREFIX
@@ -132,7 +177,7 @@ def test_numpy_values_pack_as_plain_numbers() -> None:
 @settings(max_examples=20)
 @given(data=st.data(), key_type=st.sampled_from(["int64", "str"]))
 def test_put_get_roundtrip(tmp_path: Path, kind: str, key_type: str, data: st.DataObject) -> None:
-    keys_st = INT64 if key_type == "int64" else TEXT
+    keys_st = st.none() | (INT64 if key_type == "int64" else TEXT)  # None: the null key
     writes = data.draw(st.lists(st.lists(
         st.tuples(keys_st, st.integers(0, 15), INT64 | TEXT), max_size=30), max_size=4))
     model: dict[tuple[int, object], object] = {}
@@ -193,7 +238,7 @@ def _fill(be: StateBackend, rows: list[tuple[int, int, int]]) -> None:
         be.put_many([b for b, _, _ in rows], [k for _, k, _ in rows], [v for _, _, v in rows])
 
 
-rows_st = st.lists(st.tuples(st.integers(0, 31), INT64, INT64), max_size=60)
+rows_st = st.lists(st.tuples(st.integers(0, 31), st.none() | INT64, INT64), max_size=60)
 
 
 @pytest.mark.parametrize("method", ["chunk", "sst"])

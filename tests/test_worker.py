@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -29,11 +30,12 @@ def spec(tmp_path, epoch, backend, **kw) -> EpochSpec:
 
 
 def records(keys, worker) -> pa.RecordBatch:
-    keys = np.asarray(keys, dtype=np.int64)
+    """Records of ``keys`` (None: the null key) routed to ``worker``."""
+    keys = pa.array([None if k is None else int(k) for k in keys], pa.int64())
     n = len(keys)
     return pa.RecordBatch.from_arrays(
         [pa.array([worker] * n, pa.int32()), pa.array(bin_of(keys, BINS), pa.int32()),
-         pa.array(keys), pa.nulls(n, pa.binary()), pa.nulls(n, pa.binary()),
+         keys, pa.nulls(n, pa.binary()), pa.nulls(n, pa.binary()),
          pa.nulls(n, pa.binary()), pa.nulls(n, pa.string())], schema=SCHEMA)
 
 
@@ -119,3 +121,34 @@ def test_a_state_dir_this_host_cannot_see_or_of_another_pipeline_is_an_error(tmp
         run(s, 0, [records([1], 0)])
     (tmp_path / "megaphone.json").write_text(manifest("p1"))
     assert run(s, 0, [records([1], 0)])[0] == {1: 1}
+
+
+@pytest.mark.parametrize(("backend", "transfer"),
+                         [("memory", "rows"), ("rocksdb", "rows"), ("rocksdb", "files")])
+def test_the_null_key_is_applied_and_its_state_moves_with_bin_zero(tmp_path, backend, transfer):
+    assert bin_of(None, BINS) == 0
+    s0 = spec(tmp_path, 0, backend, live=frozenset({0}))
+    out, m = run(s0, 0, [records([None, 1, None], 0)])
+    assert out == {None: 2, 1: 1}
+    assert m["null_keys"] == 2 and m["records_in"] == 3 and m["records_out"] == 2
+    assert state_of(tmp_path, backend, 0)[None] == 2
+    s1 = spec(tmp_path, 1, backend, live=frozenset({0, 1}), incoming={1: (0,)},
+              outgoing={0: ((0, 1),)}, transfer=transfer)
+    shipped = list(export_worker(s1, 0, SCHEMA))
+    out1, m1 = run(s1, 1, [records([None], 1), *shipped])
+    assert out1 == {None: 3} and m1["null_keys"] == 1
+    assert state_of(tmp_path, backend, 1) == {None: 3}
+
+
+def test_a_general_f_gets_key_none_for_the_null_key(tmp_path):
+    out_schema = pa.schema([("k", pa.int64()), ("output", pa.int64())])
+    update = make_update(lambda key, values, state: ((state or 0) + len(values),
+                                                     [-1 if key is None else key]),
+                         None, pa.int64())
+    s = dataclasses.replace(spec(tmp_path, 0, "memory", live=frozenset({0})), update=update,
+                            output_schema=out_schema)
+    results = split_results(pa.Table.from_batches(
+        apply_worker(s, 0, iter([records([None, 5, None], 0)]))))
+    assert sorted(map(tuple, (r.values() for r in results.outputs.to_pylist())),
+                  key=repr) == [(5, 5), (None, -1)]
+    assert state_of(tmp_path, "memory", 0) == {None: 2, 5: 1}

@@ -59,9 +59,8 @@ def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSp
     ``columns`` are the batch's record columns by name (``key`` and, where used, ``value``,
     ``_t``: :mod:`~megaphone.migrator.columns`); ``owners`` the routing version's worker of
     every bin. Every call costs the driver a few hundred JVM calls, so the pipeline keeps the
-    result for as long as the routing version holds (:class:`MapSides`). Records without a key
-    are routed like any (``xxhash64`` of null is its seed); their worker counts and skips them
-    (``null_keys``), which costs no filter here.
+    result for as long as the routing version holds (:class:`MapSides`). A null key is a key
+    of its own, as in ``groupBy``: ``xxhash64`` of null is its seed, so it lives in bin 0.
     """
     shuffle = spec.shuffle_schema
     assert shuffle is not None

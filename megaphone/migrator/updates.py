@@ -95,7 +95,8 @@ def apply_builtin(
 
 
 def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
-    """Group an epoch's records by key: one row per key with its ``partial`` aggregate."""
+    """Group an epoch's records by key: one row per key with its ``partial`` aggregate (the
+    null key included: Arrow's ``group_by`` groups nulls together, like Spark's)."""
     if update.kind == "count":
         grouped = records.group_by([C.KEY, C.BIN], use_threads=False).aggregate(
             [([], "count_all")]
@@ -113,7 +114,8 @@ def apply_custom(
 ) -> tuple[list[bytes], list[Any], list[Any]]:
     """Run ``f`` once per key of the epoch (``records``: ``key``, ``_bin``, ``values`` list).
 
-    Returns the new msgpack states, and the output rows as parallel lists of keys and values.
+    The null key is a key like any: ``f`` gets ``key=None`` for it. Returns the new msgpack
+    states, and the output rows as parallel lists of keys and values.
     """
     assert update.fn is not None
     keys = records.column(C.KEY).to_pylist()
@@ -132,6 +134,9 @@ def apply_custom(
 
 
 def group_values(records: pa.Table) -> pa.Table:
-    """Group an epoch's records by key for ``f``: ``key``, ``_bin``, ``values`` (a list)."""
+    """Group an epoch's records by key for ``f``: ``key``, ``_bin``, ``values`` (a list).
+
+    Arrow's ``group_by`` puts the records with a null key in one group of their own.
+    """
     grouped = records.group_by([C.KEY, C.BIN], use_threads=False).aggregate([(C.VALUE, "list")])
     return grouped.rename_columns([C.KEY, C.BIN, "values"])

@@ -188,10 +188,9 @@ def apply_worker(
         t0 = time.perf_counter()
         records = arrivals.records
         table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
-        keys_column = table.column(C.KEY)
-        if keys_column.null_count:  # counted, never applied: a key decides the state
-            metrics.null_keys = keys_column.null_count
-            table = table.filter(pc.is_valid(keys_column))
+        null_keys = table.column(C.KEY).null_count
+        if null_keys:  # a key of its own, applied like any (bin 0); counted to stay visible
+            metrics.null_keys = null_keys
         metrics.records_in = table.num_rows
         if table.num_rows:
             load = bin_counts(table.column(C.BIN).to_numpy())
@@ -246,7 +245,7 @@ def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table
     grouped = partial_aggregates(update, table) if update.is_builtin else group_values(table)
     bins = grouped.column(C.BIN).to_numpy()
     keys = grouped.column(C.KEY)
-    raw_keys = encode_keys(bins, keys.to_numpy(zero_copy_only=False), spec.key_type)
+    raw_keys = encode_keys(bins, keys, spec.key_type)  # Arrow: a null key stays null
     old = store.read(raw_keys)
     if update.is_builtin:
         new_raw, new_values = apply_builtin(update, grouped, old)

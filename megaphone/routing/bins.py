@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from megaphone.routing.keys import KEY_SPARK_CASTS, Keys, check_key_type, normalize_keys
-from megaphone.routing.xxh64 import hash_int64, hash_strings
+from megaphone.routing.xxh64 import SEED, hash_int64, hash_strings
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -56,11 +56,12 @@ def validate_num_bins(num_bins: int) -> int:
 
 
 def _hash(keys: Keys) -> tuple[np.ndarray, bool]:
-    kind, payload, scalar = normalize_keys(keys)
+    kind, payload, scalar, nulls = normalize_keys(keys)
     with np.errstate(over="ignore"):
-        if kind == "int64":
-            return hash_int64(payload), scalar
-        return hash_strings(payload), scalar
+        h = hash_strings(payload) if kind == "str" else hash_int64(payload)
+    if nulls is not None:
+        h[nulls] = SEED  # Spark's xxhash64 of a null is its seed
+    return h, scalar
 
 
 def xxhash64_unsigned(keys: Keys) -> np.ndarray:
@@ -68,7 +69,8 @@ def xxhash64_unsigned(keys: Keys) -> np.ndarray:
 
     Equals Spark SQL's ``xxhash64(key)`` on a LongType / StringType column reinterpreted as
     uint64. Accepts the same inputs as :func:`bin_of`; always returns a uint64 array (length 1
-    for a scalar key).
+    for a scalar key). A null key (``None``, an Arrow null) hashes to the seed, 42, as Spark's
+    ``xxhash64(NULL)`` does.
     """
     return _hash(keys)[0]
 
@@ -78,7 +80,9 @@ def bin_of(keys: Keys, num_bins: int = DEFAULT_NUM_BINS) -> np.ndarray | int:
 
     Vectorized; matches :func:`bin_column` computed in Spark. ``keys`` is a Python int/str, a
     list, a numpy array or a pyarrow (Chunked)Array of int64 or str keys. Returns an int64
-    array, or a Python int for a scalar key.
+    array, or a Python int for a scalar key. Null keys (``None``, Arrow nulls) are keys of
+    their own: their hash is the seed, 42, as in Spark, so they land in bin
+    ``42 >> (64 - log2(num_bins))`` = 0, and ``bin_of(None)`` is 0.
     """
     k = validate_num_bins(num_bins)
     h, scalar = _hash(keys)
@@ -98,7 +102,7 @@ def bin_column(
 
     It is ``int(shiftrightunsigned(xxhash64(key), 64 - k))``; the key is first cast to long
     (``key_type="int64"``, so Spark hashes 8 bytes even for byte/short/int columns) or to
-    string (``key_type="str"``).
+    string (``key_type="str"``). A null key hashes to the seed, 42: bin 0.
     """
     from pyspark.sql import Column
     from pyspark.sql import functions as F

@@ -2,20 +2,21 @@
 
 A batch of keys (a Python int or str, a list, a numpy array, a pandas Series or a pyarrow
 (Chunked)Array) is normalized to an int64 numpy array or a null-free ``large_string`` Arrow
-array, the two forms the hash in :mod:`megaphone.routing.xxh64` reads.
+array, the two forms the hash in :mod:`megaphone.routing.xxh64` reads, plus a mask of the keys
+that are null (``None``). A null key is a key of its own, as in Spark's ``groupBy``.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["KEY_ARROW_TYPES", "KEY_SPARK_CASTS", "KEY_TYPES", "Keys", "check_key_type",
-           "key_type_of", "normalize_keys"]
+__all__ = ["KEY_ARROW_TYPES", "KEY_SPARK_CASTS", "KEY_TYPES", "Keys", "NormalizedKeys",
+           "check_key_type", "key_type_of", "normalize_keys"]
 
 #: Key types megaphone can route: 64-bit signed integers and (UTF-8) strings.
 KEY_TYPES: tuple[str, ...] = ("int64", "str")
@@ -25,7 +26,8 @@ KEY_ARROW_TYPES: dict[str, pa.DataType] = {"int64": pa.int64(), "str": pa.string
 KEY_SPARK_CASTS: dict[str, str] = {"int64": "long", "str": "string"}
 
 #: Anything :func:`bin_of` / :func:`xxhash64_unsigned` accept as a batch of keys (or one key).
-Keys: TypeAlias = "int | str | np.integer | Sequence[Any] | np.ndarray | pa.Array | pa.ChunkedArray"
+Keys: TypeAlias = ("int | str | np.integer | Sequence[Any] | np.ndarray | pa.Array "
+                   "| pa.ChunkedArray | None")
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -58,11 +60,6 @@ def _arrow_kind(typ: pa.DataType) -> str:
     raise _type_error(f"Arrow type {typ}")
 
 
-def _check_no_nulls(arr: pa.Array | pa.ChunkedArray) -> None:
-    if arr.null_count:
-        raise ValueError(f"keys must not be None/null, got {arr.null_count} null key(s)")
-
-
 def _check_int_range(values: np.ndarray) -> None:
     """Raise ValueError if an unsigned integer array holds values outside the int64 range."""
     if values.dtype.kind == "u" and values.dtype.itemsize == 8 and values.size:
@@ -85,27 +82,40 @@ def _from_sequence(keys: Sequence[Any] | np.ndarray) -> pa.Array:
         raise ValueError(f"integer keys must fit in int64 [-2**63, 2**63 - 1] ({exc})") from exc
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise _type_error(f"a batch that does not convert to one type ({exc})") from exc
-    if pa.types.is_null(arr.type):
-        if len(arr):
-            raise ValueError(f"keys must not be None/null, got {len(arr)} null key(s)")
+    if pa.types.is_null(arr.type) and not len(arr):
         return pa.array([], pa.int64())
     return arr
 
 
-def normalize_keys(keys: Keys) -> tuple[str, np.ndarray | pa.Array, bool]:
-    """Turn any supported key batch (or one key) into ``(kind, payload, is_scalar)``.
+class NormalizedKeys(NamedTuple):
+    """A batch of keys as :func:`normalize_keys` returns it."""
 
-    ``payload`` is an int64 numpy array for ``"int64"`` and a null-free ``large_string`` Arrow
-    array for ``"str"``.
+    #: ``"int64"`` or ``"str"``; None when no key type shows: every key is an untyped null.
+    kind: str | None
+    #: int64 numpy array (``"int64"``, 0 at null keys) or null-free ``large_string`` Arrow
+    #: array (``"str"``, ``""`` at null keys); zeros for ``kind=None``.
+    payload: np.ndarray | pa.Array
+    #: True for a single key (a Python/numpy scalar or None).
+    scalar: bool
+    #: Boolean mask of the null keys, or None when no key is null.
+    nulls: np.ndarray | None
+
+
+def normalize_keys(keys: Keys) -> NormalizedKeys:
+    """Turn any supported key batch (or one key) into :class:`NormalizedKeys`.
+
+    Null keys (``None``, Arrow nulls) are allowed: they are marked in ``nulls`` and stand in
+    ``payload`` as 0 or ``""``. Unsupported types raise TypeError, out-of-range ints ValueError.
     """
     if keys is None:
-        raise ValueError("keys must not be None")
+        return NormalizedKeys(None, np.zeros(1, np.int64), True, np.ones(1, bool))
     if isinstance(keys, (bool, np.bool_)):
         raise _type_error("a bool")
     if isinstance(keys, (int, np.integer)):
-        return "int64", np.array([_check_scalar_int(int(keys))], dtype=np.int64), True
+        return NormalizedKeys("int64", np.array([_check_scalar_int(int(keys))], dtype=np.int64),
+                              True, None)
     if isinstance(keys, str):
-        return "str", pa.array([keys], pa.large_string()), True
+        return NormalizedKeys("str", pa.array([keys], pa.large_string()), True, None)
     if isinstance(keys, (pa.Array, pa.ChunkedArray)):
         return _normalize_arrow(keys)
     if isinstance(keys, np.ndarray):
@@ -119,7 +129,7 @@ def normalize_keys(keys: Keys) -> tuple[str, np.ndarray | pa.Array, bool]:
     raise _type_error(f"a {type(keys).__name__}")
 
 
-def _normalize_numpy(keys: np.ndarray) -> tuple[str, np.ndarray | pa.Array, bool]:
+def _normalize_numpy(keys: np.ndarray) -> NormalizedKeys:
     if keys.ndim != 1:
         if keys.ndim == 0:
             return normalize_keys(keys.item())
@@ -127,41 +137,49 @@ def _normalize_numpy(keys: np.ndarray) -> tuple[str, np.ndarray | pa.Array, bool
     kind = keys.dtype.kind
     if kind in "iu":
         _check_int_range(keys)
-        return "int64", keys.astype(np.int64, copy=False), False
+        return NormalizedKeys("int64", keys.astype(np.int64, copy=False), False, None)
     if kind == "U":
-        return "str", pa.array(keys, pa.large_string()), False
+        return NormalizedKeys("str", pa.array(keys, pa.large_string()), False, None)
     if kind == "O":
         return _normalize_arrow(_from_sequence(keys))
     raise _type_error(f"a numpy array of dtype {keys.dtype}")
 
 
-def _normalize_arrow(keys: pa.Array | pa.ChunkedArray) -> tuple[str, np.ndarray | pa.Array, bool]:
+def _normalize_arrow(keys: pa.Array | pa.ChunkedArray) -> NormalizedKeys:
+    if pa.types.is_null(keys.type):  # untyped: every key is null
+        return NormalizedKeys(None, np.zeros(len(keys), np.int64), False, np.ones(len(keys), bool))
     kind = _arrow_kind(keys.type)
-    _check_no_nulls(keys)
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks() if keys.num_chunks != 1 else keys.chunk(0)
-        if pa.types.is_dictionary(keys.type):
-            keys = keys.dictionary_decode()
-    elif pa.types.is_dictionary(keys.type):
+    if pa.types.is_dictionary(keys.type):
         keys = keys.dictionary_decode()
+    nulls = None
+    if keys.null_count:
+        nulls = keys.is_null().to_numpy(zero_copy_only=False)
+        keys = keys.fill_null(0 if kind == "int64" else "")
     if kind == "int64":
         values = keys.to_numpy(zero_copy_only=False)
         _check_int_range(values)
-        return "int64", values.astype(np.int64, copy=False), False
-    return "str", keys.cast(pa.large_string()), False
+        return NormalizedKeys("int64", values.astype(np.int64, copy=False), False, nulls)
+    return NormalizedKeys("str", keys.cast(pa.large_string()), False, nulls)
 
 
 def key_type_of(keys: Keys) -> str:
     """Infer the key type (one of :data:`KEY_TYPES`) of a batch of keys or of a single key.
 
     Callers use it to check that a batch matches the key type a pipeline was declared with.
-    Raises TypeError for unsupported or mixed keys, ValueError for null keys and for an empty
-    list (an empty numpy/Arrow array has a dtype and is fine).
+    Null keys are skipped (``[1, None]`` is int64; a typed Arrow array is its type). Raises
+    TypeError for unsupported or mixed keys, ValueError when no type shows: an empty list, or
+    keys that are all untyped nulls (``None``, ``[None]``, an Arrow array of type null). An
+    empty numpy/Arrow array has a dtype and is fine.
     """
     if isinstance(keys, np.ndarray) and keys.ndim == 1 and keys.dtype.kind in "iuU":
         return "int64" if keys.dtype.kind in "iu" else "str"
-    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)) and not pa.types.is_null(keys.type):
         return _arrow_kind(keys.type)
     if isinstance(keys, Sequence) and not isinstance(keys, str) and len(keys) == 0:
         raise ValueError("cannot infer the key type of an empty list of keys")
-    return normalize_keys(keys)[0]
+    kind = normalize_keys(keys).kind
+    if kind is None:
+        raise ValueError("cannot infer the key type of keys that are all None/null")
+    return kind

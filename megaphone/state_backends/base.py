@@ -85,7 +85,7 @@ class StateBackend(Protocol):
         """
         ...
 
-    # -- decoded convenience API ------------------------------------------------------------
+    # -- decoded convenience API (a key of ``None`` is the null key, a key of its own) -------
 
     def get_many(self, bins: Any, keys: Any) -> list[Any | None]:
         """Decoded values of ``keys`` (living in the given ``bins``), ``None`` where absent."""

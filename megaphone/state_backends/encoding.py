@@ -7,13 +7,17 @@ can be scanned, exported or deleted as a single range.  Encoded keys:
 * ``"int64"``: 8 bytes big-endian of ``k XOR 0x8000000000000000`` (order-preserving: the
   bytes sort like the signed integers).
 * ``"str"``: UTF-8.
+* a null key (either type): the single byte :data:`NULL_KEY` (``0xFF``). It never collides
+  with a real key: no int64 key is 1 byte long, ``b"\xff"`` alone is not valid UTF-8, and the
+  empty string encodes to zero bytes. Null keys decode to ``None`` (an Arrow null).
 
 Values are msgpack (``use_bin_type=True``; tuples come back as lists, numpy scalars and arrays
 are stored as plain numbers and lists).  Metadata entries live under :data:`META_PREFIX`, which
 sorts after every bin because bin ids are below ``2**20``.
 
 Everything here is vectorized where it matters: int64 keys are encoded and decoded through numpy
-structured arrays without a per-key Python loop.
+structured arrays without a per-key Python loop (null keys, when there are any, are patched
+in one by one).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ META_PREFIX = b"\xff\xff\xff\xff"
 BIN_PREFIX_LEN = 4
 """Length in bytes of the bin-id prefix of a raw key."""
 
+NULL_KEY = b"\xff"
+"""Encoded null key (after the bin prefix): no int64 or str key encodes to it."""
+
 _SIGN = np.uint64(0x8000000000000000)
 _INT_KEY = np.dtype([("b", ">u4"), ("k", ">u8")])
 _UNPACK = partial(msgpack.unpackb, raw=False, strict_map_key=False)
@@ -52,15 +59,38 @@ def as_bins(bins: Any, num_bins: int, n: int | None = None) -> np.ndarray:
     return arr
 
 
-def _as_int64_keys(keys: Any) -> np.ndarray:
-    arr = np.asarray(keys)
+def _as_int64_keys(keys: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """int64 keys as an int64 array (0 at null keys) and the mask of null keys (None if none).
+
+    Takes an integer numpy or Arrow array, a numpy masked array, or a list / object array
+    whose nulls are ``None``.
+    """
+    nulls = None
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        if pa.types.is_null(keys.type):
+            return np.zeros(len(keys), np.int64), np.ones(len(keys), bool)
+        if not pa.types.is_integer(keys.type):
+            raise TypeError(f"int64 keys must be integers, got Arrow type {keys.type}")
+        if keys.null_count:
+            nulls = keys.is_null().to_numpy(zero_copy_only=False)
+            keys = keys.fill_null(0)
+        arr = keys.to_numpy(zero_copy_only=False)
+    elif isinstance(keys, np.ma.MaskedArray):
+        nulls = np.ma.getmaskarray(keys).reshape(-1) if np.ma.is_masked(keys) else None
+        arr = np.ma.getdata(keys) if nulls is None else keys.filled(0)
+    else:
+        arr = np.asarray(keys)
+        if arr.dtype == object and arr.size:
+            nulls = np.equal(arr, None).reshape(-1)
+            arr = np.asarray(np.where(nulls, 0, arr.reshape(-1)).tolist())
+            nulls = nulls if nulls.any() else None
     if arr.size == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), None
     if arr.dtype.kind not in "iu":
         raise TypeError(f"int64 keys must be integers, got dtype {arr.dtype}")
     if arr.dtype == np.uint64 and bool((arr > np.iinfo(np.int64).max).any()):
         raise OverflowError("int64 key out of range")
-    return arr.astype(np.int64, copy=False).reshape(-1)
+    return arr.astype(np.int64, copy=False).reshape(-1), nulls
 
 
 # --------------------------------------------------------------------------- keys
@@ -104,24 +134,37 @@ def bin_runs(bins: Iterable[int]) -> list[tuple[int, int]]:
 def encode_keys(bins: Any, keys: Any, key_type: str) -> list[bytes]:
     """Raw keys (bin prefix + encoded key) for parallel arrays of bins and keys.
 
-    int64 keys go through a ``[('b','>u4'),('k','>u8')]`` structured array viewed as ``V12``,
-    so the bytes objects are built in C with no per-key Python loop.
+    ``keys`` is a list, a numpy array (masked or not) or an Arrow array; null keys (``None``,
+    Arrow nulls, masked entries) encode to the bin prefix + :data:`NULL_KEY`. int64 keys go
+    through a ``[('b','>u4'),('k','>u8')]`` structured array viewed as ``V12``, so the bytes
+    objects are built in C with no per-key Python loop (only null keys are patched one by one).
     """
     check_key_type(key_type)
     b = np.asarray(bins, dtype=np.int64).reshape(-1)
     if key_type == "int64":
-        k = _as_int64_keys(keys)
+        k, nulls = _as_int64_keys(keys)
         if k.shape[0] != b.shape[0]:
             raise ValueError(f"got {b.shape[0]} bins for {k.shape[0]} keys")
         rec = np.empty(k.shape[0], dtype=_INT_KEY)
         rec["b"] = b
         rec["k"] = k.view(np.uint64) ^ _SIGN
-        return rec.view("V12").tolist()
-    ks = keys.tolist() if isinstance(keys, np.ndarray) else list(keys)
+        raw = rec.view("V12").tolist()
+        if nulls is not None:
+            for i in np.flatnonzero(nulls).tolist():
+                raw[i] = raw[i][:BIN_PREFIX_LEN] + NULL_KEY
+        return raw
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        ks = keys.to_pylist()
+    else:
+        ks = keys.tolist() if isinstance(keys, np.ndarray) else list(keys)
     if len(ks) != b.shape[0]:
         raise ValueError(f"got {b.shape[0]} bins for {len(ks)} keys")
     prefixes = b.astype(">u4").view("V4").tolist()
-    return [p + k.encode("utf-8") for p, k in zip(prefixes, ks, strict=True)]
+    try:
+        return [p + k.encode("utf-8") for p, k in zip(prefixes, ks, strict=True)]
+    except AttributeError:  # None among the keys (or a key that is no str: raises again)
+        return [p + (NULL_KEY if k is None else k.encode("utf-8"))
+                for p, k in zip(prefixes, ks, strict=True)]
 
 
 def byte_lengths(items: Sequence[bytes | None]) -> np.ndarray:
@@ -199,31 +242,51 @@ def payload_bytes(batch: pa.RecordBatch) -> int:
 
 
 def decode_keys(raw: Sequence[bytes], key_type: str) -> tuple[np.ndarray, list[Any] | np.ndarray]:
-    """Split raw keys into ``(bins int64 array, keys)``; int64 keys come back as an int64 array.
+    """Split raw keys into ``(bins int64 array, keys)``.
 
-    The int64 path is one ``b"".join`` plus ``np.frombuffer``; str keys are decoded per key.
+    int64 keys come back as an int64 array: one ``b"".join`` plus ``np.frombuffer``, or, when
+    some key is null, a numpy masked array with the null keys masked (``tolist()`` gives None
+    for them, ``pa.array`` a null). str keys are decoded per key, None for a null key.
     """
     if check_key_type(key_type) == "int64":
         if not raw:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         joined = b"".join(raw)
-        if len(joined) != 12 * len(raw):
-            raise ValueError("int64 raw keys must be exactly 12 bytes")
-        return _split_int_keys(joined)
+        if len(joined) == 12 * len(raw):
+            return _split_int_keys(joined)
+        decoded = decode_int_keys(pa.array(raw, pa.binary()))
+        if decoded is None:
+            raise ValueError("int64 raw keys must be 12 bytes (or 5 for a null key)")
+        return decoded
     bins = bins_of_raw(raw)
-    return bins, [r[BIN_PREFIX_LEN:].decode("utf-8") for r in raw]
+    try:
+        return bins, [r[BIN_PREFIX_LEN:].decode("utf-8") for r in raw]
+    except UnicodeDecodeError:  # a null key (or a corrupt one: raises again)
+        return bins, [None if r[BIN_PREFIX_LEN:] == NULL_KEY else r[BIN_PREFIX_LEN:].decode("utf-8")
+                      for r in raw]
 
 
 def decode_int_keys(raw: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
     """``(bins, keys)`` of a binary Arrow array of int64 raw keys without Python objects, or
-    None unless every key is a 12-byte int64 raw key (the caller then decodes per key)."""
+    None unless every key is a 12-byte int64 raw key or a null key (the caller then decodes
+    per key). With null keys, ``keys`` is a numpy masked array masking them."""
     data, offsets = binary_parts(raw)
     n = len(offsets) - 1
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    if not np.array_equal(np.diff(offsets), np.full(n, 12)):
+    lengths = np.diff(offsets)
+    if np.array_equal(lengths, np.full(n, 12)):
+        return _split_int_keys(data[offsets[0]:offsets[-1]].tobytes())
+    nulls = lengths == BIN_PREFIX_LEN + len(NULL_KEY)
+    if not bool(((lengths == 12) | nulls).all()) or \
+            bool((data[offsets[:-1][nulls] + BIN_PREFIX_LEN] != NULL_KEY[0]).any()):
         return None
-    return _split_int_keys(data[offsets[0]:offsets[-1]].tobytes())
+    bins = _gather_bins(data, offsets[:-1])
+    starts = offsets[:-1][~nulls] + BIN_PREFIX_LEN
+    words = data[starts[:, None] + np.arange(8)].copy().view(">u8").reshape(-1)
+    keys = np.zeros(n, np.int64)
+    keys[~nulls] = (words.astype(np.uint64) ^ _SIGN).view(np.int64)
+    return bins, np.ma.masked_array(keys, mask=nulls)
 
 
 def _split_int_keys(joined: bytes) -> tuple[np.ndarray, np.ndarray]:
