@@ -4,7 +4,8 @@ Offline, the plan is checked first (pipeline, routing version, every move) and t
 step by step, each step committed before the next starts, with a progress bar. If a pipeline
 holds the state directory (in this process, or another one: the plan then goes through the
 directory's inbox), the plan is submitted to it and its progress followed while the pipeline
-runs the steps at its epochs.
+runs the steps at its epochs. A plan that moves nothing (``megaphone plan`` at the current
+layout) is checked alike, then reported as such (exit 0): no epoch runs, the state is untouched.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def _offline(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> 
     # made first and read-only, so an error prints alone and nothing changes.
     table_before = committed_table(state, commit.state_version)
     check_offline_plan(state, commit, table_before, plan)
+    if plan.empty:
+        return _nothing_to_move(plan)
     owners_before = table_before.owners()
     sizes = bin_sizes(state, owners_before)
     moves = plan.moves
@@ -101,6 +104,8 @@ def _live(pipeline: Pipeline, plan: MigrationPlan, args: argparse.Namespace) -> 
     from tqdm import tqdm
 
     handle = pipeline.migrate(plan)  # validates now; a bad plan raises and changes nothing
+    if plan.empty:
+        return _nothing_to_move(plan)
     print(f"submitted {len(plan.moves)} bins in {len(plan.steps)} steps to pipeline "
           f"{plan.fingerprint.pipeline_id}, running in this process")
     if args.no_wait or not pipeline.streaming:
@@ -123,8 +128,16 @@ def _remote(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> i
     from tqdm import tqdm
 
     from megaphone.migrator.inbox import committed_version, post_plan, wait_status
-    from megaphone.plans.plan import PlanError
+    from megaphone.plans.plan import MigrationPlan, PlanError
 
+    if plan.empty:  # nothing for the pipeline to do: checked against its commit, not posted
+        commit = state.read_commit()
+        last = max([commit.state_version] + [MigrationPlan.from_dict(p["plan"]).end_version
+                                              for p in commit.plans])
+        if not commit.state_version <= plan.base_version <= last:
+            raise PlanError(f"stale plan: it starts from routing version {plan.base_version}, "
+                            f"but the pipeline is at version {commit.state_version}")
+        return _nothing_to_move(plan)
     status = wait_status(post_plan(state, plan), args.timeout)
     if status["status"] != "accepted":
         raise PlanError(status.get("error", "the running pipeline rejected the plan"))
@@ -140,6 +153,13 @@ def _remote(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> i
         bar.update(len(plan.steps) - bar.n)
     print(f"migrated {len(plan.moves)} bins; routing version {plan.base_version} -> "
           f"{plan.end_version}")
+    return 0
+
+
+def _nothing_to_move(plan: MigrationPlan) -> int:
+    """Report an empty plan, accepted and done at once; exit 0."""
+    print(f"nothing to move: the plan moves no bin; routing version {plan.base_version} "
+          "unchanged")
     return 0
 
 

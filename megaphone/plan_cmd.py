@@ -147,12 +147,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(plan.to_dict(), indent=1))
     else:
         print(summary(plan.meta, plan.fingerprint.pipeline_id))
-    if not plan.steps:
-        if not args.json:
-            print("no plan written: nothing to move")
-        return 0
-    plan.save(args.output)
-    if not args.json:
+    plan.save(args.output)  # an empty one too: `plan && migrate` then moves nothing, exit 0
+    if not args.json and plan.empty:
+        print(f"nothing to move: wrote {args.output}, an empty plan (migrate accepts it and "
+              "does nothing)")
+    elif not args.json:
         print(f"wrote {args.output} (routing version {plan.base_version} -> "
               f"{plan.end_version}); apply it with: megaphone migrate {args.output} "
               f"--state-dir {args.state_dir}")
@@ -187,10 +186,11 @@ def run_ds2(args: argparse.Namespace) -> int:
             print("no plan written: DS2 does not rescale now")
         return 0
     plan = plan_from(source, workers=decision.target, **policy.plan_options())
-    if not plan.steps:
-        print("no plan written: nothing to move")
-        return 0
     plan.save(args.output)
+    if plan.empty:
+        if not args.json:
+            print(f"nothing to move: wrote {args.output}, an empty plan")
+        return 0
     if not args.json:
         print()
         print(summary(plan.meta, plan.fingerprint.pipeline_id))

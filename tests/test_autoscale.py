@@ -14,12 +14,12 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
-from megaphone import Pipeline
+from megaphone import MigrationPlan, Pipeline
 from megaphone.cli import main
 from megaphone.migrator.autoscale import DS2Controller
 from megaphone.migrator.planning import epoch_records
 from megaphone.plans.autoscale import Policy, input_span, select_window
-from megaphone.plans.scale_decision import decide_once, explain
+from megaphone.plans.scale_decision import ScaleDecision, decide_once, explain
 from megaphone.records import EpochMetrics
 
 # -- a fake pipeline -------------------------------------------------------------------------
@@ -40,6 +40,10 @@ class FakePlan:
     steps: list = field(default_factory=lambda: [object()])
     strategy: str = "fluid"
     meta: dict = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not self.steps
 
 
 class FakePipe:
@@ -165,6 +169,29 @@ def test_nothing_is_submitted_while_a_plan_is_in_flight():
     pipe.run(2, rate=9000)
     assert ctl.step(pipe.now).action == "in-flight"  # its own plan is running now
     assert len(pipe.submitted) == 1
+
+
+def test_a_plan_with_nothing_to_move_is_not_submitted():
+    pipe = FakePipe(workers=2)
+    ctl = DS2Controller(pipe, Policy(activation=1, warmup_epochs=0),
+                        planner=lambda p, n: FakePlan(n, steps=[]))
+    pipe.run(2, rate=3500)
+    d = ctl.step(pipe.now)
+    assert (d.action, d.target) == ("nothing-to-move", 4)
+    assert not pipe.submitted and ctl.handles == []
+
+
+def test_the_controller_skips_a_real_empty_plan(spark, tmp_path):
+    """An empty :class:`MigrationPlan` from the planner (a layout already in place)."""
+    pipe = Pipeline(spark, str(tmp_path / "state"), key="k", update="count", workers=2,
+                    num_bins=16, key_type="int64", pipeline_id=uuid.uuid4().hex)
+    try:
+        ctl = DS2Controller(pipe, Policy(activation=1, warmup_epochs=0),
+                            planner=lambda p, n: MigrationPlan.from_moves(p.routing, [[]]))
+        d = ctl._submit(ScaleDecision(time=0.0, action="scale", current=2, target=3))
+        assert d.action == "nothing-to-move" and ctl.handles == [] and pipe.in_flight == []
+    finally:
+        pipe.close()
 
 
 def test_warmup_epochs_after_a_rescale_are_left_out():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import gc
 import hashlib
 import json
@@ -14,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from megaphone import rescale
+from megaphone import migrate_cmd, rescale
 from megaphone.cli import main
 from megaphone.migrator.pipeline import Pipeline
 from megaphone.migrator.registry import running_pipeline
 from megaphone.migrator.statedir import StateDir
-from megaphone.plans.plan import MigrationPlan, PlanStep
+from megaphone.plans.plan import MigrationPlan, PlanError, PlanStep
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move
 from megaphone.state_backends import open_backend
@@ -299,3 +300,57 @@ def test_offline_scale_in_runs_epochs_that_release_the_idle_workers(state_dir, t
     assert commit.stream == {"checkpoint": "/elsewhere", "batch_id": 7, "epoch": epoch}
     assert state.output_epochs() == StateDir.open(state_dir).output_epochs()  # none written
     assert read_state(copy) == before
+
+
+def test_a_plan_at_the_current_layout_moves_nothing_and_exits_0(state_dir, tmp_path, capsys):
+    """`megaphone plan` to the layout in place writes an empty plan; `migrate` accepts it,
+    says so and changes nothing (a script doing `plan && migrate` must not fail)."""
+    copy = tmp_path / "state"
+    shutil.copytree(state_dir, copy, ignore=shutil.ignore_patterns(".lock"))
+    (copy / ".lock").touch()  # as any migrate leaves it (it takes the lock, then releases it)
+    owners = StateDir.open(copy).load_routing().owners().tolist()
+    target = write_json(tmp_path / "same.json", owners)
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text("an old plan, overwritten")
+    before = digest(copy)
+    code, out, err = cli(capsys, "plan", "--state-dir", copy, "--target", target,
+                         "--strategy", "fluid", "-o", plan_path)
+    assert code == 0, err
+    assert "moves       nothing: the layout already matches" in out
+    assert f"nothing to move: wrote {plan_path}" in out
+    plan = MigrationPlan.load(plan_path)
+    assert plan.empty and plan.steps == ()
+    code, out, err = cli(capsys, "migrate", plan_path, "--state-dir", copy)
+    assert code == 0, err
+    assert "nothing to move: the plan moves no bin" in out and err == ""
+    assert digest(copy) == before, "the state directory is untouched"
+    # A step without moves is as empty; a stale empty plan is still an error.
+    (tmp_path / "steps.json").write_text(
+        MigrationPlan(plan.fingerprint, plan.base_version, (PlanStep(0, ()),)).to_json())
+    code, out, _ = cli(capsys, "migrate", tmp_path / "steps.json", "--state-dir", copy)
+    assert code == 0 and "nothing to move" in out
+    stale = MigrationPlan(plan.fingerprint, plan.base_version + 1, ())
+    stale.save(tmp_path / "stale.json")
+    code, _, err = cli(capsys, "migrate", tmp_path / "stale.json", "--state-dir", copy)
+    assert code == 2 and "stale plan" in err
+    # A pipeline running in another process is not even asked: nothing is posted to its inbox.
+    args = argparse.Namespace(timeout=0.1, no_wait=False, no_progress=True)
+    assert migrate_cmd._remote(StateDir.open(copy), plan, args) == 0
+    with pytest.raises(PlanError, match="stale plan"):
+        migrate_cmd._remote(StateDir.open(copy), stale, args)
+    assert digest(copy) == before
+
+
+def test_plan_at_the_current_worker_count_of_a_new_pipeline_moves_nothing(spark, tmp_path,
+                                                                           capsys):
+    path = tmp_path / "fresh"
+    pipe = Pipeline(spark, str(path), key="k", update="count", workers=3, num_bins=64,
+                    key_type="str")
+    pipe.close()
+    code, out, err = cli(capsys, "plan", "--state-dir", path, "--workers", 3, "--strategy",
+                         "batched", "-o", tmp_path / "p.json")
+    assert code == 0, err
+    assert "3 -> 3 workers" in out and "nothing to move" in out
+    assert MigrationPlan.load(tmp_path / "p.json").empty
+    code, out, err = cli(capsys, "migrate", tmp_path / "p.json", "--state-dir", path)
+    assert code == 0 and "nothing to move" in out, err

@@ -59,8 +59,11 @@ def test_valid_plan_passes_and_end_version():
         (plan((0, [(2, 0, 1)]), (1, [(2, 0, 1)])),
          r"step 1 \(epoch 1\), bin 2: source worker 0 is not the owner at that point"),
         (plan((0, [(3, 1, 0), (3, 1, 0)])), r"step 0 \(epoch 0\): bin 3 is moved twice"),
-        (plan(), "empty plan"),
-        (plan((0, [])), r"step 0 \(epoch 0\): moves no bin"),
+        (plan((0, []), (1, [(0, 0, 1)])), r"step 0 \(epoch 0\): moves no bin"),
+        (plan((0, [(0, 0, 1)]), (1, [])), r"step 1 \(epoch 1\): moves no bin"),
+        (plan(base=3), "stale plan: it starts from routing version 3"),  # empty, yet stale
+        (plan(fp=Fingerprint("other", 16, "str")), "another pipeline"),
+        (plan((2, []), (1, [])), "not after the previous step"),
         (plan((2, [(0, 0, 1)]), (2, [(1, 1, 0)])), "not after the previous step"),
         (plan((0, [(0, 0, 1)]), fp=Fingerprint("other", 16, "str")), "another pipeline"),
         (plan((0, [(0, 0, 5000)])), "destination worker 5000"),
@@ -80,6 +83,16 @@ def test_absolute_epoch_in_the_past_is_stale():
     with pytest.raises(PlanError, match="already passed"):
         p.validate(table(), next_epoch=4)
     p.validate(table(), next_epoch=3)
+
+
+@pytest.mark.parametrize("steps", [(), ((0, []),), ((0, []), (1, []))])
+def test_a_plan_that_moves_nothing_is_valid_and_ends_where_it_starts(steps):
+    p = plan(*steps, base=0)
+    assert p.empty and p.moves == [] and p.end_version == 0
+    p.validate(table(), next_epoch=5)
+    assert MigrationPlan.from_moves(table(), []).empty
+    assert MigrationPlan.from_moves(table(), [[]]).empty
+    assert not plan((0, [(0, 0, 1)])).empty
 
 
 def with_(**fields) -> str:

@@ -29,7 +29,8 @@ def migrate(
     else offline on ``state_dir``.
 
     Validates at once; a bad plan raises :class:`~megaphone.plans.plan.PlanError` and changes
-    nothing. Returns a handle with ``done``, ``progress`` and ``wait(timeout)``. ``policy``
+    nothing. Returns a handle with ``done``, ``progress`` and ``wait(timeout)``; an empty plan
+    (``rescale`` to the layout in place) is done at once, at 0 of 0 steps. ``policy``
     (live only) makes the plan adaptive: see :meth:`Pipeline.migrate`. Offline there is no
     stream to protect, so an adaptive plan's moves are made at once.
 

@@ -128,7 +128,7 @@ class Autoscaler:
                                reason="a plan was submitted meanwhile")
             try:
                 plan = self._planner(self.pipe, decision.target)
-                if not plan.steps:
+                if plan.empty:  # never submitted: it would be done at once
                     return replace(decision, action="nothing-to-move")
                 handle = self.pipe.migrate(plan)
             except (PlanError, ValueError, RuntimeError) as exc:

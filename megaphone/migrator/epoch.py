@@ -32,7 +32,7 @@ from megaphone.migrator.layout import EpochLayout, commit_record, epoch_layout
 from megaphone.migrator.plan_queue import PlanQueue, PolicyInputs
 from megaphone.migrator.spark_job import MapSides, epoch_job, epoch_metrics, split_results
 from megaphone.migrator.statedir import Commit, StateDir
-from megaphone.migrator.updates import Update
+from megaphone.migrator.updates import Update, UpdateError
 from megaphone.plans.plan import MigrationPlan
 from megaphone.records import EpochMetrics
 
@@ -186,7 +186,9 @@ class EpochRun:
     def _collect(self, job: DataFrame, rebuild: Callable[[], DataFrame]) -> pa.Table:
         """Run the job; again if the store service died under it (the epoch is idempotent:
         workers that committed replay their outputs, the others apply). A rerun is a new
-        DataFrame: adaptive execution keeps a failed stage's error in the old one's plan."""
+        DataFrame: adaptive execution keeps a failed stage's error in the old one's plan. A
+        general update that failed on a key is raised as its :class:`UpdateError`, not as the
+        Spark error that carried it (kept in its ``__context__``)."""
         while True:
             self.attempts += 1
             if self.attempts > 1:
@@ -195,6 +197,9 @@ class EpochRun:
                 return job.toArrow()
             except Exception as exc:
                 text = str(exc)
+                failed = UpdateError.from_text(text)
+                if failed is not None:
+                    raise failed from None
                 if self.attempts >= JOB_ATTEMPTS or not any(m in text for m in _RETRYABLE):
                     raise
                 log.warning("epoch %d: the store service failed (%s); running the epoch's job "

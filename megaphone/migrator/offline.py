@@ -43,7 +43,8 @@ def migrate_offline(
 ) -> MigrationHandle:
     """Apply ``plan`` to a stopped pipeline's ``state_dir``, committing step by step.
 
-    The plan is validated first: a bad plan raises ``PlanError`` and nothing changes.
+    The plan is validated first: a bad plan raises ``PlanError`` and nothing changes. An
+    empty plan (nothing to move) runs no epoch: its handle is done at once.
     ``on_step(step_index, bytes_moved)`` is called after each committed step (progress bars).
     """
     plan_policy(plan)  # the policy does not run offline, but its spec must be valid
@@ -74,6 +75,8 @@ def _migrate_locked(
     table = state.load_routing()
     check_offline_plan(state, commit, table, plan)
     handle = MigrationHandle(plan)
+    if plan.empty:
+        return handle  # done at once: no epoch runs, the state stays as it is
     epochs = _OfflineEpochs(state, table, chunk_bytes, local_dir)
     for i, step in enumerate(plan.steps):
         table.apply_step(step.moves, commit.epoch + 1)

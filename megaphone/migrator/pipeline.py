@@ -272,10 +272,10 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         """Submit ``plan``; it is validated now and applied at its epochs while the pipeline runs.
 
         Raises ``PlanError`` (nothing changes) for an invalid or stale plan. A plan submitted
-        while another is in flight is queued if it starts where the other ends. An adaptive
-        plan (``strategy="deadline"``, or any plan with ``policy=``, a callable
-        ``policy(view) -> moves`` of :mod:`megaphone.plans.policy`) starts its moves when its
-        policy says so, asked before every epoch.
+        while another is in flight is queued if it starts where the other ends. An empty plan
+        (nothing to move) is done at once, never queued. An adaptive plan (``strategy=
+        "deadline"``, or any plan with ``policy=``, a callable ``policy(view) -> moves`` of
+        :mod:`megaphone.plans.policy`) starts its moves when its policy says so, every epoch.
         """
         if self._queue is None:
             raise RuntimeError("the pipeline has no state yet: process a batch or give key_type")
@@ -284,8 +284,9 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
                                "submit plans before start(), or stop() the stream first")
         with self._lock:  # between epochs: the plan is durable once this returns
             handle = self._queue.submit(plan, self._commit.epoch + 1, policy)
-            self._commit.plans = self._queue.to_list()
-            self.state_dir.write_commit(self._commit)
+            if not handle.done:  # an empty plan is done already: nothing to make durable
+                self._commit.plans = self._queue.to_list()
+                self.state_dir.write_commit(self._commit)
         return handle
 
     def autoscale(self, policy: Any = None, **kw: Any) -> Any:
@@ -366,8 +367,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
                            self._commit.worker_tokens())
 
     def bin_load(self) -> np.ndarray:
-        """Records per bin per epoch, exponentially smoothed over the epochs run in this process.
-        """
+        """Records per bin per epoch, exponentially smoothed over this process's epochs."""
         return self._bin_load.copy()
 
     def _policy_inputs(self, lag_s: float) -> PolicyInputs:

@@ -45,18 +45,22 @@ class MigrationHandle:
     """Follow a submitted plan: ``done``, ``progress`` and ``wait(timeout)``.
 
     ``policy`` is the policy choosing an adaptive plan's steps (None for a fixed plan); the
-    deadline policy explains each epoch's choice in ``handle.policy.decisions``.
+    deadline policy explains each epoch's choice in ``handle.policy.decisions``. The handle of
+    an empty plan (one that moves no bin) is done from the start, at 0 of 0 steps and bins.
     """
 
     def __init__(self, plan: MigrationPlan, policy: MigrationPolicy | None = None) -> None:
         self.plan = plan
         self.policy = policy
         self._progress = Progress(
-            steps_total=len(plan.steps), bins_total=sum(len(s.moves) for s in plan.steps)
+            steps_total=0 if plan.empty else len(plan.steps),
+            bins_total=sum(len(s.moves) for s in plan.steps),
         )
         self._done = threading.Event()
         self._lock = threading.Lock()
         self.error: BaseException | None = None
+        if plan.empty:
+            self._done.set()
 
     @property
     def done(self) -> bool:
@@ -173,7 +177,9 @@ class PlanQueue:
 
         With nothing in flight the plan must start from the table's newest version; otherwise
         from the version the last queued plan ends at. ``policy`` (a callable) makes the plan
-        adaptive with that policy: its moves start when the policy says so.
+        adaptive with that policy: its moves start when the policy says so. An empty plan is
+        checked alike (from either version) but never queued: its handle is done at once and
+        the plans in flight are not disturbed.
         """
         if policy is not None:
             if not callable(policy):
@@ -184,6 +190,9 @@ class PlanQueue:
         elif plan.adaptive:
             policy = policy_from_spec(plan.policy)
         with self.lock:
+            if plan.empty:
+                plan.validate(self._table_for_empty(plan), next_epoch)
+                return MigrationHandle(plan, policy)
             if any(a.handle.plan.adaptive for a in self._plans):
                 raise PlanError("an adaptive plan is in flight and its last routing version is "
                                 "not known yet; submit this plan once it is done")
@@ -202,6 +211,15 @@ class PlanQueue:
                 active.handle._progress.steps_total = 0
             self._plans.append(active)
             return active.handle
+
+    def _table_for_empty(self, plan: MigrationPlan) -> RoutingTable:
+        """What an empty plan is checked against: the table in force, or the table once the
+        plans in flight have run when it starts where they end (unknown behind an adaptive
+        plan, so then only the table in force)."""
+        if plan.base_version == self.table.version or not self._plans or \
+                any(a.handle.plan.adaptive for a in self._plans):
+            return self.table
+        return self._table_after_queue()
 
     def _table_after_queue(self) -> RoutingTable:
         scratch = RoutingTable.from_dict(self.table.to_dict())

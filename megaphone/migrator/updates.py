@@ -1,11 +1,18 @@
 """Keyed update functions: the built-in aggregations (vectorized) and a general Python ``f``.
 
 An update turns one epoch's records of a worker into per-key state changes and outputs. It is
-engine-agnostic: it sees a pyarrow table of records and a state backend, nothing of Spark.
+engine-agnostic: it sees a pyarrow table of records and a state backend, nothing of Spark. A
+general ``f`` that fails on a key (it raises, returns a state msgpack cannot encode, or an
+output that does not convert to the output type) fails the worker's epoch with an
+:class:`UpdateError` naming the key, the epoch and the worker; the driver raises it again
+from the failed job's error (:meth:`UpdateError.from_text`).
 """
 
 from __future__ import annotations
 
+import ast
+import re
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +21,7 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
+from megaphone.errors import MegaphoneError
 from megaphone.migrator import columns as C
 
 #: ``f(key, values, state) -> (new_state, outputs)``: the general keyed update.
@@ -21,6 +29,69 @@ UpdateFn = Callable[[Any, list, Any], tuple[Any, Iterable[Any]]]
 
 AGGREGATIONS = ("count", "sum", "min", "max")
 _STRING = pa.string()
+#: How an :class:`UpdateError`'s message starts (the driver finds it in a failed job's error).
+_FAILED = "update function failed on key "
+_WHERE = re.compile(r"(?P<key>.*?) at epoch (?P<epoch>\d+)(?: on worker (?P<worker>\d+))?: ")
+#: Errors msgpack raises for a value it cannot encode, and pyarrow for a value of another type.
+_PACK_ERRORS = (TypeError, ValueError, OverflowError)
+_CONVERT_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
+
+
+class UpdateError(MegaphoneError, RuntimeError):
+    """A general update ``f`` failed on a key: it raised, returned a state msgpack cannot
+    encode, or an output that does not convert to the output type.
+
+    The message names the key, the epoch, the worker and the original error (its type, text
+    and the line of ``f`` it came from); ``key``, ``epoch`` and ``worker`` hold them too (None
+    when unknown). Nothing of the epoch is committed: the pipeline stays at the epoch before,
+    and its next batch runs that epoch again. Raised on the driver from the failed Spark
+    job's error, which stays in ``__context__``.
+    """
+
+    def __init__(self, message: str, key: Any = None, epoch: int | None = None,
+                 worker: int | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.epoch = epoch
+        self.worker = worker
+
+    @classmethod
+    def from_text(cls, text: str) -> UpdateError | None:
+        """The error a worker raised, found in the text of the Spark error that carried it
+        (the last such line), or None if the text holds none."""
+        at = text.rfind(_FAILED)
+        if at < 0:
+            return None
+        message = text[at:].splitlines()[0]
+        where = _WHERE.match(message, len(_FAILED))
+        if where is None:
+            return cls(message)
+        try:
+            key = ast.literal_eval(where["key"])
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            key = None  # a key whose repr is not a literal (a date, say): named in the message
+        worker = where["worker"]
+        return cls(message, key, int(where["epoch"]), None if worker is None else int(worker))
+
+
+def update_failed(what: str, key: Any, exc: BaseException, epoch: int | None,
+                  worker: int | None, *, located: bool = False) -> UpdateError:
+    """The :class:`UpdateError` for ``f`` failing on ``key`` (``what`` it did), with ``exc``;
+    ``located``: name the line ``exc`` was raised at (an error raised inside ``f``)."""
+    where = f"{_FAILED}{_short(repr(key), 200)}"
+    if epoch is not None:
+        where += f" at epoch {epoch}" + (f" on worker {worker}" if worker is not None else "")
+    frames = traceback.extract_tb(exc.__traceback__) if located else []
+    line = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" \
+        if frames else ""
+    cause = _short(f"{type(exc).__name__}: {exc}", 400)
+    return UpdateError(f"{where}: {what}: {cause}{line}", key, epoch, worker)
+
+
+def _short(text: str, limit: int) -> str:
+    """``text`` on one line, cut to ``limit`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -110,12 +181,15 @@ def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
 
 
 def apply_custom(
-    update: Update, records: pa.Table, old_raw: list[bytes | None]
+    update: Update, records: pa.Table, old_raw: list[bytes | None],
+    epoch: int | None = None, worker: int | None = None,
 ) -> tuple[list[bytes], list[Any], list[Any]]:
     """Run ``f`` once per key of the epoch (``records``: ``key``, ``_bin``, ``values`` list).
 
     The null key is a key like any: ``f`` gets ``key=None`` for it. Returns the new msgpack
-    states, and the output rows as parallel lists of keys and values.
+    states, and the output rows as parallel lists of keys and values. Raises
+    :class:`UpdateError` (naming the key, and ``epoch`` and ``worker`` when given) if ``f``
+    raises, does not return ``(new_state, outputs)`` or returns a state msgpack cannot encode.
     """
     assert update.fn is not None
     keys = records.column(C.KEY).to_pylist()
@@ -125,12 +199,46 @@ def apply_custom(
     out_keys: list[Any] = []
     out_values: list[Any] = []
     for key, vals, raw in zip(keys, values, old_raw, strict=True):
-        state, outputs = update.fn(key, vals, _unpack(raw))
-        new_raw.append(packb(state))
-        for out in outputs:
-            out_keys.append(key)
-            out_values.append(out)
+        try:
+            result = update.fn(key, vals, _unpack(raw))
+        except Exception as exc:
+            raise update_failed("it raised", key, exc, epoch, worker, located=True) from exc
+        try:
+            state, outputs = result
+            outputs = list(outputs)
+        except Exception as exc:
+            raise update_failed("it must return (new_state, an iterable of outputs)", key, exc,
+                                epoch, worker) from exc
+        try:
+            new_raw.append(packb(state))
+        except _PACK_ERRORS as exc:
+            raise update_failed(f"msgpack cannot encode its new state (a {type(state).__name__})",
+                                key, exc, epoch, worker) from exc
+        out_keys += [key] * len(outputs)
+        out_values += outputs
     return new_raw, out_keys, out_values
+
+
+def custom_outputs(keys: list[Any], values: list[Any], schema: pa.Schema,
+                   epoch: int | None = None, worker: int | None = None) -> pa.Table:
+    """The output rows of :func:`apply_custom` as a table of ``schema`` (key, output).
+
+    Raises :class:`UpdateError` naming the first key whose output does not convert to the
+    output type.
+    """
+    out_type = schema.field(1).type
+    try:
+        converted = pa.array(values, out_type)
+    except _CONVERT_ERRORS:
+        for key, value in zip(keys, values, strict=True):
+            try:
+                pa.array([value], out_type)
+            except _CONVERT_ERRORS as exc:
+                raise update_failed(f"its output {_short(repr(value), 100)} does not convert to "
+                                    f"the output type {out_type}", key, exc, epoch,
+                                    worker) from exc
+        raise  # only the whole list fails (never seen): the original error
+    return pa.Table.from_arrays([pa.array(keys, schema.field(0).type), converted], schema=schema)
 
 
 def group_values(records: pa.Table) -> pa.Table:

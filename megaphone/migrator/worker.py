@@ -33,6 +33,7 @@ from megaphone.migrator.transfer import Arrivals, export_rows, rows
 from megaphone.migrator.updates import (
     apply_builtin,
     apply_custom,
+    custom_outputs,
     group_values,
     partial_aggregates,
 )
@@ -196,7 +197,7 @@ def apply_worker(
             load = bin_counts(table.column(C.BIN).to_numpy())
         if spec.has_event_time and table.num_rows:
             metrics.max_event_time = pc.max(table.column(C.EVENT_TIME)).as_py()
-        outputs, keys, values, old = _apply_records(spec, store, table)
+        outputs, keys, values, old = _apply_records(spec, store, table, worker)
         metrics.apply_s = time.perf_counter() - t0
         crash_point("apply", spec.epoch, spec.local_dir)
         t0 = time.perf_counter()
@@ -230,11 +231,13 @@ def _report_rows(schema: pa.Schema, reports: list[str],
     return rows(schema, len(reports), columns)
 
 
-def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table
+def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int
                    ) -> tuple[pa.Table, list[bytes], list[bytes | None], list[bytes | None]]:
     """One epoch's records applied to the current state: ``(outputs, keys, new, old)``.
 
-    Nothing is written here; the caller commits the new values with the outputs.
+    Nothing is written here; the caller commits the new values with the outputs. A general
+    ``f`` that fails on a key raises :class:`~megaphone.migrator.updates.UpdateError` naming
+    the key, the epoch and ``worker``: the task fails and nothing of the epoch is committed.
     """
     update = spec.update
     schema = spec.output_schema
@@ -252,11 +255,8 @@ def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table
         outputs = pa.Table.from_arrays([keys, new_values], schema=schema) if len(keys) else \
             schema.empty_table()
     else:
-        new_raw, out_keys, out_values = apply_custom(update, grouped, old)
-        outputs = pa.Table.from_arrays(
-            [pa.array(out_keys, schema.field(0).type), pa.array(out_values, schema.field(1).type)],
-            schema=schema,
-        )
+        new_raw, out_keys, out_values = apply_custom(update, grouped, old, spec.epoch, worker)
+        outputs = custom_outputs(out_keys, out_values, schema, spec.epoch, worker)
     return outputs, list(raw_keys), list(new_raw), list(old)
 
 

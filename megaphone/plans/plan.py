@@ -64,10 +64,18 @@ class MigrationPlan:
         return self.policy is not None
 
     @property
+    def empty(self) -> bool:
+        """True if the plan moves no bin (no steps, or only steps without moves), as
+        :func:`~megaphone.rescale` plans a layout already in place: it is accepted (once
+        checked against the pipeline and its routing version) and done at once."""
+        return not any(step.moves for step in self.steps)
+
+    @property
     def end_version(self) -> int:
         """The routing version in force once every step has been applied (fixed plans only:
-        an adaptive plan's number of steps is known only when it is done)."""
-        return self.base_version + len(self.steps)
+        an adaptive plan's number of steps is known only when it is done). An empty plan
+        leaves the routing at ``base_version``."""
+        return self.base_version + sum(1 for step in self.steps if step.moves)
 
     @property
     def moves(self) -> list[Move]:
@@ -82,7 +90,9 @@ class MigrationPlan:
         Checks the fingerprint, that the plan starts from the table's newest version, that
         steps are non-empty with increasing epochs (absolute ones not before ``next_epoch``),
         and for each move: a known bin, moved at most once per step, whose source is a live
-        worker that owns it at that point, and a destination in range. ``table`` is not changed.
+        worker that owns it at that point, and a destination in range. An :attr:`empty` plan
+        (no step moves a bin) passes the same checks but for the steps' moves: it has nothing
+        to do. ``table`` is not changed.
         """
         try:
             table.fingerprint.check(self.fingerprint, "plan")
@@ -93,14 +103,13 @@ class MigrationPlan:
                 f"stale plan: it starts from routing version {self.base_version}, "
                 f"but the pipeline is at version {table.version}"
             )
-        if not self.steps:
-            raise PlanError("empty plan: it has no steps")
+        empty = self.empty
         owners = np.array(table.owners(), copy=True)
         live = {int(w) for w in np.unique(owners)}
         previous = None
         for i, step in enumerate(self.steps):
             where = f"step {i} (epoch {step.epoch})"
-            if not step.moves:
+            if not step.moves and not empty:
                 raise PlanError(f"{where}: moves no bin")
             if previous is not None and step.epoch <= previous:
                 raise PlanError(f"{where}: epoch is not after the previous step's {previous}")
