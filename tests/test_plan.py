@@ -126,6 +126,18 @@ def test_from_moves_spaces_steps_by_gap():
     p.validate(table())
 
 
+def test_from_moves_takes_numpy_integers_and_refuses_other_numbers():
+    import numpy as np
+
+    owners = table().owners()  # numpy integers, as a script building moves would use them
+    p = MigrationPlan.from_moves(table(), [[(np.int64(1), owners[1], np.int32(0))]])
+    assert MigrationPlan.from_json(p.to_json()) == p  # plain ints: the JSON writes them
+    assert all(type(v) is int for v in p.steps[0].moves[0])
+    for bad in [(1.5, 0, 1), (1, "a", 0), (1, 0)]:
+        with pytest.raises(PlanError, match="integers"):
+            MigrationPlan.from_moves(table(), [[bad]])
+
+
 def _imported(path: Path) -> set[str]:
     """Every module ``path`` imports, at any level (TYPE_CHECKING blocks included)."""
     names: set[str] = set()

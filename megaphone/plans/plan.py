@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 import os
 from collections import Counter
 from collections.abc import Iterable
@@ -257,10 +258,20 @@ class MigrationPlan:
         if gap < 0:
             raise PlanError(f"gap must be >= 0 epochs, got {gap}")
         built = tuple(
-            PlanStep(i * (gap + 1), tuple(Move(*m) for m in moves))
+            PlanStep(i * (gap + 1), tuple(_move(m) for m in moves))
             for i, moves in enumerate(steps)
         )
         return cls(table.fingerprint, table.version, built, "relative", strategy)
+
+
+def _move(m: Iterable[Any]) -> Move:
+    """A move of plain ints (numpy integers, e.g. from ``routing.owners()``, are converted;
+    anything else that is not an integer is a :class:`PlanError`)."""
+    try:
+        b, src, dst = (operator.index(v) for v in m)
+    except (TypeError, ValueError):
+        raise PlanError(f"a move is (bin, src, dst) of integers, got {m!r}") from None
+    return Move(int(b), int(src), int(dst))
 
 
 def _int(value: Any, what: str) -> int:
