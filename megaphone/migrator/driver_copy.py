@@ -65,6 +65,7 @@ class DriverCopy:
         self._routing: bytes | None = None  # the routing table's bytes last written here
         self._pending: list[dict[str, Any]] = []  # metrics not yet in a commit file
         self._commits: list[int] | None = None  # commit files present (listed once)
+        self._folded_left: list[int] = []  # commit files a lost driver folded, not deleted
         self._folders: set[str] = set()  # folders known to exist
 
     # -- writing -----------------------------------------------------------------------------
@@ -95,11 +96,15 @@ class DriverCopy:
             self._put(self._path(ROUTING), routing)
             self._routing = routing
         record = {"commit": commit, "metrics": self._pending}
+        commits = self._listed_commits()  # listed before this file is there: held once
         self._put(self._path(COMMITS, seq_name(commit["seq"], COMMIT_RECORD_SUFFIX)),
                   json.dumps(record, separators=(",", ":")).encode())
         self._pending = []
-        commits = self._listed_commits()
-        commits.append(commit["seq"])
+        if commit["seq"] not in commits:
+            commits.append(commit["seq"])
+        for seq in self._folded_left:
+            self.fs.delete_file(self._path(COMMITS, seq_name(seq, COMMIT_RECORD_SUFFIX)))
+        self._folded_left = []
         if len(commits) >= KEEP_COMMITS + FOLD_COMMITS:
             self._fold(commits[:FOLD_COMMITS])
             del commits[:FOLD_COMMITS]
@@ -115,8 +120,15 @@ class DriverCopy:
         return bool(self._pending)
 
     def _listed_commits(self) -> list[int]:
+        """The commit files present (listed once). Commit files already folded into a
+        metrics file (a driver lost between a fold and its deletes) are left out, so their
+        metrics are never read twice; the next :meth:`write_commit` deletes them."""
         if self._commits is None:
-            self._commits = self._list(COMMITS, COMMIT_RECORD_SUFFIX)
+            folded = self._list(FOLDED_METRICS, FOLDED_METRICS_SUFFIX)
+            upto = folded[-1] if folded else -1
+            listed = self._list(COMMITS, COMMIT_RECORD_SUFFIX)
+            self._folded_left = [s for s in listed if s <= upto]
+            self._commits = [s for s in listed if s > upto]
         return self._commits
 
     def _fold(self, seqs: list[int]) -> None:
