@@ -20,19 +20,33 @@ half, and once that is done (and ``--hold`` epochs later) the bins move back;
 * ``deadline@L`` (any number, e.g. ``--runs fluid,batched,deadline@2,deadline@4``) -- live
   migration paced by the deadline policy with latency target ``L`` seconds; the summary then
   also counts, for fluid, batched and each ``deadline@L``, the epochs over ``L``;
-* ``pause-restart`` -- stop the pipeline, ``migrate_offline`` the same moves, open it again
-  (what a Spark user can do today); the input keeps arriving during the pause;
+* ``pause-restart`` -- stop the pipeline, ``migrate_offline`` the same moves, open it again,
+  all in the warm application (same SparkSession); the input keeps arriving during the pause;
+* ``restart-app`` -- the same pause-and-restart paying the real application restart: every
+  stretch between reconfigurations runs in a new process (new SparkSession, new JVM) that
+  migrates offline before it starts Spark (``bench/restart_baselines.py``);
 * ``native`` -- Spark Structured Streaming's own ``groupBy(key).count()`` (update mode,
-  RocksDB state store, file source fed the same epochs, one file per trigger), no migration.
+  RocksDB state store, file source fed the same epochs, one file per trigger), no migration;
+* ``native-repartition`` -- that query stopped between triggers at each reconfiguration, its
+  state repartitioned offline (``spark._streamingCheckpointManager.repartition``, PySpark >=
+  4.2, experimental) from ``W`` to ``2W`` partitions (and back), and restarted in the same
+  SparkSession while the input keeps arriving (``bench/restart_baselines.py``).
+
+The runs that stop (``pause-restart``, ``restart-app``, ``native-repartition``) report the
+seconds of each phase of their pauses; every run reports its latency spike, the epochs over
+1.5x its own steady p99 and the drain time: from the end of a reconfiguration (the restart)
+until the backlog is worked off -- the last epoch over 1.5x the run's steady median latency
+before one back within it completed (``report.drain_times``).
 
 After every megaphone run the total of all counts in ``pipe.state()`` must equal the
-bulk-loaded counts plus the records fed (and likewise for ``native``, read back with the
-``statestore`` data source); a mismatch stops the benchmark with an error.
+bulk-loaded counts plus the records fed (``restart-app``: checked in its last application;
+``native`` and ``native-repartition``: the preloaded counts plus the records fed, read back
+with the ``statestore`` data source); a mismatch stops the benchmark with an error.
 
 Outputs under ``--out``: ``<run>.csv`` per run, ``latency.png`` (and ``memory.png``),
 ``summary.md`` and ``summary.json``.
 
-    python bench/migration.py --keys 1e5            # smoke: under a minute
+    python bench/migration.py --keys 1e5            # smoke: a few minutes
     python bench/migration.py --keys 1e7            # the RESULTS.md run
     python bench/migration.py --keys 1e7 --runs fluid,batched,deadline@1.5,deadline@3
 """
@@ -49,7 +63,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +99,7 @@ from report import (
     run_stats,
     save_result,
     secs,
+    spike_table,
     stats_table,
     write_csv,
 )
@@ -98,12 +114,14 @@ LIVE_STRATEGIES = ("all-at-once", "fluid", "batched")
 #: Run name prefix of the deadline strategy: ``deadline@2.5`` has a 2.5 s latency target.
 DEADLINE_RUN = "deadline@"
 SCENARIOS = ("half-and-back", "half-out", "scale-out")
-#: Settings by size: ``smoke`` (keys < 1e6) keeps the whole benchmark under a minute.
+#: Settings by size: ``smoke`` (keys < 1e6) keeps the whole benchmark to a few minutes (the
+#: restart baselines start new Spark applications and wait for their backlog to drain).
 PROFILES: dict[str, dict[str, Any]] = {
     "smoke": {"bins": 8, "workers": 2, "rate": 2000.0, "interval": 0.5, "warmup": 1, "pre": 1,
-              "hold": 0, "cooldown": 1, "steady_epochs": 3, "per_worker": 2},
+              "hold": 0, "cooldown": 1, "steady_epochs": 3, "per_worker": 2, "drain_epochs": 40},
     "full": {"bins": 256, "workers": 4, "rate": 5000.0, "interval": 2.0, "warmup": 10,
-             "pre": 10, "hold": 2, "cooldown": 10, "steady_epochs": 40, "per_worker": 1},
+             "pre": 10, "hold": 2, "cooldown": 10, "steady_epochs": 40, "per_worker": 1,
+             "drain_epochs": 150},
 }
 #: Throw-away epochs run once before the first run, so no run pays for a cold JVM or cold
 #: Python workers.
@@ -165,6 +183,7 @@ class Config:
     steady_epochs: int
     per_worker: int
     gap: int
+    drain_epochs: int
     out: Path
     state_root: Path
     keep_state: bool
@@ -203,6 +222,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--per-worker", type=int, help="bins per worker per step of batched")
     p.add_argument("--gap", type=int, default=0,
                    help="idle epochs between the steps of fluid and batched (flow control)")
+    p.add_argument("--drain-epochs", type=int,
+                   help="epochs beyond --cooldown that restart-app and native-repartition wait "
+                        "at most, after their last restart, for the backlog to drain")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
     p.add_argument("--state-root", type=Path, help="state directories (default OUT/state)")
     p.add_argument("--keep-state", action="store_true", help="keep the runs' state dirs")
@@ -237,6 +259,7 @@ def resolve(args: argparse.Namespace) -> Config:
         bins=pick("bins"), scenario=args.scenario, runs=runs, warmup=pick("warmup"),
         pre=pick("pre"), hold=pick("hold"), cooldown=pick("cooldown"),
         steady_epochs=pick("steady_epochs"), per_worker=pick("per_worker"), gap=args.gap,
+        drain_epochs=pick("drain_epochs"),
         out=args.out,
         state_root=args.state_root or args.out / "state", keep_state=args.keep_state,
         merge=args.merge,
@@ -352,6 +375,21 @@ def load_avg() -> float:
     return os.getloadavg()[0]
 
 
+def epoch_row(run: str, t0: float, m: dict[str, Any], times: tuple[int, float, float, float],
+              rss) -> EpochRow:
+    """An epoch's row from its metrics ``m``, ``(epoch, input end, started, finished)`` (epoch
+    seconds) and the peak RSS during it; times in the row are seconds since ``t0``."""
+    epoch, end, started, finished = times
+    return EpochRow(
+        run=run, epoch=epoch, interval_end_s=end - t0, started_s=started - t0,
+        finished_s=finished - t0, records=int(m["records_in"]), latency_s=finished - end,
+        duration_s=finished - started, bins_moved=int(m["bins_moved"]),
+        keys_moved=int(m["keys_moved"]), bytes_moved=int(m["bytes_moved"]),
+        export_s=phase_seconds(m, "export_s"), install_s=phase_seconds(m, "install_s"),
+        rss_driver_mb=round(rss.driver, 1), rss_jvm_mb=round(rss.jvm, 1),
+        rss_workers_mb=round(rss.workers, 1), load1=load_avg())
+
+
 class LiveRun:
     """One megaphone run: the open-loop epoch loop plus the run's reconfiguration schedule.
 
@@ -377,6 +415,7 @@ class LiveRun:
         self.handle = None
         self.window: Window | None = None
         self.decisions: list[dict[str, Any]] = []
+        self.phases: list[dict[str, Any]] = []
         self.t0 = 0.0
 
     def run(self) -> RunResult:
@@ -396,7 +435,8 @@ class LiveRun:
                 shutil.rmtree(self.path, ignore_errors=True)
         label_phases(self.rows, self.windows, self.cfg.warmup)
         return RunResult(self.name, self.rows, self.windows, fed, check, self.notes,
-                         (load_before, load_avg()), decisions=self.decisions)
+                         (load_before, load_avg()), decisions=self.decisions,
+                         phases=self.phases)
 
     def _loop(self, pipe: Pipeline) -> Pipeline:
         cfg, sampler = self.cfg, self.ctx.sampler
@@ -421,16 +461,8 @@ class LiveRun:
 
     def _row(self, m: dict[str, Any], epoch: int, end: float, started: float,
              finished: float) -> EpochRow:
-        rss = self.ctx.sampler.take_peak()
-        return EpochRow(
-            run=self.name, epoch=epoch, interval_end_s=end - self.t0,
-            started_s=started - self.t0, finished_s=finished - self.t0,
-            records=int(m["records_in"]), latency_s=finished - end,
-            duration_s=finished - started, bins_moved=int(m["bins_moved"]),
-            keys_moved=int(m["keys_moved"]), bytes_moved=int(m["bytes_moved"]),
-            export_s=phase_seconds(m, "export_s"), install_s=phase_seconds(m, "install_s"),
-            rss_driver_mb=round(rss.driver, 1), rss_jvm_mb=round(rss.jvm, 1),
-            rss_workers_mb=round(rss.workers, 1), load1=load_avg())
+        return epoch_row(self.name, self.t0, m, (epoch, end, started, finished),
+                         self.ctx.sampler.take_peak())
 
     def _maybe_reconfigure(self, pipe: Pipeline, epoch: int) -> Pipeline:
         if self.handle is not None or not self.pending or epoch < self.next_start:
@@ -462,6 +494,9 @@ class LiveRun:
         self.windows.append(Window(label, start - self.t0, end - self.t0,
                                    plan.meta["keys_moved"], handle.progress.bytes_moved,
                                    migrated - stopped))
+        self.phases.append({"label": label, "stop_s": stopped - start, "app_start_s": None,
+                            "migrate_s": migrated - stopped, "reopen_s": end - migrated,
+                            "pause_s": end - start})
         self.notes.append(
             f"{label}: plan+stop {stopped - start:.2f} s, migrate_offline {migrated - stopped:.2f}"
             f" s, reopen {end - migrated:.2f} s; {plan.meta['bins_moved']} bins, "
@@ -528,6 +563,24 @@ NATIVE_CONF = {
 }
 
 
+@contextmanager
+def native_conf(spark, partitions: int) -> Iterator[None]:
+    """:data:`NATIVE_CONF` and ``partitions`` shuffle partitions set for a native run, then
+    the session's own settings back."""
+    names = [*NATIVE_CONF, "spark.sql.shuffle.partitions"]
+    saved = {k: spark.conf.get(k, None) for k in names}
+    for k, v in {**NATIVE_CONF, "spark.sql.shuffle.partitions": str(partitions)}.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
 def write_native_input(ctx: Context, directory: Path, preload: bool, epochs: int) -> None:
     """Parquet files, one per trigger, oldest first: the preload (optional) then each epoch.
 
@@ -561,19 +614,12 @@ def run_native(ctx: Context) -> RunResult:
     shutil.rmtree(root, ignore_errors=True)
     preload = cfg.keys <= cfg.native_preload_max
     write_native_input(ctx, root / "input", preload, epochs)
-    saved = {k: spark.conf.get(k, None) for k in [*NATIVE_CONF, "spark.sql.shuffle.partitions"]}
-    for k, v in {**NATIVE_CONF, "spark.sql.shuffle.partitions": str(cfg.workers)}.items():
-        spark.conf.set(k, v)
     load_before = load_avg()
     try:
-        progress, rss = _native_query(ctx, root, epochs + int(preload))
-        total = _native_total(spark, root / "checkpoint")
+        with native_conf(spark, cfg.workers):
+            progress, rss = _native_query(ctx, root, epochs + int(preload))
+            total = _native_total(spark, root / "checkpoint")
     finally:
-        for k, v in saved.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
         if not cfg.keep_state:
             shutil.rmtree(root, ignore_errors=True)
     fed = epochs * ctx.workload.per_epoch
@@ -820,14 +866,17 @@ def findings(stats: dict[str, dict[str, Any]], backend: dict[str, float]) -> lis
         out.append(f"{name}: max latency during migration {ms(s['mig_max'])} ms = {fmt_x(r)} "
                    f"the steady-state p99 ({ms(ref)} ms); target <= 1.5x: {verdict}")
     smooth = [stats[n]["mig_max"] for n in ("fluid", "batched") if n in stats]
-    for name in ("all-at-once", "pause-restart"):
+    for name in ("all-at-once", "pause-restart", "restart-app", "native-repartition"):
         s = stats.get(name)
         if s is None or not smooth:
             continue
         parts = [f"{fmt_x(ratio(s['mig_max'], stats[n]['mig_max']))} {n}"
                  for n in ("fluid", "batched") if n in stats]
-        out.append(f"{name}: max latency {ms(s['mig_max'])} ms, spike = " + ", ".join(parts))
-    for name in (*LIVE_STRATEGIES, "pause-restart"):
+        out.append(f"{name}: max latency {ms(s['mig_max'])} ms, spike = " + ", ".join(parts)
+                   + "; longest drain after a reconfiguration " + "; ".join(
+                       f"{n} {drained(stats[n]['drain_s'])}" for n in (name, "fluid", "batched")
+                       if n in stats))
+    for name in (*LIVE_STRATEGIES, "pause-restart", "restart-app"):
         s = stats.get(name)
         if s is None or not backend:
             continue
@@ -867,6 +916,11 @@ def findings(stats: dict[str, dict[str, Any]], backend: dict[str, float]) -> lis
             f"(records / busy s) {rate(mega['capacity_rps'])} vs {rate(native['capacity_rps'])} "
             f"records/s")
     return out
+
+
+def drained(seconds: float) -> str:
+    """A drain time as ``1.2 s``, or ``not drained`` (NaN: not within the run)."""
+    return "not drained" if math.isnan(seconds) else f"{seconds:.1f} s"
 
 
 def target_misses(result: RunResult, target: float) -> dict[str, Any]:
@@ -935,6 +989,16 @@ def write_summary(ctx: Context, results: list[RunResult], info: dict[str, Any]) 
         "",
         stats_table([stats[r.name] for r in results], ref),
         "",
+        "Reconfiguration cost, side by side: the latency spike, the epochs over 1.5x the run's "
+        "own steady p99 during migration and drain, the drain time from the end of each "
+        "reconfiguration (the restart) until the backlog was worked off (the last epoch over "
+        "1.5x the run's steady median latency before one back within it completed; \"not "
+        "drained\": not back within it before the next reconfiguration or the run's end), and "
+        "the phases of each pause (stop, new application start, migration or repartition, "
+        "reopen).",
+        "",
+        spike_table([stats[r.name] for r in results], {r.name: r.phases for r in results}),
+        "",
         backend_line(ctx.backend_rates),
         "",
         "Findings:",
@@ -956,7 +1020,7 @@ def write_summary(ctx: Context, results: list[RunResult], info: dict[str, Any]) 
                           for k, v in asdict(cfg).items()},
                "info": info, "backend": ctx.backend_rates,
                "runs": {r.name: {**stats[r.name], "notes": r.notes, "load_avg": r.load_avg,
-                                 "records_fed": r.records_fed,
+                                 "records_fed": r.records_fed, "phases": r.phases,
                                  "windows": [asdict(w) for w in r.windows]} for r in results}}
     (cfg.out / "summary.json").write_text(json.dumps(payload, indent=1, default=str))
     return text
@@ -987,9 +1051,9 @@ def run_all(cfg: Config, spark, command: str) -> list[RunResult]:
             save_result(cfg.out / f"{name}.json", result, setup_key(cfg))
             results[name] = result
             s = run_stats(result)
-            print(f"{name:>14}: steady p99 {ms(s['steady_p99'])} ms, max during migration "
-                  f"{ms(s['mig_max'])} ms, migration {secs(s['migration_s'])} s, {result.check}",
-                  flush=True)
+            print(f"{name:>18}: steady p99 {ms(s['steady_p99'])} ms, max during migration "
+                  f"{ms(s['mig_max'])} ms, migration {secs(s['migration_s'])} s, drain "
+                  f"{secs(s['drain_s'])} s, {result.check}", flush=True)
     finally:
         sampler.stop()
     results = [results[name] for name in run_order(list(results))]
@@ -1034,6 +1098,10 @@ def run_one(ctx: Context, name: str) -> RunResult:
         return LiveRun(ctx, name, "steady").run()
     if name == "pause-restart":
         return LiveRun(ctx, name, "pause").run()
+    if name in ("restart-app", "native-repartition"):
+        from restart_baselines import run_restart_baseline  # imports this module
+
+        return run_restart_baseline(ctx, name)
     return LiveRun(ctx, name, "live", strategy=name).run()
 
 

@@ -5,6 +5,12 @@ progress. Epochs are labelled ``warmup`` (excluded from every statistic), ``stea
 ``migration`` (the epoch ran, or its input interval ended, inside a window) and ``drain``
 (after a window, still behind the input: the backlog it left). Statistics "during migration"
 cover ``migration`` and ``drain`` epochs.
+
+The drain time of a reconfiguration is the same for every run (:func:`drain_times`): from the
+end of its window (the restart of a pause-and-restart run) until the backlog is worked off --
+the completion of the last epoch still over :data:`DRAIN_FACTOR` times the run's own steady
+median latency before the first epoch back within it (0 when the first epoch completing at
+or after the window's end already is).
 """
 
 from __future__ import annotations
@@ -21,7 +27,12 @@ import numpy as np
 
 WARMUP, STEADY, MIGRATION, DRAIN = "warmup", "steady", "migration", "drain"
 #: Runs in the order they are reported and plotted.
-RUN_ORDER = ("steady", "all-at-once", "fluid", "batched", "pause-restart", "native")
+RUN_ORDER = ("steady", "all-at-once", "fluid", "batched", "pause-restart", "restart-app",
+             "native", "native-repartition")
+#: A backlog has drained once an epoch's latency is within this factor of the steady median.
+DRAIN_FACTOR = 1.5
+#: Epochs over this factor of the run's own steady p99 count as over the target.
+TARGET_FACTOR = 1.5
 
 
 @dataclass
@@ -89,6 +100,8 @@ class RunResult:
     load_avg: tuple[float, float] = (0.0, 0.0)
     command: str = ""
     decisions: list[dict[str, Any]] = field(default_factory=list)  # adaptive plans' policy
+    #: Restart baselines: per reconfiguration, the seconds of each phase of the pause.
+    phases: list[dict[str, Any]] = field(default_factory=list)
 
 
 def prediction_ratios(result: RunResult) -> list[float]:
@@ -152,6 +165,31 @@ def pct(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else math.nan
 
 
+def drain_threshold(rows: Sequence[EpochRow]) -> float:
+    """The latency under which a backlog counts as drained: :data:`DRAIN_FACTOR` times the
+    median latency of the ``steady`` epochs (NaN without any)."""
+    return DRAIN_FACTOR * pct([r.latency_s for r in rows if r.phase == STEADY], 50)
+
+
+def drain_times(result: RunResult) -> list[float]:
+    """Per window, seconds from its end until the backlog drained (see the module docstring).
+
+    NaN when no epoch was back within the threshold before the next window or the run's end.
+    """
+    limit = drain_threshold(result.rows)
+    out = []
+    windows = sorted(result.windows, key=lambda w: w.start_s)
+    for i, w in enumerate(windows):
+        until = windows[i + 1].start_s if i + 1 < len(windows) else math.inf
+        after = [r for r in result.rows if w.end_s - 1e-6 <= r.finished_s < until]
+        ok = next((j for j, r in enumerate(after) if r.latency_s <= limit), None)
+        if ok is None:
+            out.append(math.nan)
+        else:
+            out.append(max(0.0, after[ok - 1].finished_s - w.end_s) if ok else 0.0)
+    return out
+
+
 def run_stats(result: RunResult) -> dict[str, Any]:
     """Latency, memory and transfer statistics of one run (seconds, MiB, keys, bytes)."""
     steady = [r for r in result.rows if r.phase == STEADY]
@@ -170,6 +208,8 @@ def run_stats(result: RunResult) -> dict[str, Any]:
     measured = [r for r in result.rows if r.phase != WARMUP]
     records = sum(r.records for r in measured)
     busy_all = sum(r.duration_s for r in measured)
+    drains = drain_times(result)
+    target = TARGET_FACTOR * pct(lat_s, 99)
     return {
         "run": result.name,
         "epochs": len(result.rows),
@@ -193,6 +233,11 @@ def run_stats(result: RunResult) -> dict[str, Any]:
         "rss_workers_mig": max((r.rss_workers_mb for r in during), default=math.nan),
         "load_mean": float(np.mean([r.load1 for r in result.rows])) if result.rows else 0.0,
         "check": result.check,
+        # The spike and its backlog: epochs over 1.5x this run's steady p99, drain times.
+        "target_s": target, "over_target": sum(r.latency_s > target for r in during),
+        "epochs_during": len(during), "drains_s": drains,
+        "drain_s": math.nan if not drains or any(map(math.isnan, drains)) else max(drains),
+        "drain_threshold_s": drain_threshold(result.rows),
     }
 
 
@@ -256,6 +301,37 @@ def stats_table(stats: Sequence[dict[str, Any]], ref_p99: float) -> str:
             f"| {fmt_mb(s['rss_workers_steady'])} / {fmt_mb(s['rss_workers_mig'])} "
             f"| {s['check']} |"
         )
+    return "\n".join(lines)
+
+
+#: The phases of a pause, in the order they happen, as :attr:`RunResult.phases` names them.
+PHASES = (("stop_s", "stop"), ("app_start_s", "app start"), ("migrate_s", "migrate"),
+          ("reopen_s", "reopen"))
+
+
+def phases_text(phases: Sequence[dict[str, Any]]) -> str:
+    """A run's pauses as ``out: stop 0.4 + app start 6.1 + ... = 7.0 s; back: ...``."""
+    parts = []
+    for p in phases:
+        steps = " + ".join(f"{label} {p[key]:.2f}" for key, label in PHASES
+                           if p.get(key) is not None)
+        parts.append(f"{p['label']}: {steps} = {p['pause_s']:.2f} s")
+    return "; ".join(parts) or "-"
+
+
+def spike_table(stats: Sequence[dict[str, Any]], phases: dict[str, list[dict[str, Any]]]) -> str:
+    """The cost of each run's reconfigurations side by side (markdown): the latency spike, the
+    epochs over 1.5x the run's own steady p99, the drain times and the pauses' phases."""
+    lines = ["| run | max ms during (spike) | p99 ms during | epochs over 1.5x own steady p99 "
+             "/ during | drain s per reconfiguration | pause phases s |", "|" + "---|" * 6]
+    for s in stats:
+        if not s["epochs_during"]:
+            continue
+        drains = ", ".join("not drained" if math.isnan(d) else f"{d:.1f}"
+                           for d in s["drains_s"]) or "-"
+        lines.append(f"| {s['run']} | {ms(s['mig_max'])} | {ms(s['mig_p99'])} | "
+                     f"{s['over_target']} / {s['epochs_during']} | {drains} | "
+                     f"{phases_text(phases.get(s['run'], []))} |")
     return "\n".join(lines)
 
 

@@ -64,6 +64,82 @@ def test_smoke_run_writes_every_output(spark, migration, tmp_path: Path) -> None
     assert "deadline@30: " in summary and "epochs over 30 s" in summary
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["restart-app", "native-repartition"])
+def test_restart_baselines_pay_the_restart_and_keep_the_counts(spark, migration, run: str,
+                                                                tmp_path: Path) -> None:
+    """``restart-app`` (one child process per stretch) and ``native-repartition`` at the
+    tiniest size: one reconfiguration, a short drain. Their state totals are checked by the
+    benchmark itself (it raises on a mismatch)."""
+    out = tmp_path / "out"
+    assert migration.main(["--keys", "1e4", "--scenario", "half-out", "--cooldown", "1",
+                           "--drain-epochs", "2", "--out", str(out), "--no-progress", "--runs",
+                           run], spark=spark) == 0
+    data = json.loads((out / "summary.json").read_text())
+    cfg = migration.resolve(migration.parser().parse_args(["--keys", "1e4"]))
+    r = data["runs"][run]
+    assert r["check"].startswith("ok")
+    assert [p["label"] for p in r["phases"]] == ["out"] and len(r["windows"]) == 1
+    phase = r["phases"][0]
+    assert phase["pause_s"] > 0 and r["epochs_during"] > 0
+    assert abs(sum(phase[k] or 0.0 for k in ("stop_s", "app_start_s", "migrate_s", "reopen_s"))
+               - phase["pause_s"]) < 0.05
+    with open(out / f"{run}.csv", newline="") as fh:
+        epochs = [int(row["epoch"]) for row in csv.DictReader(fh)]
+    assert epochs == list(range(len(epochs)))  # every epoch once, across the restart
+    assert len(epochs) >= cfg.warmup + cfg.pre + 1
+    summary = (out / "summary.md").read_text()
+    assert f"| {run} |" in summary and "drain s per reconfiguration" in summary
+    if run == "restart-app":
+        assert r["keys_moved"] > 0 and phase["app_start_s"] > 0 and phase["session_s"] > 0
+        assert "app start" in summary
+    else:
+        assert phase["partitions"] == 2 * cfg.workers and phase["app_start_s"] is None
+        assert "repartition to 4 partitions" in summary
+
+
+def test_restart_stretches_follow_the_pause_restart_schedule(migration) -> None:
+    import restart_baselines as rb
+
+    cfg = migration.resolve(migration.parser().parse_args(["--keys", "1e7", "--hold", "3"]))
+    first, out, back = rb.stretches(cfg)
+    start = cfg.warmup + cfg.pre
+    assert (first.first, first.stop, first.step) == (0, start, None)
+    assert (out.first, out.stop, out.step[0]) == (start, start + 3, "out")
+    assert (back.first, back.stop, back.step[0]) == (start + 3, None, "back")
+    assert back.min_end == back.first + cfg.cooldown
+    assert back.max_end == back.min_end + cfg.drain_epochs
+    assert rb.native_targets(cfg) == [("out", 2 * cfg.workers), ("back", cfg.workers)]
+    # The last stretch runs its cooldown, then stops at the first drained epoch.
+    assert not rb.should_stop(back, back.min_end - 1, 0.1, 1.0)
+    assert not rb.should_stop(back, back.min_end, 5.0, 1.0)
+    assert rb.should_stop(back, back.min_end, 0.5, 1.0)
+    assert rb.should_stop(back, back.max_end, 5.0, 1.0)
+
+
+def test_drain_time_is_from_the_window_end_to_the_first_epoch_back_in_line(migration) -> None:
+    import report
+
+    def row(e: int, start: float, finish: float):
+        return report.EpochRow("x", e, e + 1.0, start, finish, 10, finish - e - 1.0,
+                               finish - start)
+
+    rows = [row(0, 1.0, 1.2), row(1, 2.0, 2.2), row(2, 3.0, 3.2), row(3, 6.0, 6.5),
+            row(4, 6.5, 7.0), row(5, 7.0, 7.3), row(6, 7.3, 7.6), row(7, 8.0, 8.2)]
+    result = report.RunResult("x", rows, [report.Window("out", 3.5, 6.0)])
+    report.label_phases(rows, result.windows, warmup=1)
+    # Steady median latency 0.2 s: back in line once an epoch is within 0.3 s -- epoch 7
+    # (0.2 s); the backlog was worked off when epoch 6 (still 0.6 s late) completed at 7.6 s,
+    # 1.6 s after the window ended.
+    assert report.drain_times(result) == pytest.approx([1.6])
+    assert report.run_stats(result)["drain_s"] == pytest.approx(1.6)
+    rows[3].latency_s = 0.1  # the first epoch after the window is already in line
+    assert report.drain_times(result) == [0.0]
+    rows[3].latency_s = 2.5
+    result.rows = rows[:6]
+    assert all(d != d for d in report.drain_times(result))  # not drained: NaN
+
+
 def test_profiles_and_scenario_targets(migration) -> None:
     cfg = migration.resolve(migration.parser().parse_args(["--keys", "1e5"]))
     assert cfg.profile == "smoke" and cfg.per_epoch == round(cfg.rate * cfg.interval)
