@@ -1,7 +1,8 @@
 """Property: with any plans, outputs and final state equal a plain Python run without migration.
 
 Random batches of random keys (int and str, the null key among them: a key of its own, as in
-Spark's ``groupBy``, living in bin 0), random plans (random bins and epochs, chained
+Spark's ``groupBy``, living in bin 0) and values (int and float, null among them for the
+built-in aggregations: skipped as Spark skips them), random plans (random bins and epochs, chained
 plans queued behind each other, scale out and in, moves back and forth), every update kind,
 both backends and bins shipped as rows or as files, checked epoch by epoch against a reference
 that knows nothing of workers. The last plan may be adaptive: a random policy (any subset of
@@ -52,10 +53,16 @@ def random_policy(seed: int):
     return policy
 
 
+AGGREGATE = {"sum": sum, "min": min, "max": max}
+
+
 def reference(update: str, batches: list[list[tuple]]) -> tuple[list[dict], dict]:
     """Per-epoch outputs and the final state of a single-process run without migration.
 
     ``None`` is a key like any (one group, one state, one output), as in Spark's ``groupBy``.
+    As Spark's ``sum``/``min``/``max``, a built-in aggregation skips null values and a key
+    whose values so far were all null has a null aggregate (an output of ``None``, and no
+    state); ``count`` counts records, null values included (Spark's ``count("*")``).
     """
     state: dict = {}
     outputs = []
@@ -68,18 +75,17 @@ def reference(update: str, batches: list[list[tuple]]) -> tuple[list[dict], dict
             old = state.get(key)
             if update == "count":
                 new = (old or 0) + len(values)
-            elif update == "sum":
-                new = (old or 0) + sum(values)
-            elif update == "min":
-                new = min(values) if old is None else min(old, *values)
-            elif update == "max":
-                new = max(values) if old is None else max(old, *values)
+            elif update in AGGREGATE:
+                known = [v for v in values if v is not None] + ([] if old is None else [old])
+                new = AGGREGATE[update](known) if known else None
             else:
                 new, emitted = custom_update(key, values, old)
                 out[key] = emitted[0]
                 state[key] = new
                 continue
-            state[key] = out[key] = new
+            out[key] = new
+            if new is not None:
+                state[key] = new
         outputs.append(out)
     return outputs, state
 
@@ -93,11 +99,17 @@ def scenarios(draw):
     keyspace = draw(st.lists(raw_keys, min_size=1, max_size=12, unique=True))
     workers = draw(st.integers(1, 3))
     owners = [b % workers for b in range(NUM_BINS)]
+    update = draw(st.sampled_from(["count", "sum", "min", "max", "custom"]))
+    value_kind = "int" if update == "custom" else draw(st.sampled_from(["int", "float"]))
+    values = st.integers(-50, 50)  # floats hold whole numbers: sums are exact in any order
+    if value_kind == "float":
+        values = values.map(float)
+    if update != "custom":  # null values: skipped by the aggregations, counted by count
+        values = st.none() | values
     epochs = draw(st.integers(2, 3))
     batches, plans = [], []
     for _ in range(epochs):
-        batch = draw(st.lists(st.tuples(st.sampled_from(keyspace), st.integers(-50, 50)),
-                              max_size=25))
+        batch = draw(st.lists(st.tuples(st.sampled_from(keyspace), values), max_size=25))
         batches.append(batch)
         submitted = []
         for _ in range(draw(st.integers(0, 2))):
@@ -120,7 +132,10 @@ def scenarios(draw):
         "workers": workers,
         "backend": draw(st.sampled_from(["memory", "rocksdb"])),
         "transfer": draw(st.sampled_from(["auto", "rows", "files"])),
-        "update": draw(st.sampled_from(["count", "sum", "min", "max", "custom"])),
+        "update": update,
+        "value_kind": value_kind,
+        # count reads no value, or one (then its nulls are counted as any record)
+        "count_value": draw(st.booleans()),
         "batches": batches,
         "plans": plans,
         "adaptive": draw(st.sampled_from([None, "random", "deadline"])),
@@ -138,10 +153,12 @@ SPARK_PHASES = [p for p in Phase if p != Phase.shrink or os.environ.get(
 def test_outputs_and_state_equal_a_run_without_migration(spark, scenario):
     update = scenario["update"]
     key_type = scenario["key_type"]
-    schema = f"k {'long' if key_type == 'int64' else 'string'}, v long"
+    value_type = "double" if scenario["value_kind"] == "float" else "long"
+    schema = f"k {'long' if key_type == 'int64' else 'string'}, v {value_type}"
     with tempfile.TemporaryDirectory() as state_dir:
         pipe = Pipeline(
-            spark, state_dir, key="k", value=None if update == "count" else "v",
+            spark, state_dir, key="k",
+            value=None if update == "count" and not scenario["count_value"] else "v",
             update=custom_update if update == "custom" else update, workers=scenario["workers"],
             num_bins=NUM_BINS, backend=scenario["backend"], key_type=key_type,
             pipeline_id=uuid.uuid4().hex, output_type="bigint", transfer=scenario["transfer"],

@@ -148,6 +148,52 @@ def test_the_issue_example_null_and_a_key_into_sum(spark, tmp_path):
     assert {r[0]: r[1] for r in pipe.state().collect()} == {None: 1, "a": 2}
 
 
+def _spark_agg(spark, rows: list[tuple], schema: str, update: str) -> dict:
+    """Spark's ``groupBy("k").agg(update("v"))`` of ``rows``, as a dict."""
+    agg = getattr(F, update)("v")
+    return {r[0]: r[1] for r in spark.createDataFrame(rows, schema).groupBy("k").agg(agg).collect()}
+
+
+@pytest.mark.parametrize("update", ["sum", "min", "max"])
+@pytest.mark.parametrize(("key_type", "value_type"), [("int64", "long"), ("str", "double")])
+def test_null_values_give_the_rows_and_aggregates_sparks_groupby_does(spark, tmp_path, update,
+                                                                     key_type, value_type):
+    """Nulls are skipped; a key whose values are all null still has a row (null, or its stored
+    aggregate) and keeps its state (none if it had none), as Spark's running aggregate."""
+    pipe = Pipeline(spark, str(tmp_path / "state"), key="k", value="v", update=update,
+                    num_bins=16, workers=2, key_type=key_type, pipeline_id=uuid.uuid4().hex)
+    schema = f"k {'long' if key_type == 'int64' else 'string'}, v {value_type}"
+    a, b, c, d = (1, 2, 3, 4) if key_type == "int64" else ("a", "b", "c", "")
+    cast = float if value_type == "double" else int
+    first = [(a, None), (a, None), (b, None), (b, cast(5)), (b, cast(-2)), (None, None),
+             (c, cast(7))]
+    second = [(a, cast(3)), (a, None), (b, None), (None, None), (d, None), (c, None)]
+    seen: list[tuple] = []
+    for batch in (first, second):
+        seen += batch
+        touched = {k for k, _ in batch}
+        running = _spark_agg(spark, seen, schema, update)  # update mode: the running aggregate
+        expected = {k: v for k, v in running.items() if k in touched}
+        out = pipe.process(spark.createDataFrame(batch, schema)).collect()
+        assert {r[0]: r[1] for r in out} == expected and len(out) == len(expected)
+        # the state: Spark's aggregate of every key that has a non-null one
+        assert counts(pipe) == {k: v for k, v in running.items() if v is not None}
+    assert counts(pipe) == {a: cast(3), b: {"sum": 3, "min": -2, "max": 5}[update], c: 7}
+    assert pipe.metrics(last=1)[0]["records_out"] == 5
+
+
+def test_count_counts_records_null_values_included_as_sparks_count_star(spark, tmp_path):
+    """``count`` counts a key's records whatever its value (Spark's ``count("*")``, not
+    ``count("v")``), the null key's too."""
+    pipe = make(spark, tmp_path, workers=2, value="v")
+    rows = [(1, None), (1, 4), (2, None), (None, None)]
+    batch = spark.createDataFrame(rows, "k long, v long")
+    expected = {r[0]: r[1] for r in batch.groupBy("k").agg(F.count("*")).collect()}
+    assert {r[0]: r[1] for r in pipe.process(batch).collect()} == expected == \
+        {1: 2, 2: 1, None: 1}
+    assert counts(pipe) == expected
+
+
 @pytest.mark.parametrize("key_type", ["int64", "str"])
 def test_a_null_keys_state_moves_with_bin_zero(spark, tmp_path, key_type):
     pipe = make(spark, tmp_path, workers=2, key_type=key_type)

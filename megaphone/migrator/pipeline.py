@@ -69,10 +69,10 @@ if TYPE_CHECKING:
 class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
     """A keyed stateful operator over micro-batches whose state can migrate while it runs.
 
-    ``update`` is ``"count"``, ``"sum"``, ``"min"``, ``"max"`` (of ``value`` per key,
-    vectorized) or ``f(key, values, state) -> (new_state, outputs)`` with msgpack-serializable
+    ``update`` is ``"count"`` (records), ``"sum"``, ``"min"``, ``"max"`` (of ``value``, nulls
+    skipped) or ``f(key, values, state) -> (new_state, outputs)`` with msgpack-serializable
     state. Each call of :meth:`process` (or each micro-batch of :meth:`start`) is one epoch; its
-    outputs are, per key touched, the new aggregate (or what ``f`` emitted).
+    outputs are, per key touched, the aggregate (null if all null so far) or what ``f`` emitted.
 
     Opening an existing ``state_dir`` resumes it: its routing, committed epoch and plans in
     flight; ``workers`` then only applies to a new directory. ``local_dir`` is the host-local

@@ -141,40 +141,53 @@ def _unpack(raw: bytes | None) -> Any:
 
 def apply_builtin(
     update: Update, records: pa.Table, old_raw: list[bytes | None]
-) -> tuple[list[bytes], pa.Array]:
+) -> tuple[list[bytes | None], pa.Array]:
     """Merge one epoch's per-key partial aggregates into the stored values.
 
     ``records`` holds one row per key (columns ``key``, ``_bin``, ``partial``) and ``old_raw``
     the stored msgpack value of each key (None when new). Returns the new msgpack values and
-    the new aggregates as an arrow array (the epoch's outputs).
+    the new aggregates as an arrow array (the epoch's outputs). As in Spark, a null partial (a
+    key whose values in the epoch were all null) leaves the aggregate as it was: the stored
+    one, or null for a key with none, whose new msgpack value is then None: it gets no state
+    (no state stands for Spark's null aggregate, which a later non-null value replaces).
     """
-    partial = records.column("partial").to_numpy()
+    column = records.column("partial")
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
     present = np.fromiter((raw is not None for raw in old_raw), bool, len(old_raw))
     dtype = np.float64 if update.output_arrow_type() == pa.float64() else np.int64
     old = np.zeros(len(old_raw), dtype=dtype)
     if present.any():
         old[present] = [msgpack.unpackb(raw) for raw in old_raw if raw is not None]
-    partial = partial.astype(dtype, copy=False)
+    partial = column.fill_null(0).to_numpy().astype(dtype, copy=False)
     if update.kind in ("count", "sum"):
-        new = old + partial
+        merged = old + partial
     elif update.kind == "min":
-        new = np.where(present, np.minimum(old, partial), partial)
+        merged = np.minimum(old, partial)
     else:
-        new = np.where(present, np.maximum(old, partial), partial)
+        merged = np.maximum(old, partial)
+    new = np.where(present & valid, merged, np.where(present, old, partial))
     packb = msgpack.Packer().pack
-    return [packb(v) for v in new.tolist()], pa.array(new)
+    known = present | valid
+    if known.all():
+        return [packb(v) for v in new.tolist()], pa.array(new)
+    return ([packb(v) if k else None for v, k in zip(new.tolist(), known.tolist(), strict=True)],
+            pa.array(new, mask=~known))
 
 
 def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
     """Group an epoch's records by key: one row per key with its ``partial`` aggregate (the
-    null key included: Arrow's ``group_by`` groups nulls together, like Spark's)."""
+    null key included: Arrow's ``group_by`` groups nulls together, like Spark's).
+
+    ``count`` counts a key's records, null values included (Spark's ``count(*)``); ``sum``,
+    ``min`` and ``max`` skip null values, and a key whose values are all null gets a null
+    partial (as Spark's ``sum(value)`` gives null), so it still has its row.
+    """
     if update.kind == "count":
         grouped = records.group_by([C.KEY, C.BIN], use_threads=False).aggregate(
             [([], "count_all")]
         )
         return grouped.rename_columns([C.KEY, C.BIN, "partial"])
-    table = records.filter(pa.compute.is_valid(records.column(C.VALUE)))
-    grouped = table.group_by([C.KEY, C.BIN], use_threads=False).aggregate(
+    grouped = records.group_by([C.KEY, C.BIN], use_threads=False).aggregate(
         [(C.VALUE, update.kind)]
     )
     return grouped.rename_columns([C.KEY, C.BIN, "partial"])

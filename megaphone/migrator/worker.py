@@ -235,9 +235,12 @@ def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker:
                    ) -> tuple[pa.Table, list[bytes], list[bytes | None], list[bytes | None]]:
     """One epoch's records applied to the current state: ``(outputs, keys, new, old)``.
 
-    Nothing is written here; the caller commits the new values with the outputs. A general
-    ``f`` that fails on a key raises :class:`~megaphone.migrator.updates.UpdateError` naming
-    the key, the epoch and ``worker``: the task fails and nothing of the epoch is committed.
+    Nothing is written here; the caller commits the new values with the outputs. A key of a
+    built-in update whose values were all null and that has no aggregate yet has an output
+    row (a null aggregate, as in Spark) but nothing to commit: it is left out of the lists.
+    A general ``f`` that fails on a key raises
+    :class:`~megaphone.migrator.updates.UpdateError` naming the key, the epoch and ``worker``:
+    the task fails and nothing of the epoch is committed.
     """
     update = spec.update
     schema = spec.output_schema
@@ -254,6 +257,9 @@ def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker:
         new_raw, new_values = apply_builtin(update, grouped, old)
         outputs = pa.Table.from_arrays([keys, new_values], schema=schema) if len(keys) else \
             schema.empty_table()
+        if new_values.null_count:  # keys with no aggregate yet (values all null): no state
+            kept = np.flatnonzero(new_values.is_valid().to_numpy(zero_copy_only=False))
+            raw_keys, new_raw, old = ([seq[i] for i in kept] for seq in (raw_keys, new_raw, old))
     else:
         new_raw, out_keys, out_values = apply_custom(update, grouped, old, spec.epoch, worker)
         outputs = custom_outputs(out_keys, out_values, schema, spec.epoch, worker)
