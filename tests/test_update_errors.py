@@ -222,3 +222,40 @@ def test_state_of_a_failing_key_is_the_last_committed_one(spark, tmp_path):
         assert msgpack.unpackb(pipe.state().collect()[0][1]) == 6
     finally:
         pipe.close()
+
+
+@pytest.mark.parametrize("stored, values", [
+    (None, [2**62, 2**62]),          # wraps inside the epoch
+    (2**62, [2**62]),                # wraps when added to the stored sum
+    (-(2**62), [-(2**62), -(2**62)]),
+])
+def test_an_int64_sum_that_overflows_names_its_key_instead_of_wrapping(stored, values):
+    from megaphone.migrator.updates import apply_builtin, partial_aggregates
+
+    update = make_update("sum", "int")
+    records = pa.table({C.KEY: pa.array([7] * len(values) + [8], pa.int64()),
+                        C.BIN: pa.array([0] * (len(values) + 1), pa.int32()),
+                        C.VALUE: pa.array([*values, 1], pa.int64())})
+    grouped = partial_aggregates(update, records)
+    old = [None if stored is None else msgpack.packb(stored), None]
+    with pytest.raises(UpdateError, match=r"on key 7 at epoch 3 on worker 1: its int64 sum "
+                                          r"overflowed: OverflowError"):
+        apply_builtin(update, grouped.sort_by(C.KEY), old, 3, 1)
+    fine = pa.table({C.KEY: pa.array([7, 7], pa.int64()), C.BIN: pa.array([0, 0], pa.int32()),
+                     C.VALUE: pa.array([2**62, 2**62 - 1], pa.int64())})  # 2**63 - 1: fits
+    raw, out = apply_builtin(update, partial_aggregates(update, fine), [None])
+    assert out.to_pylist() == [2**63 - 1] and msgpack.unpackb(raw[0]) == 2**63 - 1
+
+
+def test_an_overflowing_sum_fails_its_epoch_and_the_pipeline_goes_on(spark, tmp_path):
+    pipe = Pipeline(spark, str(tmp_path / "state"), key="k", value="v", update="sum",
+                    workers=2, num_bins=16, key_type="int64", pipeline_id=uuid.uuid4().hex)
+    try:
+        pipe.process(batch(spark, [(1, 2**62), (2, 5)]))
+        with pytest.raises(UpdateError, match=r"on key 1 at epoch 1 .*int64 sum overflowed"):
+            pipe.process(batch(spark, [(1, 2**62), (2, 1)]))
+        assert pipe.epoch == 0
+        pipe.process(batch(spark, [(1, -1), (2, 1)]))
+        assert {r[0]: r[1] for r in pipe.state().collect()} == {1: 2**62 - 1, 2: 6}
+    finally:
+        pipe.close()

@@ -140,7 +140,8 @@ def _unpack(raw: bytes | None) -> Any:
 
 
 def apply_builtin(
-    update: Update, records: pa.Table, old_raw: list[bytes | None]
+    update: Update, records: pa.Table, old_raw: list[bytes | None],
+    epoch: int | None = None, worker: int | None = None,
 ) -> tuple[list[bytes | None], pa.Array]:
     """Merge one epoch's per-key partial aggregates into the stored values.
 
@@ -149,7 +150,9 @@ def apply_builtin(
     the new aggregates as an arrow array (the epoch's outputs). As in Spark, a null partial (a
     key whose values in the epoch were all null) leaves the aggregate as it was: the stored
     one, or null for a key with none, whose new msgpack value is then None: it gets no state
-    (no state stands for Spark's null aggregate, which a later non-null value replaces).
+    (no state stands for Spark's null aggregate, which a later non-null value replaces). An
+    integer ``sum`` that leaves the int64 range raises :class:`UpdateError` naming the key,
+    as Spark's (ANSI) ``sum`` fails, instead of wrapping around.
     """
     column = records.column("partial")
     valid = column.is_valid().to_numpy(zero_copy_only=False)
@@ -165,6 +168,8 @@ def apply_builtin(
         merged = np.minimum(old, partial)
     else:
         merged = np.maximum(old, partial)
+    if "partial_f" in records.column_names:  # an integer sum: did it leave the int64 range?
+        _check_int_sum(records, old, partial, merged, present & valid, epoch, worker)
     new = np.where(present & valid, merged, np.where(present, old, partial))
     packb = msgpack.Packer().pack
     known = present | valid
@@ -187,10 +192,34 @@ def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
             [([], "count_all")]
         )
         return grouped.rename_columns([C.KEY, C.BIN, "partial"])
+    if update.kind == "sum" and pa.types.is_integer(records.column(C.VALUE).type):
+        # The same sum in float64 beside it tells an int64 sum that wrapped around.
+        values = records.column(C.VALUE).cast(pa.float64(), safe=False)
+        floats = records.append_column("_vf", values)
+        grouped = floats.group_by([C.KEY, C.BIN], use_threads=False).aggregate(
+            [(C.VALUE, "sum"), ("_vf", "sum")]
+        )
+        return grouped.rename_columns([C.KEY, C.BIN, "partial", "partial_f"])
     grouped = records.group_by([C.KEY, C.BIN], use_threads=False).aggregate(
         [(C.VALUE, update.kind)]
     )
     return grouped.rename_columns([C.KEY, C.BIN, "partial"])
+
+
+def _check_int_sum(records: pa.Table, old: np.ndarray, partial: np.ndarray,
+                   merged: np.ndarray, both: np.ndarray, epoch: int | None,
+                   worker: int | None) -> None:
+    """Raise :class:`UpdateError` for the first key whose int64 sum overflowed: in the epoch
+    (a wrapped sum is 2**64 away from its float64 twin; rounding is far smaller) or when added
+    to the stored sum (the signs say so)."""
+    floats = records.column("partial_f").fill_null(0).to_numpy()
+    wrapped = (np.abs(partial.astype(np.float64) - floats) >= 2.0**63) | \
+        (both & (((old ^ merged) & (partial ^ merged)) < 0))
+    if wrapped.any():
+        i = int(np.flatnonzero(wrapped)[0])
+        raise update_failed("its int64 sum overflowed", records.column(C.KEY)[i].as_py(),
+                            OverflowError(f"{int(old[i])} stored + {floats[i]:.6g} in the "
+                                          "epoch is outside [-2**63, 2**63)"), epoch, worker)
 
 
 def apply_custom(

@@ -254,7 +254,7 @@ def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker:
     raw_keys = encode_keys(bins, keys, spec.key_type)  # Arrow: a null key stays null
     old = store.read(raw_keys)
     if update.is_builtin:
-        new_raw, new_values = apply_builtin(update, grouped, old)
+        new_raw, new_values = apply_builtin(update, grouped, old, spec.epoch, worker)
         outputs = pa.Table.from_arrays([keys, new_values], schema=schema) if len(keys) else \
             schema.empty_table()
         if new_values.null_count:  # keys with no aggregate yet (values all null): no state
