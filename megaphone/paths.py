@@ -17,6 +17,8 @@ MANIFEST = "megaphone.json"
 ROUTING = "routing.json"
 COMMIT = "commit.json"
 METRICS = "metrics.jsonl"
+#: The metrics file before the current one (see ``StateDir.append_metrics``).
+METRICS_OLD = "metrics.old.jsonl"
 LOCK = ".lock"
 WORKERS = "workers"
 OUTPUTS = "outputs"
@@ -119,6 +121,11 @@ class StateDirPaths:
     def metrics(self) -> Path:
         """The JSON-lines file of per-epoch metrics."""
         return self.root / METRICS
+
+    @property
+    def metrics_old(self) -> Path:
+        """The metrics file before the current one (the older epochs kept)."""
+        return self.root / METRICS_OLD
 
     @property
     def lock(self) -> Path:

@@ -49,6 +49,10 @@ from megaphone.state_backends.durable import _sync_if_local, filesystem
 #: :data:`FOLD_COMMITS` (as Spark keeps its last 100 batches' offsets and commits).
 KEEP_COMMITS = 100
 FOLD_COMMITS = 50
+#: Folded metrics files kept (the oldest is deleted when a fold makes one more): with the
+#: commit files, the copy holds the metrics of the last 350 to 400 epochs, so its size stays
+#: flat however long the pipeline runs.
+KEEP_FOLDS = 5
 
 
 class DriverCopyError(MegaphoneError, ValueError):
@@ -139,6 +143,8 @@ class DriverCopy:
                   "".join(f"{line}\n" for line in lines).encode())
         for seq in seqs:
             self.fs.delete_file(self._path(COMMITS, seq_name(seq, COMMIT_RECORD_SUFFIX)))
+        for seq in self._list(FOLDED_METRICS, FOLDED_METRICS_SUFFIX)[:-KEEP_FOLDS]:
+            self.fs.delete_file(self._path(FOLDED_METRICS, seq_name(seq, FOLDED_METRICS_SUFFIX)))
 
     def write_outputs(self, epoch: int, data: bytes) -> None:
         """Keep the outputs of ``epoch`` (an Arrow IPC file's bytes)."""

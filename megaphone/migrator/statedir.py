@@ -6,7 +6,8 @@ Layout (the paths come from :mod:`megaphone.paths`)::
       megaphone.json             manifest: fingerprint, backend, update and columns
       routing.json               the routing table (atomic rewrite on every change)
       commit.json                last committed epoch, state version, pending drops, plans
-      metrics.jsonl              one JSON line per committed epoch
+      metrics.jsonl              one JSON line per committed epoch (the last METRICS_CHUNK
+      metrics.old.jsonl          at most), and the chunk before it: disk stays flat
       workers/w00007/            one state backend per worker (without a checkpoint location)
       outputs/e000000012.arrow   each epoch's outputs (Arrow IPC file), the last few kept
       inbox/                     plans handed over by ``megaphone migrate`` from another process
@@ -89,6 +90,18 @@ class Commit:
         return {int(w): t for w, t in self.tokens.items()}
 
 
+#: Epochs per metrics file; the state directory keeps the current file and the one before.
+METRICS_CHUNK = 250
+
+
+def _count_lines(path: Path) -> int:
+    """Lines in ``path`` (0 when it does not exist)."""
+    if not path.exists():
+        return 0
+    with open(path, "rb") as fh:
+        return sum(1 for _ in fh)
+
+
 class StateDir:
     """A pipeline's state directory: paths, manifest checks and metadata reads and writes."""
 
@@ -98,6 +111,7 @@ class StateDir:
         self.manifest = manifest
         self.fingerprint = Fingerprint.from_dict(manifest["fingerprint"])
         self._lock_file: Any = None
+        self._metrics_lines: int | None = None  # lines in metrics.jsonl (counted once)
 
     @cached_property
     def durable(self) -> DriverCopy | None:
@@ -345,23 +359,33 @@ class StateDir:
                           sync=self.durable is None)  # with a driver's copy, that is synced
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        """Append one epoch's metrics as a JSON line."""
+        """Append one epoch's metrics as a JSON line. A full file (:data:`METRICS_CHUNK`
+        lines) becomes ``metrics.old.jsonl`` first, replacing the one before: a pipeline that
+        runs for months keeps its last chunk or two of epochs on disk, not all of them."""
+        if self._metrics_lines is None:
+            self._metrics_lines = _count_lines(self.paths.metrics)
+        if self._metrics_lines >= METRICS_CHUNK:
+            os.replace(self.paths.metrics, self.paths.metrics_old)
+            self._metrics_lines = 0
         with open(self.paths.metrics, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._metrics_lines += 1
         if self.durable is not None:
             self.durable.add_metrics(record)
 
     def read_metrics(self, last: int | None = None) -> list[dict[str, Any]]:
-        """The recorded per-epoch metrics (the ``last`` N when given); torn lines are skipped."""
-        if not self.paths.metrics.exists():
-            return []
+        """The recorded per-epoch metrics, oldest first (the ``last`` N when given): the
+        :data:`METRICS_CHUNK` to twice that many newest epochs. Torn lines are skipped."""
         records = []
-        with open(self.paths.metrics, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+        for path in (self.paths.metrics_old, self.paths.metrics):
+            if not path.exists():
+                continue
+            with open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue
         return records[-last:] if last else records
 
     def prune_outputs(self, keep_from_epoch: int) -> None:
