@@ -215,3 +215,35 @@ def test_a_checkpointed_pipeline_plans_before_its_first_epoch(spark, tmp_path):
     assert handle.done and len(pipe.routing.workers()) == 4
     assert {r[0]: r[1] for r in pipe.state().collect()} == {k: epochs for k in range(40)}
     pipe.close()
+
+
+def test_bin_sizes_read_between_epochs_while_a_stream_would_commit(spark, tmp_path,
+                                                                   monkeypatch):
+    """rescale() from another thread while epochs run: the executors' stores must not move
+    past the commit the size job reads (an epoch committed meanwhile used to fail it)."""
+    import threading
+
+    import megaphone.migrator.pipeline as pipeline_module
+
+    pipe = Pipeline(spark, str(tmp_path / "state"), key="k", update="count", workers=2,
+                    num_bins=16, key_type="int64", pipeline_id=uuid.uuid4().hex,
+                    checkpoint=str(tmp_path / "checkpoint"))
+    batch = spark.createDataFrame([(k,) for k in range(30)], "k long")
+    pipe.process_arrow(batch)
+    real, seen = pipeline_module.read_bin_stats, {}
+
+    def read_while_an_epoch_tries_to_run(*args, **kw):
+        epoch = threading.Thread(target=pipe.process_arrow, args=(batch,))
+        epoch.start()
+        epoch.join(timeout=5)  # it must wait for this read
+        seen["epoch_ran_during_read"] = not epoch.is_alive()
+        seen["thread"] = epoch
+        return real(*args, **kw)
+
+    monkeypatch.setattr(pipeline_module, "read_bin_stats", read_while_an_epoch_tries_to_run)
+    sizes = pipe.bin_sizes()
+    seen["thread"].join()
+    assert not seen["epoch_ran_during_read"] and int(sizes.keys.sum()) == 30
+    assert pipe.epoch == 1 and {r[0]: r[1] for r in pipe.state().collect()} == \
+        {k: 2 for k in range(30)}
+    pipe.close()

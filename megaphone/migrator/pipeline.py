@@ -327,9 +327,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
 
         Built-in aggregations give the aggregate; a general ``f`` gives its state as msgpack
         bytes (``megaphone.state_backends.unpack_value`` decodes them). Reflects the last
-        committed epoch (a failed epoch is rolled back first); do not read it while an epoch
-        is running.
-        """
+        committed epoch (a failed epoch is rolled back first); read it between epochs."""
         self._undo_uncommitted()
         update = self._update_for(None)
         schema = self._schema.state(self._key_type, update)
@@ -343,13 +341,15 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
     def bin_sizes(self, owners: np.ndarray | None = None) -> BinSizes:
         """Keys and bytes of every bin at its owner under ``owners`` (default: the routing in
         force), as of the last commit. With a checkpoint location the working copies live on
-        the executors, so this runs a small Spark job (one task per worker)."""
+        the executors: a small Spark job (one task per worker) reads them between two epochs
+        (a stream's next epoch waits for it; the stores must not move past the commit read)."""
         owners = self.routing.owners() if owners is None else owners
         if self._settings["checkpoint"] is None:
             return bin_sizes(self.state_dir, owners)
-        stats = () if self.epoch < 0 else read_bin_stats(  # nothing committed: all empty
-            self.spark, self._durable_read(), self._settings["backend"], self._key_type,
-            self.routing.owners(self.epoch))
+        with self._lock:  # nothing committed yet: every bin is empty
+            stats = () if self.epoch < 0 else read_bin_stats(
+                self.spark, self._durable_read(), self._settings["backend"], self._key_type,
+                self.routing.owners(self.epoch))
         return sizes_from_stats(stats, self._num_bins)
 
     def _stateful_workers(self) -> list[int]:
