@@ -48,3 +48,17 @@ def test_every_error_defined_in_the_package_has_the_root(package: str) -> None:
                 found.append(obj)
                 assert issubclass(obj, MegaphoneError), obj
     assert found
+
+
+def test_an_epoch_job_is_rerun_after_a_lost_store_or_a_lost_executor_only():
+    """The soak found Spark failing an epoch's job after an executor loss ("indeterminate
+    output": some result tasks had finished); the epoch is idempotent, so it runs again."""
+    from megaphone.migrator.epoch import retryable
+
+    lost_executor = ("Job aborted due to stage failure: A shuffle map stage with indeterminate "
+                     "output was failed and retried. However, Spark cannot rollback the "
+                     "ResultStage 5 to re-process the input data, and has to fail this job.")
+    assert retryable(lost_executor)
+    assert retryable("megaphone...StoreUnavailable: the store service at /x did not answer")
+    assert not retryable("ValueError: keys must be integers")
+    assert not retryable("update function failed on key 1 at epoch 2: it raised: KeyError")

@@ -46,8 +46,16 @@ WORKER_PHASES = ("export", "receive", "install", "apply")
 PHASES = DRIVER_PHASES + WORKER_PHASES
 #: Runs of an epoch's job before its error is raised, when the store service died under it.
 JOB_ATTEMPTS = 3
-#: What a failure of the store service looks like in a Spark error (the epoch is rerun).
-_RETRYABLE = ("StoreUnavailable", "LeaseLost")
+#: Failures an epoch's job is run again for (it is idempotent: workers that committed replay
+#: their outputs, the others apply): the store service failed, or Spark lost an executor after
+#: some result tasks had finished and cannot rerun only the lost part of a Python map stage
+#: ("indeterminate output").
+RETRYABLE = ("StoreUnavailable", "LeaseLost", "A shuffle map stage with indeterminate output")
+
+
+def retryable(error_text: str) -> bool:
+    """Whether a failed epoch job (its Spark error's text) is run again."""
+    return any(mark in error_text for mark in RETRYABLE)
 #: Writes an epoch's outputs file while the driver writes its commit record.
 _WRITER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="megaphone-outputs")
@@ -184,7 +192,7 @@ class EpochRun:
         return outputs
 
     def _collect(self, job: DataFrame, rebuild: Callable[[], DataFrame]) -> pa.Table:
-        """Run the job; again if the store service died under it (the epoch is idempotent:
+        """Run the job; again if it failed for a :data:`RETRYABLE` reason (the epoch is idempotent:
         workers that committed replay their outputs, the others apply). A rerun is a new
         DataFrame: adaptive execution keeps a failed stage's error in the old one's plan. A
         general update that failed on a key is raised as its :class:`UpdateError`, not as the
@@ -200,9 +208,8 @@ class EpochRun:
                 failed = UpdateError.from_text(text)
                 if failed is not None:
                     raise failed from None
-                if self.attempts >= JOB_ATTEMPTS or not any(m in text for m in _RETRYABLE):
+                if self.attempts >= JOB_ATTEMPTS or not retryable(text):
                     raise
-                log.warning("epoch %d: the store service failed (%s); running the epoch's job "
-                            "again (attempt %d)", self.epoch, text.splitlines()[0][:200],
-                            self.attempts + 1)
+                log.warning("epoch %d: its job failed (%s); running it again (attempt %d)",
+                            self.epoch, text.splitlines()[0][:200], self.attempts + 1)
 
