@@ -13,13 +13,14 @@ embedded (``local[8]``: only driver kills).
 
 Sampled all along: each epoch's latency (commit time minus the newest event time applied) and
 backlog (records written but not yet applied), the resident memory of every process by kind,
-and the disk used by state, checkpoints and Spark's local files. At the end the writer stops,
-the driver drains and the final state is compared with a count of everything written. Pass:
-the state equals the reference (nothing lost or doubled), no backlog growth (median latency of
-the quiet epochs in the last third of the run at most 10% or 0.5 s over the first third), and
-resident memory and disk flat after the warm-up (last third's median at most 10% over the
-first third's). Writes ``summary.json``, ``summary.md`` and ``soak.png`` under ``--out``; exits
-1 when a criterion fails.
+and the disk used by state, checkpoints and Spark's local files (the query's own checkpoint is
+reported apart: Spark's file source log in it keeps every file name it ever read). At the end
+the writer stops, the driver drains and the final state is compared with a count of
+everything written. Pass: the state equals the reference (nothing lost or doubled), no backlog
+growth (median latency of the quiet epochs in the last third of the run at most 10% or 0.5 s
+over the first third), and resident memory and disk flat after the warm-up (last third's
+median at most 10% over the first third's). Writes ``summary.json``, ``summary.md`` and
+``soak.png`` under ``--out``; exits 1 when a criterion fails.
 
     python bench/soak.py --minutes 2                   # what CI runs
     python bench/soak.py --minutes 60 --out bench/results/soak-60
@@ -279,6 +280,7 @@ def _soak(args: argparse.Namespace, run: Path, base: Path, hosts: Any) -> dict[s
     cfg = {"master": hosts.master if hosts else "local[8]",
            "conf": conf, "state_dir": str(private / "state"), "local_dir": str(private / "local"),
            "checkpoint": str(shared / "checkpoint"), "input_dir": str(shared / "input"),
+           "stream_checkpoint": str(private / "stream-checkpoint"),
            "workers": args.workers, "bins": args.bins, "cost_s": args.cost_ms / 1000,
            "per_worker": args.per_worker, "target_latency": args.target_latency,
            "ds2_interval_s": 10.0, "max_files_per_trigger": 10, "keys": args.keys}
@@ -296,7 +298,8 @@ def _soak(args: argparse.Namespace, run: Path, base: Path, hosts: Any) -> dict[s
              "store-local": local_dirs,
              "spark-local": lambda: ([shared / f"host{i}-local" for i in (0, 1)]
                                      if hosts is not None else [base / "spark-local"]),
-             "input-pending": lambda: [shared / "input"]}
+             "input-pending": lambda: [shared / "input"],
+             "stream-checkpoint": lambda: [private / "stream-checkpoint"]}
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARK_LOCAL_IP": "127.0.0.1"}
     drivers = Drivers(run, env)
     drivers.start()

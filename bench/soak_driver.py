@@ -134,7 +134,8 @@ class Driver:
         stream = (self.spark.readStream.schema("k long, t timestamp")
                   .option("maxFilesPerTrigger", self.cfg["max_files_per_trigger"])
                   .option("cleanSource", "delete").parquet(self.cfg["input_dir"]))
-        return self.pipe.start(stream, self.sink, trigger={"processingTime": "1 second"})
+        return self.pipe.start(stream, self.sink, trigger={"processingTime": "1 second"},
+                               checkpoint_location=self.cfg.get("stream_checkpoint"))
 
     def sink(self, outputs: Any, epoch: int) -> None:
         """Record the epoch (the outputs themselves are not needed: the state is checked)."""
