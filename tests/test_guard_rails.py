@@ -64,6 +64,23 @@ def test_another_pipeline_configuration_is_refused(spark, copy, kw, message):
     assert snapshot(copy) == before
 
 
+def test_the_lock_holder_removes_half_written_files_a_killed_driver_left(copy):
+    """A driver killed inside an atomic write leaves its temporary file behind; the next lock
+    holder deletes it (nothing else writes there) and keeps every real file."""
+    from megaphone.migrator.statedir import StateDir
+
+    before = snapshot(copy)
+    torn = [copy / ".commit.json.k1l2e3d4.tmp", copy / "outputs" / ".e000000001.arrow.x9.tmp"]
+    for path in torn:
+        path.write_bytes(b"half")
+    state = StateDir.open(copy).lock()
+    try:
+        assert not any(path.exists() for path in torn)
+        assert snapshot(copy) == before
+    finally:
+        state.unlock()
+
+
 def test_a_second_opener_is_refused_in_process_and_from_another_process(spark, copy):
     pipe = open_pipe(spark, copy)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import threading
@@ -180,6 +181,32 @@ def test_null_values_give_the_rows_and_aggregates_sparks_groupby_does(spark, tmp
         assert counts(pipe) == {k: v for k, v in running.items() if v is not None}
     assert counts(pipe) == {a: cast(3), b: {"sum": 3, "min": -2, "max": 5}[update], c: 7}
     assert pipe.metrics(last=1)[0]["records_out"] == 5
+
+
+def _nan_as_text(value):
+    """NaN != NaN; compare it as the text "NaN"."""
+    return "NaN" if isinstance(value, float) and math.isnan(value) else value
+
+
+@pytest.mark.parametrize("update", ["sum", "min", "max"])
+def test_nan_values_aggregate_as_sparks_groupby_does(spark, tmp_path, update):
+    """Spark orders NaN above every number: a key that saw one has NaN as its max, and as its
+    min only if every value was NaN; a sum with a NaN is NaN. Within an epoch and across."""
+    pipe = Pipeline(spark, str(tmp_path / "state"), key="k", value="v", update=update,
+                    num_bins=16, workers=2, key_type="int64", pipeline_id=uuid.uuid4().hex)
+    nan = float("nan")
+    first = [(1, 1.0), (1, nan), (2, nan), (3, 2.0), (4, nan), (4, nan), (6, nan), (6, None)]
+    second = [(1, 0.5), (2, 3.0), (3, nan), (4, nan), (5, None), (6, -1.0)]
+    seen: list[tuple] = []
+    for batch in (first, second):
+        seen += batch
+        running = {k: _nan_as_text(v)
+                   for k, v in _spark_agg(spark, seen, "k long, v double", update).items()}
+        out = pipe.process(spark.createDataFrame(batch, "k long, v double")).collect()
+        assert {r[0]: _nan_as_text(r[1]) for r in out} == \
+            {k: v for k, v in running.items() if k in {k for k, _ in batch}}
+        assert {k: _nan_as_text(v) for k, v in counts(pipe).items()} == \
+            {k: v for k, v in running.items() if v is not None}
 
 
 def test_count_counts_records_null_values_included_as_sparks_count_star(spark, tmp_path):

@@ -261,3 +261,41 @@ def test_a_copy_left_behind_on_the_committed_history_replays_only_what_it_lacks(
         for host in hosts:
             if (pid := service_pid(host)) is not None:
                 os.kill(pid, signal.SIGKILL)
+
+
+def _wal_and_sst_bytes(path) -> tuple[int, int]:
+    files = [f for f in os.scandir(path) if f.is_file()]
+    return (sum(f.stat().st_size for f in files if f.name.endswith(".log")),
+            sum(f.stat().st_size for f in files if f.name.endswith(".sst")))
+
+
+def test_a_slowly_written_store_has_its_log_trimmed_between_epochs(tmp_path, monkeypatch):
+    """A memtable RocksDB would not flush for hours keeps its write-ahead log growing on disk;
+    the service flushes one that is old and big enough, between two operations."""
+    import megaphone.state_backends.service as service_mod
+
+    service = StoreService(idle_exit_s=3600)
+    path = tmp_path / "w"
+    req = {"path": str(path), "kind": "rocksdb", "key_type": "int64", "num_bins": BINS}
+    service.op_begin({**req, "epoch": 0}, None)
+    entry = service.stores[str(path)]
+    keys = raw(range(2000))
+    for i in range(20):  # the same keys again and again, as a steady stream's epochs do
+        entry.store.backend.write_raw(keys, [msgpack.packb(i)] * len(keys))
+    wal, sst = _wal_and_sst_bytes(path)
+    assert wal > 256 << 10 and sst == 0
+    monkeypatch.setattr(service_mod, "LOG_TRIM_BYTES", 256 << 10)
+    service.housekeeping()  # young memtable (LOG_TRIM_AGE_S): kept
+    assert _wal_and_sst_bytes(path) == (wal, 0)
+    monkeypatch.setattr(service_mod, "LOG_TRIM_AGE_S", 0.0)
+    with entry.lock:
+        service.housekeeping()  # in the middle of an operation: kept
+    assert _wal_and_sst_bytes(path) == (wal, 0)
+    service.housekeeping()
+    deadline = time.monotonic() + 10
+    while _wal_and_sst_bytes(path)[0] >= wal and time.monotonic() < deadline:
+        time.sleep(0.05)
+    wal_after, sst_after = _wal_and_sst_bytes(path)
+    assert wal_after < wal // 10 and sst_after > 0
+    assert entry.store.backend.get_raw(keys[:3]) == [msgpack.packb(19)] * 3
+    service.close_stores(lambda p, e: True, "test")

@@ -137,7 +137,16 @@ class StateDir:
                 "stop it first"
             ) from None
         self._lock_file = fh
+        self._remove_torn_writes()
         return self
+
+    def _remove_torn_writes(self) -> None:
+        """Delete the temporary files of atomic writes a killed lock holder left half done
+        (``.commit.json.*.tmp`` and the like, beside the metadata and the kept outputs); only
+        the lock holder writes there, so none of them is in progress now."""
+        for directory in (self.path, self.paths.outputs):
+            for tmp in directory.glob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
 
     def unlock(self) -> None:
         """Release the lock taken by :meth:`lock`."""

@@ -11,6 +11,7 @@ from the failed job's error (:meth:`UpdateError.from_text`).
 from __future__ import annotations
 
 import ast
+import math
 import re
 import traceback
 from collections.abc import Callable, Iterable
@@ -20,6 +21,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from megaphone.errors import MegaphoneError
 from megaphone.migrator import columns as C
@@ -164,8 +166,8 @@ def apply_builtin(
     partial = column.fill_null(0).to_numpy().astype(dtype, copy=False)
     if update.kind in ("count", "sum"):
         merged = old + partial
-    elif update.kind == "min":
-        merged = np.minimum(old, partial)
+    elif update.kind == "min":  # NaN orders above every number, as in Spark
+        merged = np.fmin(old, partial)
     else:
         merged = np.maximum(old, partial)
     if "partial_f" in records.column_names:  # an integer sum: did it leave the int64 range?
@@ -185,7 +187,8 @@ def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
 
     ``count`` counts a key's records, null values included (Spark's ``count(*)``); ``sum``,
     ``min`` and ``max`` skip null values, and a key whose values are all null gets a null
-    partial (as Spark's ``sum(value)`` gives null), so it still has its row.
+    partial (as Spark's ``sum(value)`` gives null), so it still has its row. NaN orders above
+    every number, as in Spark: it is the ``max`` of any group that has one.
     """
     if update.kind == "count":
         grouped = records.group_by([C.KEY, C.BIN], use_threads=False).aggregate(
@@ -200,6 +203,15 @@ def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
             [(C.VALUE, "sum"), ("_vf", "sum")]
         )
         return grouped.rename_columns([C.KEY, C.BIN, "partial", "partial_f"])
+    if update.kind == "max" and pa.types.is_floating(records.column(C.VALUE).type):
+        # Arrow's max skips NaN; Spark orders NaN above every number, so a NaN is the max.
+        nan = pc.is_nan(records.column(C.VALUE))
+        grouped = records.append_column("_nan", nan).group_by(
+            [C.KEY, C.BIN], use_threads=False).aggregate([(C.VALUE, "max"), ("_nan", "any")])
+        partial = pc.if_else(grouped.column("_nan_any").fill_null(False), math.nan,
+                             grouped.column(f"{C.VALUE}_max"))
+        return pa.table([grouped.column(C.KEY), grouped.column(C.BIN), partial],
+                        names=[C.KEY, C.BIN, "partial"])
     grouped = records.group_by([C.KEY, C.BIN], use_threads=False).aggregate(
         [(C.VALUE, update.kind)]
     )

@@ -125,6 +125,16 @@ class BackendBase:
         """A storage-engine property (RocksDB's ``rocksdb.*``), ``None`` where there is none."""
         return None
 
+    def memtable_bytes(self) -> int:
+        """Bytes in the active memtable (0 for a backend without one): writes since the last
+        flush, which the write-ahead log holds on disk too."""
+        return 0
+
+    def flush_in_background(self) -> bool:
+        """Start flushing the memtable without waiting for it, unless the flush could stall
+        (see :class:`~megaphone.state_backends.rocksdb.RocksDBBackend`); whether it started."""
+        return False
+
     def close(self) -> None:
         """Release the store (see :class:`StateBackend`)."""
         raise NotImplementedError

@@ -173,6 +173,14 @@ class StateBackend(Protocol):
         """Make everything written so far durable."""
         ...
 
+    def memtable_bytes(self) -> int:
+        """Bytes written since the last flush that only the write-ahead log holds on disk."""
+        ...
+
+    def flush_in_background(self) -> bool:
+        """Start a flush that cannot stall writes, without waiting; whether it started."""
+        ...
+
     def close(self) -> None:
         """Flush and release the store; the object must not be used afterwards."""
         ...
