@@ -67,14 +67,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from load import clone_state_dir
-from migration import (
+from procmem import RssSampler
+from report import DRAIN_FACTOR, EpochRow, RunResult, Window, label_phases, pct
+from run_setup import (
     Config,
     Context,
     Target,
     Workload,
-    _iso_seconds,
     check_total,
     epoch_row,
+    iso_seconds,
     load_avg,
     native_conf,
     open_pipeline,
@@ -82,8 +84,6 @@ from migration import (
     reconfigurations,
     state_total,
 )
-from procmem import RssSampler
-from report import DRAIN_FACTOR, EpochRow, RunResult, Window, label_phases, pct
 
 RESTART_RUNS = ("restart-app", "native-repartition")
 
@@ -548,7 +548,7 @@ class NativeRestarts:
             if p["numInputRows"] != self.ctx.workload.per_epoch:
                 raise RuntimeError(f"{self.name}: batch {p['batchId']} read "
                                    f"{p['numInputRows']} rows, not one epoch")
-            started = _iso_seconds(p["timestamp"])
+            started = iso_seconds(p["timestamp"])
             duration = p["durationMs"]["triggerExecution"] / 1000.0
             end = t0 + (e + 1) * cfg.interval
             peak, load = self.rss.get(p["batchId"], (None, load_avg()))

@@ -44,7 +44,8 @@ DRIVER_PHASES = ("admit", "layout", "launch", "collect", "commit", "cleanup")
 WORKER_PHASES = ("export", "receive", "install", "apply")
 #: Every phase name: crash points and timings use these.
 PHASES = DRIVER_PHASES + WORKER_PHASES
-#: Runs of an epoch's job before its error is raised, when the store service died under it.
+#: Runs of an epoch's job before its error is raised, when it failed for a reason in
+#: :data:`RETRYABLE`.
 JOB_ATTEMPTS = 3
 #: Failures an epoch's job is run again for (it is idempotent: workers that committed replay
 #: their outputs, the others apply): the store service failed, or Spark lost an executor after
@@ -56,6 +57,8 @@ RETRYABLE = ("StoreUnavailable", "LeaseLost", "A shuffle map stage with indeterm
 def retryable(error_text: str) -> bool:
     """Whether a failed epoch job (its Spark error's text) is run again."""
     return any(mark in error_text for mark in RETRYABLE)
+
+
 #: Writes an epoch's outputs file while the driver writes its commit record.
 _WRITER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="megaphone-outputs")
