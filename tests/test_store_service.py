@@ -272,7 +272,7 @@ def _wal_and_sst_bytes(path) -> tuple[int, int]:
 def test_a_slowly_written_store_has_its_log_trimmed_between_epochs(tmp_path, monkeypatch):
     """A memtable RocksDB would not flush for hours keeps its write-ahead log growing on disk;
     the service flushes one that is old and big enough, between two operations."""
-    import megaphone.state_backends.service as service_mod
+    import megaphone.state_backends.rocksdb_tuning as tuning
 
     service = StoreService(idle_exit_s=3600)
     path = tmp_path / "w"
@@ -284,10 +284,10 @@ def test_a_slowly_written_store_has_its_log_trimmed_between_epochs(tmp_path, mon
         entry.store.backend.write_raw(keys, [msgpack.packb(i)] * len(keys))
     wal, sst = _wal_and_sst_bytes(path)
     assert wal > 256 << 10 and sst == 0
-    monkeypatch.setattr(service_mod, "LOG_TRIM_BYTES", 256 << 10)
+    monkeypatch.setattr(tuning, "LOG_TRIM_BYTES", 256 << 10)
     service.housekeeping()  # young memtable (LOG_TRIM_AGE_S): kept
     assert _wal_and_sst_bytes(path) == (wal, 0)
-    monkeypatch.setattr(service_mod, "LOG_TRIM_AGE_S", 0.0)
+    monkeypatch.setattr(tuning, "LOG_TRIM_AGE_S", 0.0)
     with entry.lock:
         service.housekeeping()  # in the middle of an operation: kept
     assert _wal_and_sst_bytes(path) == (wal, 0)

@@ -12,12 +12,13 @@ Layout (the paths come from :mod:`megaphone.paths`)::
       outputs/e000000012.arrow   each epoch's outputs (Arrow IPC file), the last few kept
       inbox/                     plans handed over by ``megaphone migrate`` from another process
 
-With a checkpoint location, everything but ``workers/`` is kept there as well (the driver's
-durable copy, :mod:`megaphone.migrator.driver_copy`), and the copy there is written first.
+With a checkpoint location, everything but ``workers/`` is also kept there, written first
+(the driver's durable copy, :mod:`megaphone.migrator.driver_copy`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -96,10 +97,9 @@ METRICS_CHUNK = 250
 
 def _count_lines(path: Path) -> int:
     """Lines in ``path`` (0 when it does not exist)."""
-    if not path.exists():
-        return 0
-    with open(path, "rb") as fh:
+    with contextlib.suppress(FileNotFoundError), open(path, "rb") as fh:
         return sum(1 for _ in fh)
+    return 0
 
 
 class StateDir:
@@ -141,9 +141,8 @@ class StateDir:
         return self
 
     def _remove_torn_writes(self) -> None:
-        """Delete the temporary files of atomic writes a killed lock holder left half done
-        (``.commit.json.*.tmp`` and the like, beside the metadata and the kept outputs); only
-        the lock holder writes there, so none of them is in progress now."""
+        """Delete the ``.*.tmp`` files of atomic writes a killed lock holder left half done;
+        only the lock holder writes them, so none is in progress now."""
         for directory in (self.path, self.paths.outputs):
             for tmp in directory.glob(".*.tmp"):
                 tmp.unlink(missing_ok=True)
@@ -369,8 +368,7 @@ class StateDir:
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Append one epoch's metrics as a JSON line. A full file (:data:`METRICS_CHUNK`
-        lines) becomes ``metrics.old.jsonl`` first, replacing the one before: a pipeline that
-        runs for months keeps its last chunk or two of epochs on disk, not all of them."""
+        lines) first replaces ``metrics.old.jsonl``: disk keeps one or two chunks of epochs."""
         if self._metrics_lines is None:
             self._metrics_lines = _count_lines(self.paths.metrics)
         if self._metrics_lines >= METRICS_CHUNK:

@@ -21,10 +21,7 @@ import numpy as np
 import pyarrow as pa
 from rocksdict import (
     AccessType,
-    BlockBasedOptions,
-    Cache,
     Checkpoint,
-    DBCompressionType,
     IngestExternalFileOptions,
     Options,
     Rdict,
@@ -47,10 +44,12 @@ from megaphone.state_backends.encoding import (
 from megaphone.state_backends.fresh_keys import FreshTracker
 from megaphone.state_backends.kv_batches import kv_columns, sorted_unique
 from megaphone.state_backends.memory import STATE_FILE
+from megaphone.state_backends.rocksdb_tuning import (
+    db_options,
+    flush_in_background,
+    memtable_bytes,
+)
 from megaphone.state_backends.stats import STATS_META, BinCounters
-
-BLOCK_CACHE_BYTES = 64 << 20
-"""Capacity of the block cache shared by every RocksDB backend of a process."""
 
 SST_FILE_BYTES = 64 << 20
 """Target size of one SST file written by :meth:`RocksDBBackend.import_sst`."""
@@ -58,48 +57,10 @@ SST_FILE_BYTES = 64 << 20
 INGEST_DIR_PREFIX = ".megaphone-ingest-"
 """Prefix of the temporary directory (inside the DB dir) that holds SST files being ingested."""
 
-_CACHE: Cache | None = None
 _SYNCED = WriteOptions()
 _SYNCED.sync = True
-#: A background flush is started only below this many L0 files (RocksDB compacts at 4 and
-#: slows writes at 20).
-_L0_QUIET = 4
 _MOVED = IngestExternalFileOptions()  # ingest by moving (hard-linking) the files in
 _MOVED.set_move_files(True)
-
-
-def _block_cache() -> Cache:
-    global _CACHE
-    if _CACHE is None:
-        _CACHE = Cache(BLOCK_CACHE_BYTES)
-    return _CACHE
-
-
-def db_options() -> Options:
-    """RocksDB options for a streaming state store (raw keys, LZ4, bloom filters, shared cache).
-
-    Point lookups dominate the per-epoch merge, so tables use 4 KiB blocks and 10-bit bloom
-    filters (kept by the table readers, outside the shared data-block cache, so scans cannot
-    evict them); levels use LZ4 and the bottom level ZSTD.
-    """
-    opts = Options(raw_mode=True)
-    opts.create_if_missing(True)
-    cpus = os.cpu_count() or 2
-    opts.increase_parallelism(max(2, cpus))
-    opts.set_max_background_jobs(max(2, cpus))
-    opts.set_write_buffer_size(64 << 20)
-    opts.set_max_write_buffer_number(3)
-    opts.set_target_file_size_base(64 << 20)
-    opts.set_level_compaction_dynamic_level_bytes(True)
-    opts.set_compression_type(DBCompressionType.lz4())
-    opts.set_bottommost_compression_type(DBCompressionType.zstd())
-    opts.set_keep_log_file_num(2)
-    table = BlockBasedOptions()
-    table.set_block_cache(_block_cache())
-    table.set_block_size(4 << 10)
-    table.set_bloom_filter(10, False)
-    opts.set_block_based_table_factory(table)
-    return opts
 
 
 class RocksDBBackend(BackendBase):
@@ -350,23 +311,11 @@ class RocksDBBackend(BackendBase):
 
     def memtable_bytes(self) -> int:
         """Bytes in the active memtable (``rocksdb.cur-size-active-mem-table``)."""
-        return self._db.property_int_value("rocksdb.cur-size-active-mem-table") or 0 \
-            if self._db is not None else 0
+        return memtable_bytes(self._db) if self._db is not None else 0
 
     def flush_in_background(self) -> bool:
-        """Start flushing the memtable (not waiting), but only when RocksDB has nothing to
-        catch up on: no memtable waiting for its flush, few L0 files, no compaction owed. A
-        manual flush otherwise first waits until it cannot cause a write stall, which took
-        40 s in the billion-key run; here it is skipped and tried again later."""
-        if self.read_only or self._db is None:
-            return False
-        db = self._db
-        if (db.property_int_value("rocksdb.num-immutable-mem-table")
-                or (db.property_int_value("rocksdb.num-files-at-level0") or 0) >= _L0_QUIET
-                or db.property_int_value("rocksdb.estimate-pending-compaction-bytes")):
-            return False
-        db.flush(False)
-        return True
+        """Start a flush that cannot stall writes (:func:`flush_in_background`)."""
+        return not self.read_only and self._db is not None and flush_in_background(self._db)
 
     def close(self) -> None:
         """Flush and close the DB; safe to call twice."""

@@ -45,6 +45,7 @@ from megaphone.errors import MegaphoneError
 from megaphone.state_backends.base import StateBackend
 from megaphone.state_backends.bin_files import BinFile, transfer_dir
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
+from megaphone.state_backends.rocksdb_tuning import LogTrim
 from megaphone.state_backends.service_identity import code_id, process_start
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
 from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
@@ -55,12 +56,6 @@ log = logging.getLogger("megaphone.store_service")
 STORE_IDLE_CLOSE_S = 600.0
 #: The service exits after this long with no store open and no connection.
 IDLE_EXIT_S = 30.0
-#: A store's memtable holding at least ``LOG_TRIM_BYTES`` that RocksDB has not flushed for
-#: ``LOG_TRIM_AGE_S`` is flushed between two operations. A store written slowly would otherwise
-#: keep up to its 64 MiB memtable's worth of write-ahead log on disk, growing for hours (the
-#: soak's working copies grew 3 MiB a minute). A store written fast fills its memtable first.
-LOG_TRIM_BYTES = 1 << 20
-LOG_TRIM_AGE_S = 120.0
 
 
 # -- the service --------------------------------------------------------------------------------
@@ -82,8 +77,7 @@ class _Entry:
     lease: int = 0
     last_used: float = field(default_factory=time.monotonic)
     owners: set[tuple[int, int]] = field(default_factory=set)  # (jvm pid, start time)
-    memtable_since: float = field(default_factory=time.monotonic)  # the memtable's last flush
-    memtable_seen: int = 0  # its size then
+    log: LogTrim = field(default_factory=LogTrim)
 
 
 class StoreService:
@@ -363,7 +357,7 @@ class StoreService:
         for entry in entries:
             if entry.lock.acquire(blocking=False):  # not in the middle of an operation
                 try:
-                    _trim_log(entry, now)
+                    entry.log.trim(entry.store.backend, now)
                 except Exception as exc:  # a store closed meanwhile: nothing to flush
                     log.warning("flushing %s failed: %s", entry.store.backend.path, exc)
                 finally:
@@ -371,19 +365,6 @@ class StoreService:
         # Exit once idle: at once if the executors using it are gone, else after idle_exit_s.
         return not self.stopping.is_set() and \
             not (idle and (self.orphaned or now - self.last_activity > self.idle_exit_s))
-
-
-def _trim_log(entry: _Entry, now: float) -> None:
-    """Flush a memtable RocksDB left unflushed for ``LOG_TRIM_AGE_S``, if it is big enough
-    and the flush cannot stall writes (else the next round tries again)."""
-    size = entry.store.backend.memtable_bytes()
-    if size < entry.memtable_seen:  # RocksDB flushed it meanwhile
-        entry.memtable_since = now
-    entry.memtable_seen = size
-    if size >= LOG_TRIM_BYTES and now - entry.memtable_since >= LOG_TRIM_AGE_S \
-            and entry.store.backend.flush_in_background():
-        entry.memtable_since, entry.memtable_seen = now, 0
-        log.info("flushing %s (%d bytes in its memtable)", entry.store.backend.path, size)
 
 
 def _send_chunks(sock: socket.socket, backend: StateBackend, bins: list[int], chunk_bytes: int

@@ -1,0 +1,108 @@
+"""How megaphone's RocksDB stores are tuned, and how a slowly written store's log stays short.
+
+:func:`db_options` are the options of every store. :class:`LogTrim` is the store service's
+rule for flushing a memtable RocksDB would leave unflushed for hours, and
+:func:`flush_in_background` the flush it may start without risking a write stall
+(``docs/worker-store.md`` has the numbers behind both).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict
+
+log = logging.getLogger("megaphone.store_service")
+
+BLOCK_CACHE_BYTES = 64 << 20
+"""Capacity of the block cache shared by every RocksDB backend of a process."""
+
+#: A store's memtable holding at least ``LOG_TRIM_BYTES`` that RocksDB has not flushed for
+#: ``LOG_TRIM_AGE_S`` is flushed between two operations. A store written slowly would otherwise
+#: keep up to its 64 MiB memtable's worth of write-ahead log on disk, growing for hours (the
+#: soak's working copies grew 3 MiB a minute). A store written fast fills its memtable first.
+LOG_TRIM_BYTES = 1 << 20
+LOG_TRIM_AGE_S = 120.0
+#: A background flush is started only below this many L0 files (RocksDB compacts at 4 and
+#: slows writes at 20).
+_L0_QUIET = 4
+_CACHE: Cache | None = None
+
+
+def _block_cache() -> Cache:
+    global _CACHE
+    if _CACHE is None:
+        _CACHE = Cache(BLOCK_CACHE_BYTES)
+    return _CACHE
+
+
+def db_options() -> Options:
+    """RocksDB options for a streaming state store (raw keys, LZ4, bloom filters, shared cache).
+
+    Point lookups dominate the per-epoch merge, so tables use 4 KiB blocks and 10-bit bloom
+    filters (kept by the table readers, outside the shared data-block cache, so scans cannot
+    evict them); levels use LZ4 and the bottom level ZSTD.
+    """
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    cpus = os.cpu_count() or 2
+    opts.increase_parallelism(max(2, cpus))
+    opts.set_max_background_jobs(max(2, cpus))
+    opts.set_write_buffer_size(64 << 20)
+    opts.set_max_write_buffer_number(3)
+    opts.set_target_file_size_base(64 << 20)
+    opts.set_level_compaction_dynamic_level_bytes(True)
+    opts.set_compression_type(DBCompressionType.lz4())
+    opts.set_bottommost_compression_type(DBCompressionType.zstd())
+    opts.set_keep_log_file_num(2)
+    table = BlockBasedOptions()
+    table.set_block_cache(_block_cache())
+    table.set_block_size(4 << 10)
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+def memtable_bytes(db: Rdict) -> int:
+    """Bytes in the DB's active memtable: writes since its last flush."""
+    return db.property_int_value("rocksdb.cur-size-active-mem-table") or 0
+
+
+def flush_in_background(db: Rdict) -> bool:
+    """Start flushing the memtable (not waiting), but only when RocksDB has nothing to catch
+    up on: no memtable waiting for its flush, few L0 files, no compaction owed. A manual flush
+    otherwise first waits until it cannot cause a write stall, which took 40 s in the
+    billion-key run; here it is skipped and tried again later. Returns whether it started."""
+    if (db.property_int_value("rocksdb.num-immutable-mem-table")
+            or (db.property_int_value("rocksdb.num-files-at-level0") or 0) >= _L0_QUIET
+            or db.property_int_value("rocksdb.estimate-pending-compaction-bytes")):
+        return False
+    db.flush(False)
+    return True
+
+
+@dataclass
+class LogTrim:
+    """How long a store's memtable has gone unflushed; flushes it once due (see
+    ``LOG_TRIM_BYTES``). The service asks on every housekeeping round, holding the store."""
+
+    since: float = field(default_factory=time.monotonic)  # the memtable's last flush
+    seen: int = 0  # its size then
+
+    def trim(self, backend: Any, now: float) -> bool:
+        """Flush ``backend``'s memtable if it is big and old enough and the flush cannot
+        stall writes (else a later round tries again); whether a flush started."""
+        size = backend.memtable_bytes()
+        if size < self.seen:  # RocksDB flushed it meanwhile
+            self.since = now
+        self.seen = size
+        if size < LOG_TRIM_BYTES or now - self.since < LOG_TRIM_AGE_S \
+                or not backend.flush_in_background():
+            return False
+        self.since, self.seen = now, 0
+        log.info("flushing %s (%d bytes in its memtable)", backend.path, size)
+        return True
