@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# The store services this session starts live in a directory of its own: a test never reaches,
+# or replaces, a service that the user's own pipelines run in $TMPDIR/megaphone-<uid>, and the
+# session stops every service it started when it ends. Set before any SparkSession starts, so
+# every executor and Python worker (and every subprocess a test starts) inherits it.
+_LOCAL_DIR = tempfile.mkdtemp(prefix="megaphone-tests-")
+os.environ["MEGAPHONE_LOCAL_DIR"] = _LOCAL_DIR
 
 settings.register_profile(
     "ci",
@@ -24,3 +34,14 @@ def spark():
     session = spark_session("local[2]", "megaphone-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_store_services():
+    """At the end of the session, stop the store services it started (in its own directory)."""
+    yield
+    from megaphone.state_backends.service_client import service_pids
+
+    for pid in service_pids(_LOCAL_DIR):
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(_LOCAL_DIR, ignore_errors=True)
