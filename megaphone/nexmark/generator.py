@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from megaphone.routing.xxh64 import hash_int64
 
@@ -258,6 +259,4 @@ def _string(config: NexmarkConfig, n: np.ndarray, field: int, max_length: int) -
 
 def _concat(*parts: pa.Array | str) -> pa.Array:
     """Element-wise concatenation of string arrays and constant strings."""
-    import pyarrow.compute as pc
-
     return pc.binary_join_element_wise(*parts, "")

@@ -12,9 +12,10 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict
+
+from megaphone.state_backends.base import StateBackend
 
 log = logging.getLogger("megaphone.store_service")
 
@@ -93,7 +94,7 @@ class LogTrim:
     since: float = field(default_factory=time.monotonic)  # the memtable's last flush
     seen: int = 0  # its size then
 
-    def trim(self, backend: Any, now: float) -> bool:
+    def trim(self, backend: StateBackend, now: float) -> bool:
         """Flush ``backend``'s memtable if it is big and old enough and the flush cannot
         stall writes (else a later round tries again); whether a flush started."""
         size = backend.memtable_bytes()
