@@ -31,6 +31,13 @@ from megaphone.state_backends.encoding import (
 )
 from megaphone.state_backends.memory import MemoryBackend
 from megaphone.state_backends.rocksdb import RocksDBBackend
+from megaphone.state_backends.timer_keys import (
+    TIMER_MARK,
+    decode_timer_keys,
+    encode_timer_keys,
+    is_timer_key,
+    timer_range,
+)
 
 BACKENDS: tuple[str, ...] = ("memory", "rocksdb")
 """Backend kinds accepted by :func:`open_backend`."""
@@ -73,6 +80,7 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "EXPORT_SCHEMA",
     "META_PREFIX",
+    "TIMER_MARK",
     "TRANSFER_MODES",
     "BinFile",
     "BinStats",
@@ -84,12 +92,16 @@ __all__ = [
     "bins_range",
     "check_transfer",
     "decode_keys",
+    "decode_timer_keys",
     "encode_keys",
+    "encode_timer_keys",
+    "is_timer_key",
     "meta_key",
     "open_backend",
     "open_checkpoint",
     "pack_value",
     "pack_values",
+    "timer_range",
     "unpack_value",
     "unpack_values",
 ]

@@ -11,6 +11,14 @@ can be scanned, exported or deleted as a single range.  Encoded keys:
   with a real key: no int64 key is 1 byte long, ``b"\xff"`` alone is not valid UTF-8, and the
   empty string encodes to zero bytes. Null keys decode to ``None`` (an Arrow null).
 
+*Timer keys* (event-time callbacks, :mod:`megaphone.state_backends.timer_keys`) live in their
+bin's range too, so they migrate, persist and commit with its state: ``bin prefix +``
+:data:`TIMER_MARK` ``(0xFE) + 8 bytes big-endian of time XOR 2**63 + encoded key`` (empty
+value). Within a bin they sort by time, then key. No str key starts with ``0xFE`` (not valid
+UTF-8), but an int64 key can (e.g. ``0x7E00_0000_0000_0001``), so a plain int64 key (12 raw
+bytes) may fall inside the timer range: a raw key is a timer iff ``raw[4] == 0xFE`` and it is
+at least 13 bytes long, and every scan (for timers or for plain keys) must apply that test.
+
 Values are msgpack (``use_bin_type=True``; tuples come back as lists, numpy scalars and arrays
 are stored as plain numbers and lists).  Metadata entries live under :data:`META_PREFIX`, which
 sorts after every bin because bin ids are below ``2**20``.
@@ -40,6 +48,9 @@ BIN_PREFIX_LEN = 4
 
 NULL_KEY = b"\xff"
 """Encoded null key (after the bin prefix): no int64 or str key encodes to it."""
+
+TIMER_MARK = b"\xfe"
+"""Byte after the bin prefix that starts a timer key (an int64 key may start with it too)."""
 
 _SIGN = np.uint64(0x8000000000000000)
 _INT_KEY = np.dtype([("b", ">u4"), ("k", ">u8")])
