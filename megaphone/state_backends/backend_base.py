@@ -39,6 +39,7 @@ from megaphone.state_backends.encoding import (
 from megaphone.state_backends.fresh_keys import FreshTracker
 from megaphone.state_backends.kv_batches import cut_batches, kv_columns, strictly_increasing
 from megaphone.state_backends.stats import BinCounters, stats_from_scan
+from megaphone.state_backends.timer_keys import without_timers
 
 IMPORT_METHODS = ("auto", "chunk", "sst")
 """Accepted values of ``import_bins(method=...)``."""
@@ -52,7 +53,7 @@ class BackendBase:
 
     Subclasses set ``path``/``read_only``, load ``_counters`` and implement :meth:`get_raw`,
     :meth:`_commit`, :meth:`_scan`, :meth:`_drop`, :meth:`get_meta`, :meth:`_import_sst_stream`,
-    :meth:`checkpoint`, :meth:`flush` and :meth:`close`.
+    :meth:`due_timers`, :meth:`checkpoint`, :meth:`flush` and :meth:`close`.
     """
 
     path: str | None
@@ -92,6 +93,10 @@ class BackendBase:
 
     def _drop(self, bins: np.ndarray, runs: list[tuple[int, int]], counters: BinCounters) -> None:
         """Atomically delete the given bin runs and store ``counters``."""
+        raise NotImplementedError
+
+    def due_timers(self, bins: Iterable[int], upto: int) -> list[bytes]:
+        """Raw timer keys due at ``upto`` in ``bins`` (see :class:`StateBackend`)."""
         raise NotImplementedError
 
     def _import_sst_stream(self, batches: Iterable[pa.RecordBatch]) -> ImportStats:
@@ -249,7 +254,8 @@ class BackendBase:
     # ------------------------------------------------------------------ stats
 
     def bin_stats(self) -> dict[int, BinStats]:
-        """Keys and bytes of every non-empty bin, from the persisted counters."""
+        """Keys and bytes of every non-empty bin, from the persisted counters (timer keys
+        count: they are state that moves with the bin)."""
         return self._counters.as_dict()
 
     def scan_bin_stats(self) -> dict[int, BinStats]:
@@ -360,10 +366,11 @@ class BackendBase:
     # ------------------------------------------------------------------ reading back
 
     def items(self, bins: Iterable[int] | None = None) -> Iterator[tuple[int, Any, Any]]:
-        """Decoded ``(bin, key, value)`` of ``bins`` (all if ``None``) in key order."""
+        """Decoded ``(bin, key, value)`` of ``bins`` (all if ``None``) in key order, timer
+        keys skipped (they are no plain keys)."""
         sel = range(self.num_bins) if bins is None else bins
         for batch in self.export_bins(sel, chunk_bytes=1 << 20):
-            k, v = kv_columns(batch)
+            k, v = without_timers(*kv_columns(batch))
             b, keys = decode_keys(k.to_pylist(), self.key_type)
             ks = keys.tolist() if isinstance(keys, np.ndarray) else keys
             yield from zip(b.tolist(), ks, unpack_values(v.to_pylist()), strict=True)

@@ -9,7 +9,11 @@ Conventions shared by all backends (see :mod:`megaphone.state_backends.encoding`
 * a *raw key* is ``4-byte big-endian bin id + encoded key``; a bin is one contiguous key range;
 * a *raw value* is msgpack bytes;
 * every write (``write_raw``, ``import_*``, ``drop_bins``) updates per-bin counters in the same
-  atomic write, so :meth:`StateBackend.bin_stats` costs ``O(num_bins)`` and is always exact.
+  atomic write, so :meth:`StateBackend.bin_stats` costs ``O(num_bins)`` and is always exact;
+* event-time timers are raw keys in their bin's range (:mod:`~megaphone.state_backends.timer_keys`):
+  exports, imports, drops, bin files and counters carry them like any state (bin stats count
+  them), while :meth:`StateBackend.items` skips them and :meth:`StateBackend.due_timers` finds
+  them.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 
 @dataclass(frozen=True)
 class BinStats:
-    """Size of one bin: number of keys and bytes (``len(raw key) + len(value)`` summed)."""
+    """Size of one bin: number of keys and bytes (``len(raw key) + len(value)`` summed); its
+    timer keys count too (they are state that moves with the bin)."""
 
     keys: int
     bytes: int
@@ -105,6 +110,17 @@ class StateBackend(Protocol):
         """Write one metadata entry atomically."""
         ...
 
+    # -- timers -----------------------------------------------------------------------------
+
+    def due_timers(self, bins: Iterable[int], upto: int) -> list[bytes]:
+        """Raw timer keys of ``bins`` whose time is ``<= upto`` (int64 microseconds).
+
+        Bins come in the given order (a repeated bin once), a bin's timers in key order (time,
+        then key); decode them with ``decode_timer_keys``. One seek per bin, not a scan of its
+        plain keys, so an event-time operator can ask at every watermark.
+        """
+        ...
+
     # -- bin statistics -------------------------------------------------------------------
 
     def bin_stats(self) -> dict[int, BinStats]:
@@ -158,11 +174,13 @@ class StateBackend(Protocol):
     # -- inspection and lifecycle ------------------------------------------------------------
 
     def items(self, bins: Iterable[int] | None = None) -> Iterator[tuple[int, Any, Any]]:
-        """Decoded ``(bin, key, value)`` of ``bins`` (all bins if ``None``) in key order."""
+        """Decoded ``(bin, key, value)`` of ``bins`` (all bins if ``None``) in key order;
+        timer keys are skipped (:meth:`due_timers` reads them)."""
         ...
 
     def raw_items(self, bins: Iterable[int] | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """Raw ``(key, value)`` bytes of ``bins`` (all bins if ``None``) in key order."""
+        """Raw ``(key, value)`` bytes of ``bins`` (all bins if ``None``) in key order, timer
+        keys included."""
         ...
 
     def checkpoint(self, dest_dir: str) -> None:

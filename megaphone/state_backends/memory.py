@@ -12,6 +12,9 @@ File layout of ``<path>/state.msgpack`` (msgpack, ``use_bin_type=True``; never p
      "meta": {name (str): value (bin)},          # includes megaphone.backend, megaphone.bin_stats
      "bins": {bin id (int): {raw key (bin): raw value (bin)}}}
 
+Timer keys (:mod:`megaphone.state_backends.timer_keys`) are also kept in a sorted list per bin
+(rebuilt on load, not stored), so the due ones are found by bisection, not by a scan of the bin.
+
 Writes go to a temporary file in the same directory, are fsynced and then ``os.replace``-d over
 the old file, so a crash leaves either the old or the new state.  One writer per directory.
 """
@@ -31,6 +34,7 @@ from megaphone.state_backends.backend_base import BackendBase
 from megaphone.state_backends.descriptor import INFO_META, check_info, info_bytes
 from megaphone.state_backends.encoding import bins_of_raw
 from megaphone.state_backends.stats import STATS_META, BinCounters
+from megaphone.state_backends.timer_keys import TimerIndex, collect_due
 
 STATE_FILE = "state.msgpack"
 """Name of the state file inside a memory backend directory."""
@@ -58,6 +62,7 @@ class MemoryBackend(BackendBase):
         self._bins: dict[int, dict[bytes, bytes]] = {}
         self._meta: dict[str, bytes] = {}
         self._counters = BinCounters(self.num_bins)
+        self._timers = TimerIndex()
         self._dirty = False
         self._closed = False
         if self.path is not None:
@@ -90,6 +95,7 @@ class MemoryBackend(BackendBase):
         check_info(meta[INFO_META], self.key_type, self.num_bins, self.path or file)
         self._meta = meta
         self._bins = {int(b): d for b, d in doc.get("bins", {}).items() if d}
+        self._timers = TimerIndex.of(self._bins)
         if STATS_META in meta:
             self._counters = BinCounters.from_bytes(meta[STATS_META], self.num_bins)
 
@@ -115,7 +121,8 @@ class MemoryBackend(BackendBase):
         meta: dict[str, bytes],
     ) -> None:
         table = self._bins
-        for b, k, v in zip(bins.tolist(), keys, values, strict=True):
+        bin_ids = bins.tolist()
+        for b, k, v in zip(bin_ids, keys, values, strict=True):
             d = table.get(b)
             if v is None:
                 if d is not None:
@@ -126,6 +133,7 @@ class MemoryBackend(BackendBase):
             if d is None:
                 d = table[b] = {}
             d[k] = v
+        self._timers.update(bin_ids, keys, values)
         self._meta.update({k: bytes(v) for k, v in meta.items()})
         if counters is not None:
             self._counters = counters
@@ -142,9 +150,15 @@ class MemoryBackend(BackendBase):
             if d:
                 yield from sorted(d.items())  # keys are unique: values are never compared
 
+    def due_timers(self, bins: Iterable[int], upto: int) -> list[bytes]:
+        """Raw timer keys of ``bins`` with time ``<= upto`` (see :class:`StateBackend`), found
+        by bisecting each bin's sorted list of timer keys."""
+        return collect_due(bins, upto, self.num_bins, self._timers.between)
+
     def _drop(self, bins: np.ndarray, runs: list[tuple[int, int]], counters: BinCounters) -> None:
         for b in bins.tolist():
             self._bins.pop(b, None)
+        self._timers.drop(bins.tolist())
         self._counters = counters
         self._meta[STATS_META] = counters.to_bytes()
         self._dirty = True
@@ -194,6 +208,7 @@ class MemoryBackend(BackendBase):
         self.flush()
         self._closed = True
         self._bins = {}
+        self._timers = TimerIndex()
 
     def __repr__(self) -> str:
         """Short description for logs."""

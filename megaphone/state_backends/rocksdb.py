@@ -50,6 +50,7 @@ from megaphone.state_backends.rocksdb_tuning import (
     memtable_bytes,
 )
 from megaphone.state_backends.stats import STATS_META, BinCounters
+from megaphone.state_backends.timer_keys import collect_due
 
 SST_FILE_BYTES = 64 << 20
 """Target size of one SST file written by :meth:`RocksDBBackend.import_sst`."""
@@ -169,6 +170,19 @@ class RocksDBBackend(BackendBase):
         # ``ro`` alive for as long as the iterator runs (a temporary would leave it dangling).
         yield from self._db.items(from_key=bin_prefix(start), read_opt=ro)
         del ro
+
+    def due_timers(self, bins: Iterable[int], upto: int) -> list[bytes]:
+        """Raw timer keys of ``bins`` with time ``<= upto`` (see :class:`StateBackend`): one
+        seek per bin, bounded above so it never walks into the bin's later keys."""
+        return collect_due(bins, upto, self.num_bins, self._keys_between)
+
+    def _keys_between(self, b: int, begin: bytes, end: bytes) -> list[bytes]:
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(end)
+        # ``ro`` owns the bound rocksdict points to: it lives until the list is built.
+        keys = list(self._db.keys(from_key=begin, read_opt=ro))
+        del ro
+        return keys
 
     def _drop(self, bins: np.ndarray, runs: list[tuple[int, int]], counters: BinCounters) -> None:
         wb = WriteBatch(raw_mode=True)
