@@ -137,6 +137,14 @@ class RemoteStore:
             return []
         return self._call("read", keys=list(raw_keys))["values"]
 
+    def due_timers(self, bins: Iterable[int], upto: int) -> list[bytes]:
+        """Raw timer keys of ``bins`` with time ``<= upto``, read in the service (see
+        :meth:`~megaphone.state_backends.worker_store.WorkerStore.due_timers`)."""
+        wanted = [int(b) for b in bins]
+        if not wanted:
+            return []
+        return self._call("timers", bins=wanted, upto=int(upto))["keys"]
+
     def commit(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes | None],
                old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int],
                run: str = "") -> dict[str, Any]:

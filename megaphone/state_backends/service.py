@@ -265,6 +265,12 @@ class StoreService:
         with entry.lock:
             return {"values": entry.store.read(req["keys"])}
 
+    def op_timers(self, req: dict[str, Any], owner) -> dict[str, Any]:
+        """Raw timer keys of bins due at a watermark (``bins``, ``upto``)."""
+        entry = self.entry(req, owner)
+        with entry.lock:
+            return {"keys": entry.store.due_timers(req["bins"], req["upto"])}
+
     def op_commit(self, req: dict[str, Any], owner) -> dict[str, Any]:
         """The epoch's atomic write (state, outputs, marker, undo); returns the store's health."""
         entry = self._leased(req, owner)

@@ -199,6 +199,12 @@ class WorkerStore:
         """Current values of ``raw_keys`` (``None`` where absent)."""
         return self.backend.get_raw(raw_keys)
 
+    def due_timers(self, bins: Iterable[int], upto: int) -> list[bytes]:
+        """Raw timer keys of ``bins`` due at watermark ``upto`` (time ``<= upto``), bins in the
+        given order, each bin's in (time, key) order; an epoch deletes those it fires in its
+        :meth:`commit` (value ``None``), atomically with the state they changed."""
+        return self.backend.due_timers(bins, upto)
+
     def commit(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes | None],
                old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int],
                run: str = "") -> str:
