@@ -22,6 +22,7 @@ from megaphone.state_backends.encoding import (
 )
 from megaphone.state_backends.kv_batches import kv_columns
 from megaphone.state_backends.remote import DurableSpec, RemoteStore
+from megaphone.state_backends.timer_keys import without_timers
 
 
 def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, owners: np.ndarray,
@@ -117,7 +118,9 @@ def read_bin_stats(spark: SparkSession, durable: DurableRead, backend: str, key_
 def _batch(schema: pa.Schema, key_type: str, k: pa.Array, v: pa.Array,
            decoded: bool) -> pa.RecordBatch:
     """One exported chunk as ``(key, state)`` rows: int keys and int states are decoded
-    without Python objects (others per key); undecoded states stay msgpack bytes."""
+    without Python objects (others per key); undecoded states stay msgpack bytes. Timer keys
+    are no state rows (and no plain keys): they are left out."""
+    k, v = without_timers(k, v)
     ints = decode_int_keys(k) if key_type == "int64" else None
     if ints is not None:
         keys = pa.array(ints[1], schema.field(0).type)
