@@ -25,6 +25,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "routing": ("plans", "migrator", "state_backends"),
     "plans": ("migrator", "state_backends"),
     "state_backends": ("migrator", "plans"),
+    "operators": ("migrator", "plans", "state_backends", "nexmark"),
 }
 
 

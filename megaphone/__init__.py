@@ -2,33 +2,46 @@
 
 The public API: :func:`bin_of` and :func:`bin_column` (keys to bins, in Python and in the
 JVM), :class:`RoutingTable`, :class:`MigrationPlan`, :class:`Pipeline`, :func:`rescale` and
-:func:`migrate`; the errors :class:`PlanError` (a plan that cannot be applied) and
-:class:`UpdateError` (a general update function that failed on a key).
+:func:`migrate`; event-time operators to give a pipeline as its ``update``
+(:class:`WindowAggregate`, :class:`Join` with :func:`join_input`, or your own
+:class:`ProcessFunction`) and :class:`Chain` to run pipelines one after the other; the errors
+:class:`PlanError` (a plan that cannot be applied) and :class:`UpdateError` (an update
+function that failed on a key).
 """
 
 from megaphone._version import __version__
 from megaphone.migrator.api import migrate, rescale
+from megaphone.migrator.chain import Chain
+from megaphone.migrator.join_input import join_input
 from megaphone.migrator.pipeline import Pipeline
 from megaphone.migrator.plan_queue import MigrationHandle
 from megaphone.migrator.updates import UpdateError
+from megaphone.operators import Context, Join, ProcessFunction, WindowAggregate, duration_us
 from megaphone.plans.plan import MigrationPlan, PlanError, PlanStep
 from megaphone.routing.bins import bin_column, bin_of
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move, RoutingTable
 
 __all__ = [
+    "Chain",
+    "Context",
     "Fingerprint",
+    "Join",
     "MigrationHandle",
     "MigrationPlan",
     "Move",
     "Pipeline",
     "PlanError",
     "PlanStep",
+    "ProcessFunction",
     "RoutingTable",
     "UpdateError",
+    "WindowAggregate",
     "__version__",
     "bin_column",
     "bin_of",
+    "duration_us",
+    "join_input",
     "migrate",
     "rescale",
 ]

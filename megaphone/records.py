@@ -70,6 +70,10 @@ class WorkerMetrics(_Record):
     install_s: float | None = None
     #: Records with a null key the worker applied (a key of its own; part of ``records_in``).
     null_keys: int | None = None
+    #: Records (or window contributions) an event-time operator dropped as late.
+    late_records: int | None = None
+    #: Timers of an event-time operator that fired (windows closed, join rows expired).
+    timers_fired: int | None = None
     apply_s: float | None = None
     commit_s: float | None = None
     store_commit_s: float | None = None
@@ -142,6 +146,8 @@ class EpochMetrics(_Record):
     records_out: int = 0
     #: Records with a null key the epoch applied (a key of its own; part of ``records_in``).
     null_keys: int = 0
+    #: Records (or window contributions) event-time operators dropped as late.
+    late_records: int = 0
     routing_version: int = 0
     workers: int = 0
     bins_moved: int = 0

@@ -13,6 +13,7 @@ from typing import Any
 from megaphone.migrator.columns import RESULT_COLUMNS
 from megaphone.migrator.registry import OpenPipeline, check_not_open
 from megaphone.migrator.updates import AGGREGATIONS, UpdateFn
+from megaphone.operators.process import ProcessFunction
 from megaphone.routing.bins import validate_num_bins
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.state_backends import BACKENDS
@@ -36,6 +37,19 @@ def check_arguments(*, key: str, value: str | None, update: str | UpdateFn, work
     if key in RESULT_COLUMNS:
         raise ValueError(f"the key column may not be called {key!r} (megaphone's column of "
                          "reports in an epoch's results)")
+
+
+def update_setting(update: str | UpdateFn | ProcessFunction, event_time: str | None) -> str:
+    """The manifest's name of ``update``: the aggregation, ``custom`` for a general ``f``, or
+    ``process:<class>`` for an event-time operator (which needs an ``event_time`` column)."""
+    if isinstance(update, str):
+        return update
+    if isinstance(update, ProcessFunction):
+        if event_time is None:
+            raise ValueError(f"the operator {type(update).__name__} runs on event time: give "
+                             "the pipeline an event_time column")
+        return f"process:{type(update).__name__}"
+    return "custom"
 
 
 def check_config(settings: dict[str, Any], m: dict[str, Any], fp: Fingerprint, where: str, *,

@@ -25,13 +25,14 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 
+from megaphone.migrator.commit import Commit
 from megaphone.migrator.epoch_spec import EpochSpec
 from megaphone.migrator.faults import crash_point
 from megaphone.migrator.inbox import take_plans
 from megaphone.migrator.layout import EpochLayout, commit_record, epoch_layout
 from megaphone.migrator.plan_queue import PlanQueue, PolicyInputs
 from megaphone.migrator.spark_job import MapSides, epoch_job, epoch_metrics, split_results
-from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.updates import Update, UpdateError
 from megaphone.plans.plan import MigrationPlan
 from megaphone.records import EpochMetrics
@@ -180,7 +181,8 @@ class EpochRun:
                 with queue.lock:
                     queue.committed(epoch, report.bytes_by_bin)
                     stream = self.stream if self.stream is not None else admitted.committed.stream
-                    commit = commit_record(layout, stream, queue.to_list(), record.per_worker)
+                    commit = commit_record(layout, stream, queue.to_list(), record.per_worker,
+                                           admitted.committed)
                     state.write_commit(commit, after=kept.result)  # the epoch's commit point
                     host.committed(commit)
             finally:

@@ -27,7 +27,9 @@ class EpochSpec:
     the store service that keeps the workers' stores open across epochs; ``pipeline_id``:
     whose state directory tasks must find (checked once per Python worker, when given);
     ``transfer``: how moving bins travel (:data:`~megaphone.state_backends.bin_files.
-    TRANSFER_MODES`).
+    TRANSFER_MODES`); for an event-time operator, ``watermark`` (microseconds, ``None``
+    before any event time) and ``owned``: worker -> the bins it owns at this epoch, whose
+    timers it fires.
     """
 
     epoch: int
@@ -52,6 +54,8 @@ class EpochSpec:
     committed_owners: frozenset[int] = frozenset()
     run_id: str = ""
     committed_tokens: dict[int, str] = field(default_factory=dict)
+    watermark: int | None = None
+    owned: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def required_epoch(self, worker: int) -> int | None:
         """The epoch ``worker``'s state must be at before this epoch (the last commit) when it

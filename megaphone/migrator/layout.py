@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from megaphone.migrator.statedir import Commit
+from megaphone.migrator.commit import Commit
 from megaphone.records import WorkerMetrics
 from megaphone.routing.table import Move, RoutingTable
 
@@ -73,10 +73,15 @@ def task_fields(layout: EpochLayout, commit: Commit, table: RoutingTable) -> dic
 
 
 def commit_record(layout: EpochLayout, stream: dict[str, Any], plans: list[dict[str, Any]],
-                  per_worker: Mapping[int, WorkerMetrics]) -> Commit:
+                  per_worker: Mapping[int, WorkerMetrics], before: Commit) -> Commit:
     """The driver's commit record of the epoch: its routing version, the bins its old owners
-    drop next, the stream's position, the plans in flight and each worker's attempt token."""
+    drop next, the stream's position, the plans in flight, each worker's attempt token, and
+    the largest event time so far (``before``'s, or a larger one the workers saw)."""
+    times = [m.max_event_time for m in per_worker.values() if m.max_event_time is not None]
+    if before.max_event_time is not None:
+        times.append(before.max_event_time)
     return Commit(epoch=layout.epoch, state_version=layout.version,
                   pending_drops=[[m.bin, m.src] for m in layout.moves], stream=stream,
                   plans=plans, tokens={str(w): m.token for w, m in per_worker.items()
-                                       if m.token})
+                                       if m.token},
+                  max_event_time=max(times) if times else None)

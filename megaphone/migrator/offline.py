@@ -17,12 +17,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from megaphone.migrator.commit import Commit
 from megaphone.migrator.epoch_spec import EpochSpec, shuffle_schema
 from megaphone.migrator.layout import EpochLayout, commit_record, epoch_layout, task_fields
 from megaphone.migrator.local_epoch import run_epoch_tasks
 from megaphone.migrator.plan_queue import MigrationHandle
 from megaphone.migrator.recovery import check_and_recover
-from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.updates import make_update
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.plans.policy import plan_policy
@@ -126,7 +127,7 @@ class _OfflineEpochs:
         with tempfile.TemporaryDirectory(prefix="megaphone-offline-") as spill:
             reports = run_epoch_tasks(self._spec(layout, commit), layout.partitions, spill)
         done = commit_record(layout, _stream_after(commit), [],
-                             {r.worker: r.metrics for r in reports if r.metrics.token})
+                             {r.worker: r.metrics for r in reports if r.metrics.token}, commit)
         self.state.write_commit(done)  # the epoch's commit point
         return done, sum(r.metrics.bytes_out or 0 for r in reports)
 

@@ -5,17 +5,16 @@ Each epoch (one micro-batch) is one Spark job. Records get their bin in the JVM
 array folded into the plan), and are shuffled with ``repartitionById`` so partition ``w`` is
 worker ``w``. Bins that move at the epoch are exported by their old owners in the same job's
 map stage and shuffled along with the records; each worker installs arriving state before it
-applies any record of the epoch. Outputs and metrics come back in the job's results.
-The driver holds only metadata: routing, plans and metrics.
+applies any record of the epoch. Outputs and metrics come back in the job's results. The
+driver holds only metadata: routing, plans and metrics.
 
 ``Pipeline`` is the facade users see; its parts live beside it: its state directory
 (:mod:`~megaphone.migrator.pipeline_state_dir`), its epochs
 (:mod:`~megaphone.migrator.pipeline_epochs`, which run :mod:`~megaphone.migrator.epoch`
-through a narrow interface), its streaming query
-(:mod:`~megaphone.migrator.streaming`, :mod:`~megaphone.migrator.connect_stream`), its
-configuration checks and types (:mod:`~megaphone.migrator.config`,
-:mod:`~megaphone.migrator.schemas`) and the process registry
-(:mod:`~megaphone.migrator.registry`).
+through a narrow interface), its streaming query (:mod:`~megaphone.migrator.streaming`,
+:mod:`~megaphone.migrator.connect_stream`), its configuration checks and types
+(:mod:`~megaphone.migrator.config`, :mod:`~megaphone.migrator.schemas`) and the process
+registry (:mod:`~megaphone.migrator.registry`).
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from megaphone.migrator.autoscale import DS2Controller
-from megaphone.migrator.config import check_arguments
+from megaphone.migrator.commit import Commit
+from megaphone.migrator.config import check_arguments, update_setting
 from megaphone.migrator.connect_stream import ServeBatch, ServerHandoff
 from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.pipeline_epochs import PipelineEpochs
@@ -44,9 +44,9 @@ from megaphone.migrator.registry import unregister
 from megaphone.migrator.schemas import PipelineSchema
 from megaphone.migrator.spark_job import MapSides
 from megaphone.migrator.state_reader import DurableRead, read_bin_stats, read_state
-from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.streaming import Sink, Stream
-from megaphone.migrator.updates import UpdateFn
+from megaphone.migrator.updates import UpdateArg
 from megaphone.paths import StateDirPaths
 from megaphone.plans.plan import MigrationPlan
 from megaphone.plans.policy import MigrationPolicy
@@ -98,7 +98,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         state_dir: str,
         key: str,
         value: str | None = None,
-        update: str | UpdateFn = "count",
+        update: UpdateArg = "count",
         workers: int = 2,
         num_bins: int = 4096,
         backend: str = "rocksdb",
@@ -133,7 +133,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
             "backend": backend,
             "key": key,
             "value": value,
-            "update": update if isinstance(update, str) else "custom",
+            "update": update_setting(update, event_time),
             "checkpoint": checkpoint,
             "snapshot_every": snapshot_every,
         }

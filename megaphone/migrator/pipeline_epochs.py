@@ -10,19 +10,21 @@ import threading
 import uuid
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_type
 
+from megaphone.migrator.commit import Commit
 from megaphone.migrator.epoch import Admission, EpochHost, EpochRun
 from megaphone.migrator.epoch_spec import EpochSpec, shuffle_schema
 from megaphone.migrator.layout import EpochLayout, task_fields
 from megaphone.migrator.plan_queue import PlanQueue
-from megaphone.migrator.schemas import PipelineSchema
+from megaphone.migrator.schemas import PipelineSchema, arrow_type
 from megaphone.migrator.spark_job import MapSides
-from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.updates import Update
+from megaphone.operators.process import watermark
 from megaphone.records import EpochMetrics
 
 
@@ -54,9 +56,12 @@ class PipelineEpochs:
     _run_id: str
 
     def _update_for(self, value_type: T.DataType | None) -> Update:
-        """The update, its value kind from ``value_type`` (a batch's) or from the manifest."""
-        kind = self._state.manifest.get("value_kind") if self._state is not None else None
-        return self._schema.update(kind, value_type)
+        """The update, its value kind from ``value_type`` (a batch's) or from the manifest
+        (which also keeps an operator's value type, from its first batch)."""
+        manifest = self._state.manifest if self._state is not None else {}
+        if value_type is None and manifest.get("value_type"):
+            value_type = T._parse_datatype_json_string(manifest["value_type"])
+        return self._schema.update(manifest.get("value_kind"), value_type)
 
     def _run_batch(self, batch: DataFrame, batch_id: int, location: str) -> tuple[DataFrame, int]:
         """A stream's micro-batch as an epoch: its outputs and epoch; a batch id the stream at
@@ -77,8 +82,10 @@ class PipelineEpochs:
         return self._outputs_frame(self.state_dir.read_outputs(epoch))
 
     def _outputs_frame(self, outputs: pa.Table) -> DataFrame:
-        """An epoch's outputs (collected from its job) as a DataFrame."""
-        return self.spark.createDataFrame(outputs, schema=self._output_spark_schema())
+        """An epoch's outputs (collected from its job) as a DataFrame. No rows: from an empty
+        list (PySpark cannot convert an empty Arrow table with timestamps inside structs)."""
+        schema = self._output_spark_schema()
+        return self.spark.createDataFrame(outputs if outputs.num_rows else [], schema=schema)
 
     def _output_spark_schema(self) -> T.StructType:
         """The outputs' Spark schema (:meth:`PipelineSchema.outputs`)."""
@@ -99,6 +106,14 @@ class PipelineEpochs:
         if value_type is not None and update.is_builtin and \
                 self.state_dir.manifest.get("value_kind") is None:
             self.state_dir.set_manifest("value_kind", update.value_kind)  # fixed from now on
+        if update.is_process and value_type is not None:
+            stored = self.state_dir.manifest.get("value_type")
+            if stored is None:
+                self.state_dir.set_manifest("value_type", value_type.json())
+            elif T._parse_datatype_json_string(stored) != value_type:
+                theirs = T._parse_datatype_json_string(stored).simpleString()
+                raise TypeError(f"value column {self._schema.value!r} is "
+                                f"{value_type.simpleString()} but the pipeline's are {theirs}")
         assert self._queue is not None
         return Admission(self._schema.record_columns(key_type, update), update, self.state_dir,
                          self._queue, self._commit)
@@ -150,6 +165,12 @@ class PipelineEpochs:
         assert self._key_type is not None  # the batch was admitted
         key_arrow, value_arrow = self._schema.arrow_types(self._key_type, update, batch.schema)
         out = self._output_spark_schema()
+        timers: dict[str, Any] = {}
+        if update.is_process:
+            owners = self.routing.owners(layout.epoch)
+            timers = {"watermark": watermark(self._commit.max_event_time, update.fn.lateness_us),
+                      "owned": {int(w): tuple(np.flatnonzero(owners == w).tolist())
+                                for w in np.unique(owners)}}
         return EpochSpec(
             **task_fields(layout, self._commit, self.routing),
             state_dir=str(self.state_dir.path.absolute()),
@@ -157,7 +178,7 @@ class PipelineEpochs:
             key_type=self._key_type,
             num_bins=self._num_bins,
             update=update,
-            output_schema=pa.schema([(f.name, to_arrow_type(f.dataType)) for f in out]),
+            output_schema=pa.schema([(f.name, arrow_type(f.dataType)) for f in out]),
             chunk_bytes=self.chunk_bytes,
             transfer=self.transfer,
             has_event_time=self.event_time is not None,
@@ -167,4 +188,5 @@ class PipelineEpochs:
             run_id=self._run_id,
             checkpoint=self._settings["checkpoint"],
             snapshot_every=self._settings["snapshot_every"],
+            **timers,
         )

@@ -11,12 +11,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from megaphone.migrator.commit import Commit
 from megaphone.migrator.config import check_config, check_restore
 from megaphone.migrator.plan_queue import PlanQueue
 from megaphone.migrator.planning import epoch_records
 from megaphone.migrator.recovery import RecoveryReport, check_and_recover
 from megaphone.migrator.registry import register
-from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.migrator.statedir import StateDir
 from megaphone.paths import local_stores_path
 from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint

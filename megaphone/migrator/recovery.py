@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from megaphone.errors import MegaphoneError
-from megaphone.migrator.statedir import Commit, StateDir
+from megaphone.migrator.commit import Commit
+from megaphone.migrator.statedir import StateDir
 from megaphone.state_backends.worker_store import WorkerStore
 
 

@@ -7,11 +7,18 @@ import pyarrow as pa
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
 
 from megaphone.migrator import columns as C
 from megaphone.migrator.updates import Update, UpdateFn, make_update
+from megaphone.operators.process import ProcessFunction
 from megaphone.routing.keys import KEY_ARROW_TYPES, KEY_SPARK_CASTS
+
+
+def arrow_type(dtype: T.DataType) -> pa.DataType:
+    """The Arrow type of Spark type ``dtype`` (timestamps as UTC microseconds, as Spark ships
+    them to Python)."""
+    return to_arrow_type(dtype, timezone="UTC")
 
 
 def key_type_of(dtype: T.DataType, column: str) -> str:
@@ -49,14 +56,18 @@ class PipelineSchema:
 
     def update(self, kind: str | None, value_type: T.DataType | None) -> Update:
         """The update, its value kind from ``value_type`` (a batch's) or ``kind`` (the
-        manifest's, ``None`` before the first batch with values)."""
+        manifest's, ``None`` before the first batch with values); an operator's output type
+        from ``value_type``."""
+        if isinstance(self.update_arg, ProcessFunction):
+            arrow = arrow_type(value_type) if value_type is not None else None
+            return make_update(self.update_arg, None, self.update_arg.output_type(arrow))
         if value_type is not None and self.update_arg in ("sum", "min", "max"):
             batch_kind = value_kind_of(value_type, self.value or "")
             if kind == "int" and batch_kind == "float":
                 raise TypeError(f"value column {self.value!r} holds floats but the pipeline's "
                                 "aggregates are integers")
             kind = kind or batch_kind
-        return make_update(self.update_arg, kind or "int", to_arrow_type(self.output_type))
+        return make_update(self.update_arg, kind or "int", arrow_type(self.output_type))
 
     def batch_types(self, schema: T.StructType) -> tuple[str, T.DataType | None]:
         """A batch's key type and value column type, once its columns are checked."""
@@ -72,6 +83,9 @@ class PipelineSchema:
         if update.is_builtin:
             value = T.LongType() if update.output_arrow_type() == pa.int64() else T.DoubleType()
             name = update.kind
+        elif update.is_process:
+            value = from_arrow_type(update.output_type)
+            name = "output"
         else:
             value = self.output_type
             name = "output"
@@ -108,5 +122,5 @@ class PipelineSchema:
         value_arrow = None
         if self.value:
             value_arrow = (pa.int64() if update.value_kind == "int" else pa.float64()) \
-                if update.is_builtin else to_arrow_type(batch[self.value].dataType)
+                if update.is_builtin else arrow_type(batch[self.value].dataType)
         return key_arrow, value_arrow

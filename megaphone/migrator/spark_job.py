@@ -209,5 +209,6 @@ def epoch_metrics(layout: EpochLayout, started: float, finished: float,
     record.records_in = int(record.total("records_in"))
     record.records_out = int(record.total("records_out"))
     record.null_keys = int(record.total("null_keys"))
+    record.late_records = int(record.total("late_records"))
     record.keys_moved = int(record.total("keys_in"))
     return EpochReport(record, bytes_by_bin)

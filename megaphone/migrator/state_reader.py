@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_type
 
+from megaphone.migrator.schemas import arrow_type
 from megaphone.paths import StateDirPaths, local_worker_path
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES, open_backend
 from megaphone.state_backends.encoding import (
@@ -38,7 +38,7 @@ def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, own
     num_bins = len(owners)
     workers = sorted({int(w) for w in owners})
     bins_of = {w: np.flatnonzero(owners == w).tolist() for w in workers}
-    arrow_schema = pa.schema([(f.name, to_arrow_type(f.dataType)) for f in schema])
+    arrow_schema = pa.schema([(f.name, arrow_type(f.dataType)) for f in schema])
     paths = StateDirPaths(root)
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -25,7 +25,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from megaphone._io import atomic_write_bytes, atomic_write_json, read_json
 from megaphone.errors import MegaphoneError
+from megaphone.migrator.commit import Commit
 from megaphone.migrator.driver_copy import DriverCopy, DriverCopyError
 from megaphone.paths import MANIFEST, OUTPUTS, ROUTING, StateDirPaths, outputs_epoch_of, worker_of
 from megaphone.routing.fingerprint import Fingerprint
@@ -48,47 +49,6 @@ class NotAStateDir(MegaphoneError, ValueError):
 
 class StateDirLocked(MegaphoneError, ValueError):
     """Raised when another process (or pipeline) already has the state directory open."""
-
-
-@dataclass
-class Commit:
-    """What the last committed epoch left behind; rewritten atomically after every epoch.
-
-    ``state_version`` is the routing version the workers' state reflects; ``pending_drops``
-    are ``[bin, worker]`` pairs that moved away in that epoch, which the old owners delete in
-    the next epoch (so a re-run of the epoch can still export them); ``stream`` remembers the
-    last Structured Streaming batch id; ``plans`` are submitted plans not finished yet;
-    ``tokens`` name, per worker, the attempt at the epoch whose results the driver took (a
-    worker's copy of the epoch from any other attempt, on any host, is not this commit's state);
-    ``seq`` counts the records written (the driver's durable copy names its files by it).
-    """
-
-    epoch: int = -1
-    state_version: int = 0
-    pending_drops: list[list[int]] = field(default_factory=list)
-    stream: dict[str, Any] = field(default_factory=dict)
-    plans: list[dict[str, Any]] = field(default_factory=list)
-    tokens: dict[str, str] = field(default_factory=dict)
-    seq: int = 0
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Commit:
-        """Parse commit.json; unknown or mistyped fields are a clear ``ValueError``."""
-        if not isinstance(data, dict) or not set(data) <= set(cls.__dataclass_fields__):
-            raise ValueError(f"commit.json is malformed: {data!r:.200}")
-        commit = cls(**data)
-        if not all(isinstance(n, int) for n in (commit.epoch, commit.state_version, commit.seq)):
-            raise ValueError("commit.json is malformed: epoch, state_version and seq must be "
-                             "integers")
-        if not isinstance(commit.tokens, dict) or not all(
-                isinstance(w, str) and w.isdigit() and isinstance(t, str)
-                for w, t in commit.tokens.items()):
-            raise ValueError("commit.json is malformed: tokens must map workers to strings")
-        return commit
-
-    def worker_tokens(self) -> dict[int, str]:
-        """``tokens`` by worker number."""
-        return {int(w): t for w, t in self.tokens.items()}
 
 
 #: Epochs per metrics file; the state directory keeps the current file and the one before.

@@ -25,9 +25,12 @@ import pyarrow.compute as pc
 
 from megaphone.errors import MegaphoneError
 from megaphone.migrator import columns as C
+from megaphone.operators.process import ProcessFunction
 
 #: ``f(key, values, state) -> (new_state, outputs)``: the general keyed update.
 UpdateFn = Callable[[Any, list, Any], tuple[Any, Iterable[Any]]]
+#: A pipeline's ``update``: an aggregation's name, a general ``f``, or an event-time operator.
+UpdateArg = str | UpdateFn | ProcessFunction
 
 AGGREGATIONS = ("count", "sum", "min", "max")
 _STRING = pa.string()
@@ -98,15 +101,17 @@ def _short(text: str, limit: int) -> str:
 
 @dataclass(frozen=True)
 class Update:
-    """What a pipeline does per key: a built-in aggregation name or a general function.
+    """What a pipeline does per key: a built-in aggregation name, a general function, or an
+    event-time operator (``kind="process"``: a :class:`~megaphone.operators.process.
+    ProcessFunction` such as a window or a join).
 
     ``value_kind`` is ``"int"`` or ``"float"`` for the aggregations over a value column (the
-    type of the stored aggregate); ``output_type`` is the pyarrow type of a general ``f``'s
-    outputs.
+    type of the stored aggregate); ``output_type`` is the pyarrow type of a general ``f``'s or
+    an operator's outputs.
     """
 
     kind: str
-    fn: UpdateFn | None = None
+    fn: UpdateFn | ProcessFunction | None = None
     value_kind: str = "int"
     output_type: pa.DataType = _STRING
 
@@ -114,6 +119,11 @@ class Update:
     def is_builtin(self) -> bool:
         """True for count/sum/min/max, which run vectorized with no per-record Python call."""
         return self.fn is None
+
+    @property
+    def is_process(self) -> bool:
+        """True for an event-time operator (state plus timers, run per key by the runtime)."""
+        return self.kind == "process"
 
     def output_arrow_type(self) -> pa.DataType:
         """The pyarrow type of the output value column."""
@@ -125,9 +135,13 @@ class Update:
 
 
 def make_update(
-    update: str | UpdateFn, value_kind: str | None, output_type: pa.DataType = _STRING
+    update: str | UpdateFn | ProcessFunction, value_kind: str | None,
+    output_type: pa.DataType = _STRING,
 ) -> Update:
-    """Check a user's ``update`` argument and build the :class:`Update` for it."""
+    """Check a user's ``update`` argument and build the :class:`Update` for it (for an
+    operator, ``output_type`` is its output type for the pipeline's values)."""
+    if isinstance(update, ProcessFunction):
+        return Update("process", update, output_type=output_type)
     if callable(update):
         return Update("custom", update, output_type=output_type)
     if update not in AGGREGATIONS:

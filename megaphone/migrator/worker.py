@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 from megaphone.migrator import columns as C
 from megaphone.migrator.epoch_spec import EpochSpec
 from megaphone.migrator.faults import crash_point
+from megaphone.migrator.process_step import apply_process
 from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.transfer import Arrivals, export_rows, rows
 from megaphone.migrator.updates import (
@@ -174,8 +175,11 @@ def apply_worker(
     metrics.begin_s = time.perf_counter() - t0
     metrics.restored = store.restored
     if not apply:
-        for _ in timed:
-            pass
+        for batch in timed:  # the same records as when applied: the same max event time
+            if spec.has_event_time and batch.num_rows:
+                high = pc.max(batch.column(C.EVENT_TIME)).as_py()
+                if high is not None and (metrics.max_event_time or high) <= high:
+                    metrics.max_event_time = high
         metrics.replayed = True
         outputs = pa.ipc.open_stream(stored).read_all() if stored else \
             spec.output_schema.empty_table()
@@ -197,7 +201,13 @@ def apply_worker(
             load = bin_counts(table.column(C.BIN).to_numpy())
         if spec.has_event_time and table.num_rows:
             metrics.max_event_time = pc.max(table.column(C.EVENT_TIME)).as_py()
-        outputs, keys, values, old = _apply_records(spec, store, table, worker)
+        if spec.update.is_process:  # an event-time operator: its due timers, then records
+            step = apply_process(spec, store, table, worker)
+            outputs, keys, values, old = step.outputs, step.keys, step.values, step.old
+            metrics.late_records = step.late
+            metrics.timers_fired = step.fired
+        else:
+            outputs, keys, values, old = _apply_records(spec, store, table, worker)
         metrics.apply_s = time.perf_counter() - t0
         crash_point("apply", spec.epoch, spec.local_dir)
         t0 = time.perf_counter()

@@ -1,0 +1,142 @@
+"""Keyed process functions with event-time timers: the one primitive windows and joins are
+built from (Flink's ``KeyedProcessFunction``, on Megaphone's bins).
+
+A :class:`ProcessFunction` sees, per key and epoch, the timers of the key that the watermark
+has passed (``on_timer``, in time order) and then the epoch's records of the key
+(``process``, in event-time order), with the key's state; it returns the new state and
+outputs, and asks for timers through its :class:`Context`. Timers are stored as keys of the
+key's bin (``state_backends.encoding``), so they migrate, commit and recover with the state.
+
+Engine-agnostic: :func:`run_keys` takes decoded records, due timers and states and returns
+the state and timer writes and the outputs; the runtime does the I/O around it.
+
+The watermark of an epoch is the largest event time of every epoch committed before it,
+less the function's ``lateness_us`` (``None`` before any event time was seen). It is fixed
+before the epoch runs, so every worker, and every re-run of the epoch, sees the same one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+#: One record of a key: ``(event_time_us, value)``.
+Row = tuple[int, Any]
+
+
+class Context:
+    """What a process function sees besides key, records and state: the epoch, its
+    watermark, and the timers it sets; it also counts the records it drops as late."""
+
+    __slots__ = ("_new_timers", "epoch", "late", "watermark", "worker")
+
+    def __init__(self, epoch: int, watermark: int | None, worker: int | None = None) -> None:
+        self.epoch = epoch
+        self.watermark = watermark
+        self.worker = worker
+        self.late = 0
+        self._new_timers: set[int] = set()
+
+    def set_timer(self, time_us: int) -> None:
+        """Call ``on_timer(key, time_us, ...)`` once the watermark reaches ``time_us`` (in this
+        or a later epoch; setting the same time twice sets one timer)."""
+        self._new_timers.add(int(time_us))
+
+    def is_late(self, time_us: int) -> bool:
+        """True when ``time_us`` is at or before the watermark: what it would open is closed."""
+        return self.watermark is not None and time_us <= self.watermark
+
+    def drop_late(self, n: int = 1) -> None:
+        """Count ``n`` records (or contributions) dropped as late: a metric, never silent."""
+        self.late += n
+
+    def take_timers(self) -> set[int]:
+        """The timers set since the last call (the runtime writes them)."""
+        timers, self._new_timers = self._new_timers, set()
+        return timers
+
+
+@runtime_checkable
+class ProcessFunction(Protocol):
+    """A keyed operator with state and event-time timers.
+
+    ``lateness_us``: how far the watermark trails the largest event time seen.
+    ``output_type(value_type)``: the Arrow type of its outputs, given its input values'.
+    State is any msgpack-serializable value, ``None`` for none (the key's state is deleted).
+    """
+
+    lateness_us: int
+
+    def output_type(self, value_type: pa.DataType | None) -> pa.DataType:
+        """The Arrow type of the outputs for input values of ``value_type``."""
+        ...
+
+    def process(self, key: Any, rows: list[Row], state: Any, ctx: Context
+                ) -> tuple[Any, list[Any]]:
+        """Apply one epoch's records of ``key`` (sorted by event time): new state, outputs."""
+        ...
+
+    def on_timer(self, key: Any, time_us: int, state: Any, ctx: Context
+                 ) -> tuple[Any, list[Any]]:
+        """The watermark passed a timer of ``key`` set for ``time_us``: new state, outputs."""
+        ...
+
+
+def watermark(max_event_time: int | None, lateness_us: int) -> int | None:
+    """The watermark of an epoch: the largest event time committed before it less the
+    allowed lateness (``None`` before any event time was seen)."""
+    return None if max_event_time is None else max_event_time - lateness_us
+
+
+@dataclass
+class KeyResults:
+    """What :func:`run_keys` returns: per key (in input order) its new state, the timers
+    it fired and set; the outputs as parallel lists; and the records dropped as late."""
+
+    states: list[Any] = field(default_factory=list)
+    fired: list[list[int]] = field(default_factory=list)
+    set: list[set[int]] = field(default_factory=list)
+    out_keys: list[Any] = field(default_factory=list)
+    out_values: list[Any] = field(default_factory=list)
+    late: int = 0
+
+
+def run_keys(fn: ProcessFunction, keys: Sequence[Any], timers: Sequence[Sequence[int]],
+             rows: Sequence[list[Row]], states: Sequence[Any], ctx: Context,
+             on_error: Callable[[str, Any, BaseException], BaseException] | None = None
+             ) -> KeyResults:
+    """Run ``fn`` over one epoch's keys: for each key, its due ``timers`` (ascending) through
+    ``on_timer``, then its ``rows`` (sorted here by event time) through ``process``.
+
+    ``states`` are the keys' current states (decoded). ``on_error(what, key, exc)`` turns an
+    error of ``fn`` into the error raised (it names key and epoch); by default it propagates.
+    A timer fired and set again in the same epoch stays set.
+    """
+    out = KeyResults()
+    for key, due, key_rows, state in zip(keys, timers, rows, states, strict=True):
+        outputs: list[Any] = []
+        try:
+            for time_us in sorted(due):
+                state, emitted = fn.on_timer(key, time_us, state, ctx)
+                outputs += emitted
+            if key_rows:
+                state, emitted = fn.process(key, sorted(key_rows, key=_time), state, ctx)
+                outputs += emitted
+        except Exception as exc:
+            if on_error is None:
+                raise
+            raise on_error("it raised", key, exc) from exc
+        out.states.append(state)
+        out.fired.append(list(due))
+        out.set.append(ctx.take_timers())
+        out.out_keys += [key] * len(outputs)
+        out.out_values += outputs
+    out.late = ctx.late
+    return out
+
+
+def _time(row: Row) -> int:
+    return row[0]
