@@ -215,3 +215,16 @@ def test_join_needs_a_join_input(spark, tmp_path):
 
 def _nan(v):
     return "nan" if isinstance(v, float) and math.isnan(v) else v
+
+
+def test_reopening_with_another_window_is_refused(spark, tmp_path):
+    state_dir = str(tmp_path / "s")
+    pipe = Pipeline(spark, state_dir, key="k", event_time="t", key_type="str",
+                    update=WindowAggregate(size_us=10 * SECOND), num_bins=NUM_BINS)
+    pipe.close()
+    with pytest.raises(ValueError, match="another pipeline configuration"):
+        Pipeline(spark, state_dir, key="k", event_time="t", num_bins=NUM_BINS,
+                 update=WindowAggregate(size_us=20 * SECOND))
+    reopened = Pipeline(spark, state_dir, key="k", event_time="t", num_bins=NUM_BINS,
+                        update=WindowAggregate(size_us=10 * SECOND))
+    reopened.close()

@@ -8,6 +8,7 @@ or restoring one under other settings is refused with every mismatch named.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from megaphone.migrator.columns import RESULT_COLUMNS
@@ -41,14 +42,17 @@ def check_arguments(*, key: str, value: str | None, update: str | UpdateFn, work
 
 def update_setting(update: str | UpdateFn | ProcessFunction, event_time: str | None) -> str:
     """The manifest's name of ``update``: the aggregation, ``custom`` for a general ``f``, or
-    ``process:<class>`` for an event-time operator (which needs an ``event_time`` column)."""
+    ``process:<class>`` for an event-time operator (which needs an ``event_time`` column),
+    with its parameters when it is a dataclass (a window of another size is another
+    pipeline's state)."""
     if isinstance(update, str):
         return update
     if isinstance(update, ProcessFunction):
         if event_time is None:
             raise ValueError(f"the operator {type(update).__name__} runs on event time: give "
                              "the pipeline an event_time column")
-        return f"process:{type(update).__name__}"
+        return f"process:{update!r}" if dataclasses.is_dataclass(update) else \
+            f"process:{type(update).__name__}"
     return "custom"
 
 
