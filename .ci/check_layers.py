@@ -26,6 +26,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "plans": ("migrator", "state_backends"),
     "state_backends": ("migrator", "plans"),
     "operators": ("migrator", "plans", "state_backends", "nexmark"),
+    "snailtrail": ("migrator", "plans", "state_backends", "operators", "nexmark"),
 }
 
 
