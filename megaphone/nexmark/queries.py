@@ -64,6 +64,7 @@ class NexmarkQuery(ABC):
         self.chain = Chain(stages, links)
         #: The watermark the last epoch ran with (its first stage's, in microseconds; ``None``
         #: before any event time): what that epoch finalized (windows, auctions) ends there.
+        #: Tracked over the epochs this object ran (a reopened query starts from ``None``).
         self.watermark_us: int | None = None
         self._high: int | None = None  # the largest event time fed to the first stage
 
@@ -81,12 +82,12 @@ class NexmarkQuery(ABC):
         """Run one epoch over the events ``start .. start + count - 1``; its output rows."""
         tables = self.inputs(generate(self.config, start, count))
         frames = {name: self.spark.createDataFrame(t) for name, t in tables.items()}
-        out = self.rows(self.chain.process(self.batch(**frames)))
+        out = self.rows(self.chain.process(self.batch(**frames))).collect()
         self.watermark_us = self._high  # lateness 0: the largest event time committed before
         high = _max_time_us(tables.values())
         if high is not None and (self._high is None or high > self._high):
             self._high = high
-        return [self.row_type._make(r) for r in out.collect()]
+        return [self.row_type._make(r) for r in out]
 
     def close(self) -> None:
         """Close every stage (their state directories stay, and reopen where they were)."""
@@ -191,7 +192,8 @@ class _WindowTop(NexmarkQuery):
     auctions with the highest aggregate (stage 2, :class:`~megaphone.nexmark.functions.
     TopOfWindow`, whose docstring says why it needs no state)."""
 
-    window: ClassVar[str]
+    #: The window aggregate of stage 1 ("count" of bids or "max" of their price).
+    aggregate: ClassVar[str]
 
     def __init__(self, spark: SparkSession, state_dir: str | Path,
                  config: NexmarkConfig = D.SMALL_RUN, *, size_us: int, slide_us: int | None,
@@ -201,8 +203,8 @@ class _WindowTop(NexmarkQuery):
         super().__init__(spark, state_dir, config, **options)
 
     def _stages(self) -> tuple[Sequence[Pipeline], Sequence[Link | None]]:
-        value = None if self.window == "count" else "price"
-        windows = WindowAggregate(size_us=self.size_us, slide_us=self.slide_us, agg=self.window)
+        value = None if self.aggregate == "count" else "price"
+        windows = WindowAggregate(size_us=self.size_us, slide_us=self.slide_us, agg=self.aggregate)
         first = self.pipeline(0, "windows", key="auction", value=value, event_time="date_time",
                               update=windows)
         second = self.pipeline(1, "top", key="end", value="row", event_time="time",
@@ -240,7 +242,7 @@ class Q5(_WindowTop):
 
     name = "q5"
     row_type = D.Q5Row
-    window = "count"
+    aggregate = "count"
 
     def __init__(self, spark: SparkSession, state_dir: str | Path,
                  config: NexmarkConfig = D.SMALL_RUN, *, size_us: int = D.Q5_SIZE_US,
@@ -257,7 +259,7 @@ class Q7(_WindowTop):
 
     name = "q7"
     row_type = D.Q7Row
-    window = "max"
+    aggregate = "max"
 
     def __init__(self, spark: SparkSession, state_dir: str | Path,
                  config: NexmarkConfig = D.SMALL_RUN, *, size_us: int = D.Q7_SIZE_US,
