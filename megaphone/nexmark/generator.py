@@ -184,7 +184,7 @@ def _auctions(config: NexmarkConfig, n: np.ndarray) -> pa.Table:
     now = config.timestamp_ms(n)
     # An auction lasts, on average, as long as ``num_in_flight_auctions`` more take to start,
     # so about that many are open at any time.
-    ahead = config.num_in_flight_auctions * PROPORTION_DENOMINATOR // AUCTION_PROPORTION
+    ahead = _auction_lookahead(config)
     horizon = config.timestamp_ms(n + ahead) - now
     return pa.Table.from_arrays([
         pa.array(last_auction_id(n) + FIRST_AUCTION_ID),
@@ -197,6 +197,19 @@ def _auctions(config: NexmarkConfig, n: np.ndarray) -> pa.Table:
         pa.array(seller + FIRST_PERSON_ID),
         pa.array(FIRST_CATEGORY_ID + _below(config, n, 8, NUM_CATEGORIES)),
     ], schema=AUCTION_SCHEMA)
+
+
+def _auction_lookahead(config: NexmarkConfig) -> int:
+    """Events until ``num_in_flight_auctions`` more auctions have started."""
+    return config.num_in_flight_auctions * PROPORTION_DENOMINATOR // AUCTION_PROPORTION
+
+
+def max_auction_duration_ms(config: NexmarkConfig) -> int:
+    """The longest an auction lasts (``expires - date_time``, in ms): twice the time
+    ``num_in_flight_auctions`` more auctions take to start, rounded up. A query that holds a
+    bid until its auction shows up (NEXMark Q4) can let the bid go once the watermark is this
+    far past it: every auction the bid could belong to has closed by then."""
+    return max(1, 2 * -(-_auction_lookahead(config) * config.inter_event_delay_us // 1000))
 
 
 def _bids(config: NexmarkConfig, n: np.ndarray) -> pa.Table:
