@@ -178,7 +178,8 @@ def apply_worker(
         for batch in timed:  # the same records as when applied: the same max event time
             if spec.has_event_time and batch.num_rows:
                 high = pc.max(batch.column(C.EVENT_TIME)).as_py()
-                if high is not None and (metrics.max_event_time or high) <= high:
+                if high is not None and (metrics.max_event_time is None
+                                         or high > metrics.max_event_time):
                     metrics.max_event_time = high
         metrics.replayed = True
         outputs = pa.ipc.open_stream(stored).read_all() if stored else \
