@@ -146,8 +146,6 @@ class EpochMetrics(_Record):
     records_out: int = 0
     #: Records with a null key the epoch applied (a key of its own; part of ``records_in``).
     null_keys: int = 0
-    #: Records (or window contributions) event-time operators dropped as late.
-    late_records: int = 0
     routing_version: int = 0
     workers: int = 0
     bins_moved: int = 0
@@ -156,6 +154,8 @@ class EpochMetrics(_Record):
     per_worker: dict[int, WorkerMetrics] = field(default_factory=dict)
     job_attempts: int = 1
     phases_s: dict[str, float] = field(default_factory=dict)
+    #: Records (or window contributions) event-time operators dropped as late.
+    late_records: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
