@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "inspect": "megaphone.inspect_cmd",
     "plan": "megaphone.plan_cmd",
     "migrate": "megaphone.migrate_cmd",
+    "explain": "megaphone.explain_cmd",
 }
 
 

@@ -19,6 +19,10 @@ COMMIT = "commit.json"
 METRICS = "metrics.jsonl"
 #: The metrics file before the current one (see ``StateDir.append_metrics``).
 METRICS_OLD = "metrics.old.jsonl"
+#: The JSON-lines file of per-epoch SnailTrail traces, and the one before it (see
+#: ``megaphone.migrator.trace.TraceLog``).
+TRACES = "traces.jsonl"
+TRACES_OLD = "traces.old.jsonl"
 LOCK = ".lock"
 WORKERS = "workers"
 OUTPUTS = "outputs"
@@ -126,6 +130,16 @@ class StateDirPaths:
     def metrics_old(self) -> Path:
         """The metrics file before the current one (the older epochs kept)."""
         return self.root / METRICS_OLD
+
+    @property
+    def traces(self) -> Path:
+        """The JSON-lines file of per-epoch SnailTrail traces (``megaphone explain``)."""
+        return self.root / TRACES
+
+    @property
+    def traces_old(self) -> Path:
+        """The traces file before the current one (the older epochs kept)."""
+        return self.root / TRACES_OLD
 
     @property
     def lock(self) -> Path:

@@ -7,8 +7,9 @@ the job's results as an Arrow table, which becomes a DataFrame when the caller w
 job is run again if the store service died under it) → ``commit`` (the epoch's outputs kept
 for replay, then the driver's commit record: the epoch's commit point) → ``cleanup`` (old
 outputs). The workers' phases ``export``, ``install`` and ``apply`` run inside ``collect``.
-Each phase's seconds go to the epoch's metrics (``phases_s``) and each phase is a
-crash-injection point of the same name (:mod:`megaphone.migrator.faults`).
+Each phase's seconds go to the epoch's metrics (``phases_s``), its wall-clock span to the
+epoch's SnailTrail trace (:mod:`megaphone.migrator.trace`, with the workers' marks), and each
+phase is a crash-injection point of the same name (:mod:`megaphone.migrator.faults`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from megaphone.migrator.layout import EpochLayout, commit_record, epoch_layout
 from megaphone.migrator.plan_queue import PlanQueue, PolicyInputs
 from megaphone.migrator.spark_job import MapSides, epoch_job, epoch_metrics, split_results
 from megaphone.migrator.statedir import StateDir
+from megaphone.migrator.trace import epoch_trace, take_marks, trace_enabled
 from megaphone.migrator.updates import Update, UpdateError
 from megaphone.plans.plan import MigrationPlan
 from megaphone.records import EpochMetrics
@@ -121,14 +123,17 @@ class EpochRun:
         self.input_end = input_end
         self.epoch = epoch
         self.phases: dict[str, float] = {}
+        #: Each phase's wall-clock ``(start, end)``, for the trace.
+        self.spans: dict[str, tuple[float, float]] = {}
         self.attempts = 0
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Time phase ``name`` into :attr:`phases` and pass its crash point at its end."""
-        started = time.perf_counter()
+        started, wall = time.perf_counter(), time.time()
         yield
         self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - started
+        self.spans[name] = (self.spans.get(name, (wall, 0.0))[0], time.time())
         if name != "commit":  # the commit's crash point is inside its write (before rename)
             crash_point(name, self.epoch, self.host.local_dir)
 
@@ -171,6 +176,7 @@ class EpochRun:
             report = epoch_metrics(layout, started, finished, results,
                                    self.stream.get("batch_id") if self.stream else None)
             record = report.record
+            marks = take_marks(record)  # for the trace, not stored with the metrics
             host.track_load(results.load_bins, results.load_counts)
             if self.input_end is not None and record.latency_s is None:
                 record.latency_s = finished - self.input_end
@@ -193,6 +199,9 @@ class EpochRun:
         record.phases_s = dict(self.phases)
         stored = record.to_dict()
         state.append_metrics(stored)  # a crash before this line loses the line, not the epoch
+        if trace_enabled():
+            state.traces.append(epoch_trace(epoch, self.spans, marks, layout.outgoing,
+                                            layout.incoming))
         host.recorded(record)
         return outputs
 

@@ -8,6 +8,7 @@ Layout (the paths come from :mod:`megaphone.paths`)::
       commit.json                last committed epoch, state version, pending drops, plans
       metrics.jsonl              one JSON line per committed epoch (the last METRICS_CHUNK
       metrics.old.jsonl          at most), and the chunk before it: disk stays flat
+      traces.jsonl, traces.old.jsonl   each epoch's SnailTrail trace, kept alike
       workers/w00007/            one state backend per worker (without a checkpoint location)
       outputs/e000000012.arrow   each epoch's outputs (Arrow IPC file), the last few kept
       inbox/                     plans handed over by ``megaphone migrate`` from another process
@@ -36,6 +37,7 @@ from megaphone._io import atomic_write_bytes, atomic_write_json, read_json
 from megaphone.errors import MegaphoneError
 from megaphone.migrator.commit import Commit
 from megaphone.migrator.driver_copy import DriverCopy, DriverCopyError
+from megaphone.migrator.trace import TraceLog
 from megaphone.paths import MANIFEST, OUTPUTS, ROUTING, StateDirPaths, outputs_epoch_of, worker_of
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
@@ -72,6 +74,11 @@ class StateDir:
         self.fingerprint = Fingerprint.from_dict(manifest["fingerprint"])
         self._lock_file: Any = None
         self._metrics_lines: int | None = None  # lines in metrics.jsonl (counted once)
+
+    @cached_property
+    def traces(self) -> TraceLog:
+        """The epochs' SnailTrail traces (:mod:`~megaphone.migrator.trace`)."""
+        return TraceLog(self.paths.traces, self.paths.traces_old)
 
     @cached_property
     def durable(self) -> DriverCopy | None:

@@ -53,8 +53,10 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None, schema:
     bytes_by_bin: dict[int, int] = {}
     keys_out = files = 0
     min_bytes = file_min_bytes(spec.transfer)
+    spans: list[list[float]] = []  # [bin, start, end] on the wall clock, for the trace
     for dst, bins in sorted(by_dst.items()) if store is not None else ():
         for b in sorted(bins):
+            spans.append([b, time.time(), 0.0])
             for item in store.export([b], spec.chunk_bytes, spec.required_epoch(sender),
                                      spec.epoch, spec.run_id, file_min_bytes=min_bytes):
                 if isinstance(item, BinFile):
@@ -67,10 +69,12 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None, schema:
                 bytes_by_bin[b] = bytes_by_bin.get(b, 0) + payload_bytes(item)
                 yield _state_rows(schema, dst, b, item)
                 crash_point("export", spec.epoch, spec.local_dir)
+            spans[-1][2] = time.time()
     if by_dst:
         metrics = WorkerMetrics(bins_out=len(moves), keys_out=keys_out, files_out=files,
                                 bytes_out=sum(bytes_by_bin.values()),
-                                export_s=time.perf_counter() - started)
+                                export_s=time.perf_counter() - started,
+                                export_spans=spans or None)
         report = WorkerReport(sender, metrics, bytes_by_bin).to_json()
         yield rows(schema, 1, {C.WORKER: pa.array([min(by_dst)], pa.int32()),
                                C.EXPORT_REPORT: pa.array([report])})

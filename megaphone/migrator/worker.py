@@ -45,6 +45,13 @@ from megaphone.state_backends.remote import DurableSpec, RemoteStore
 
 _BINS = pa.list_(pa.int32())
 
+#: The wall-clock marks (``time.time()``) an apply task reports in
+#: :attr:`~megaphone.records.WorkerMetrics.marks`, one per phase boundary and none per record:
+#: ``task`` (its start), ``begun`` (store opened), ``installed``, ``applied``, ``committed``
+#: (absent when the epoch is replayed) and ``end`` (outputs yielded), plus ``install_wait``,
+#: the seconds of the install phase spent waiting for the shuffle.
+MARKS = ("task", "begun", "installed", "applied", "committed", "end")
+
 
 def result_schema(output_schema: pa.Schema) -> pa.Schema:
     """What each worker's task returns to the driver: its outputs, then rows of JSON reports
@@ -153,6 +160,7 @@ def apply_worker(
     changes nothing.
     """
     started = time.perf_counter()
+    marks = {"task": time.time()}
     check_state_dir(spec)
     timed = _TimedInput(batches)
     incoming = spec.incoming.get(worker, ())
@@ -168,11 +176,12 @@ def apply_worker(
         return
     store = _store(spec, worker)
     metrics = WorkerMetrics(records_in=0, records_out=0, bins_in=len(incoming), keys_in=0,
-                            bytes_in=0, replayed=False)
+                            bytes_in=0, replayed=False, marks=marks)
     load: tuple[np.ndarray, np.ndarray] | None = None  # records applied per bin
     t0 = time.perf_counter()
     apply, stored = store.begin(spec.epoch, spec.required_epoch(worker), spec.run_id)
     metrics.begin_s = time.perf_counter() - t0
+    marks["begun"] = time.time()
     metrics.restored = store.restored
     if not apply:
         for batch in timed:  # the same records as when applied: the same max event time
@@ -190,6 +199,7 @@ def apply_worker(
         t0, waited = time.perf_counter(), timed.waiting
         metrics.install_method = arrivals.install(store, timed, incoming)
         metrics.install_s = time.perf_counter() - t0 - (timed.waiting - waited)
+        marks["installed"], marks["install_wait"] = time.time(), timed.waiting - waited
         crash_point("install", spec.epoch, spec.local_dir)
         t0 = time.perf_counter()
         records = arrivals.records
@@ -210,11 +220,13 @@ def apply_worker(
         else:
             outputs, keys, values, old = _apply_records(spec, store, table, worker)
         metrics.apply_s = time.perf_counter() - t0
+        marks["applied"] = time.time()
         crash_point("apply", spec.epoch, spec.local_dir)
         t0 = time.perf_counter()
         health = store.commit(spec.epoch, keys, values, old, _ipc(outputs), incoming,
                               spec.run_id)
         metrics.commit_s = time.perf_counter() - t0
+        marks["committed"] = time.time()
         metrics.store_commit_s = health["seconds"]
         metrics.stall_s = health["stall_s"]
         metrics.pending_compaction_bytes = health["pending_compaction_bytes"]
@@ -226,6 +238,7 @@ def apply_worker(
         yield rows(schema, batch.num_rows, dict(zip(batch.schema.names, batch.columns,
                                                      strict=True)))
     metrics.useful_s = time.perf_counter() - started - timed.waiting
+    marks["end"] = time.time()
     own = WorkerReport(worker, metrics).to_json()
     yield _report_rows(schema, [own, *timed.export_reports], load)
 

@@ -33,6 +33,7 @@ ACTIVITY_KINDS: dict[str, str] = {
     "layout": "driver: computing the epoch's routing layout",
     "submit": "driver: submitting the epoch's job",
     "schedule": "scheduling delay: a task submitted but not yet running",
+    "begin": "a worker opening its state for the epoch (restoring it when needed)",
     "export": "a worker exporting a moving bin's state",
     "wait": "waiting, recorded explicitly (for the shuffle, a barrier, a lock)",
     "install": "a worker installing a received bin's state",
@@ -40,6 +41,7 @@ ACTIVITY_KINDS: dict[str, str] = {
     "flush": "flushing or compacting state",
     "output": "writing the epoch's output",
     "commit": "committing the epoch",
+    "cleanup": "driver: removing what the epoch left obsolete (old outputs)",
     "other": "anything else",
 }
 

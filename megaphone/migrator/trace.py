@@ -1,0 +1,186 @@
+"""Each epoch's SnailTrail trace (:class:`~megaphone.snailtrail.activity.EpochTrace`), built on
+the driver from timings the epoch takes anyway, and kept in the state directory.
+
+Nothing is timed per record: the driver notes the wall clock at each of its phases
+(:data:`~megaphone.migrator.epoch.DRIVER_PHASES`), every apply task at each of its phase
+boundaries (:data:`~megaphone.migrator.worker.MARKS`) and every exporter around each bin it
+ships. :func:`epoch_trace` turns these into activities and dependencies:
+
+* the driver (worker None, lane 0): ``admit``, ``layout``, ``submit`` (building the job),
+  ``wait`` (the job running: ``collect``), ``commit``, ``cleanup``;
+* each worker's apply task (lane 0): ``schedule`` (from the job's submission to the task's
+  start; a ``schedule`` dependency from the driver's ``submit``), ``begin`` (its store opened
+  or restored), ``wait`` (for the shuffle, during install), ``install``, ``apply``, ``commit``
+  and ``flush`` (the store's own commit and flush, its last part), ``output`` (outputs
+  returned); a ``comm`` dependency to the driver's ``commit``;
+* each exporter (the sending worker, lane 1: its export task runs apart from its apply task):
+  one ``export`` per bin, with a ``shuffle`` dependency to its receiver's install.
+
+Clocks of different hosts may disagree: a worker's activities are clamped to follow each other
+and a dependency whose target would start before its source ends is left out, so a trace is
+always valid. Tracing is on unless ``MEGAPHONE_TRACE=0`` (the benchmark's switch,
+``bench/trace_overhead.py``); the workers' marks are always taken (a few clock reads per task).
+
+Traces are stored one JSON line per epoch (:class:`TraceLog`), in chunks like the metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from megaphone.records import EpochMetrics, WorkerMetrics
+from megaphone.snailtrail import Activity, Dependency, EpochTrace
+
+#: Epochs per traces file; the state directory keeps the current file and the one before.
+TRACE_CHUNK = 250
+#: The driver's phases and the activity kind each becomes.
+DRIVER_KINDS = {"admit": "admit", "layout": "layout", "launch": "submit", "collect": "wait",
+                "commit": "commit", "cleanup": "cleanup"}
+
+
+def trace_enabled() -> bool:
+    """Whether epochs are traced: unless the environment sets ``MEGAPHONE_TRACE=0``."""
+    return os.environ.get("MEGAPHONE_TRACE", "1") != "0"
+
+
+def take_marks(record: EpochMetrics) -> dict[int, WorkerMetrics]:
+    """The workers' timing marks, taken out of ``record`` (they are not stored as metrics):
+    per worker, a :class:`~megaphone.records.WorkerMetrics` holding only ``marks``,
+    ``export_spans`` and ``store_commit_s``."""
+    out = {}
+    for worker, m in record.per_worker.items():
+        if m.marks is not None or m.export_spans is not None:
+            out[worker] = WorkerMetrics(marks=m.marks, export_spans=m.export_spans,
+                                        store_commit_s=m.store_commit_s)
+            m.marks = m.export_spans = None
+    return out
+
+
+class _Builder:
+    """Activities and dependencies of one epoch, numbered as they are added; each timeline's
+    activities are clamped to follow one another."""
+
+    def __init__(self) -> None:
+        self.activities: list[Activity] = []
+        self.dependencies: list[Dependency] = []
+        self._last_end: dict[tuple[int | None, int], float] = {}
+
+    def add(self, kind: str, worker: int | None, start: float, end: float, *, lane: int = 0,
+            bin_: int | None = None) -> Activity:
+        """Append an activity; it starts no earlier than its timeline's last one ended."""
+        start = max(start, self._last_end.get((worker, lane), start))
+        end = max(end, start)
+        self._last_end[(worker, lane)] = end
+        a = Activity(len(self.activities), kind, worker, start, end, bin=bin_, lane=lane)
+        self.activities.append(a)
+        return a
+
+    def depend(self, src: Activity | None, dst: Activity | None, kind: str) -> None:
+        """Add ``src`` -> ``dst`` if both exist and ``dst`` starts after ``src`` ends."""
+        if src is not None and dst is not None and dst.start >= src.end:
+            self.dependencies.append(Dependency(src.id, dst.id, kind))
+
+
+def _worker_activities(b: _Builder, worker: int, marks: Mapping[str, float],
+                       store_commit_s: float | None, submitted: float,
+                       install_bin: int | None) -> tuple[Activity, Activity | None, Activity]:
+    """One apply task's activities: ``(schedule, install or None, last)``."""
+    task = marks["task"]
+    schedule = b.add("schedule", worker, min(submitted, task), task)
+    b.add("begin", worker, task, marks.get("begun", task))
+    install = None
+    last = b.activities[-1]
+    if "installed" in marks:
+        begun, installed = marks.get("begun", task), marks["installed"]
+        waited = min(max(marks.get("install_wait", 0.0), 0.0), max(installed - begun, 0.0))
+        if waited > 0:
+            b.add("wait", worker, begun, begun + waited)
+        install = b.add("install", worker, begun + waited, installed, bin_=install_bin)
+        applied = marks.get("applied", installed)
+        b.add("apply", worker, installed, applied)
+        committed = marks.get("committed", applied)
+        flush = min(max(store_commit_s or 0.0, 0.0), max(committed - applied, 0.0))
+        b.add("commit", worker, applied, committed - flush)
+        if flush > 0:
+            b.add("flush", worker, committed - flush, committed)
+        last = b.add("output", worker, committed, marks.get("end", committed))
+    else:  # replayed: the stored outputs re-emitted
+        last = b.add("output", worker, marks.get("begun", task), marks.get("end", task))
+    return schedule, install, last
+
+
+def epoch_trace(epoch: int, driver: Mapping[str, tuple[float, float]],
+                workers: Mapping[int, WorkerMetrics],
+                outgoing: Mapping[int, Iterable[tuple[int, int]]],
+                incoming: Mapping[int, Iterable[int]]) -> EpochTrace:
+    """The trace of ``epoch`` from the driver's phases (``driver``: phase -> wall-clock
+    ``(start, end)``), the workers' marks (:func:`take_marks`) and the layout's moves
+    (``outgoing``: sender -> ``(bin, receiver)`` pairs; ``incoming``: receiver -> bins)."""
+    b = _Builder()
+    phases: dict[str, Activity] = {}
+    for phase, kind in DRIVER_KINDS.items():
+        if phase in driver:
+            start, end = driver[phase]
+            phases[phase] = b.add(kind, None, start, end)
+    submit = phases.get("launch")
+    submitted = submit.end if submit is not None else min(
+        (m.marks["task"] for m in workers.values() if m.marks), default=0.0)
+    installs: dict[int, Activity | None] = {}
+    for worker, m in sorted(workers.items()):
+        if not m.marks or "task" not in m.marks:
+            continue
+        bins = tuple(incoming.get(worker, ()))
+        schedule, installs[worker], last = _worker_activities(
+            b, worker, m.marks, m.store_commit_s, submitted, bins[0] if len(bins) == 1 else None)
+        b.depend(submit, schedule, "schedule")
+        b.depend(last, phases.get("commit"), "comm")
+    for sender, m in sorted(workers.items()):
+        receiver = dict(outgoing.get(sender, ()))
+        for i, (bin_, start, end) in enumerate(m.export_spans or ()):
+            export = b.add("export", sender, start, end, lane=1, bin_=int(bin_))
+            if i == 0:
+                b.depend(submit, export, "schedule")
+            b.depend(export, installs.get(receiver.get(int(bin_), -1)), "shuffle")
+    return EpochTrace(epoch, tuple(b.activities), tuple(b.dependencies))
+
+
+class TraceLog:
+    """The traces of a state directory: one JSON line per epoch in ``traces.jsonl``; a full
+    file (:data:`TRACE_CHUNK` lines) first replaces ``traces.old.jsonl``, so disk keeps one or
+    two chunks of epochs, as the metrics do."""
+
+    def __init__(self, current: Path, old: Path) -> None:
+        self.current, self.old = current, old
+        self._lines: int | None = None
+
+    def append(self, trace: EpochTrace) -> None:
+        """Store one epoch's trace."""
+        if self._lines is None:
+            self._lines = 0
+            with contextlib.suppress(FileNotFoundError), open(self.current, "rb") as fh:
+                self._lines = sum(1 for _ in fh)
+        if self._lines >= TRACE_CHUNK:
+            os.replace(self.current, self.old)
+            self._lines = 0
+        with open(self.current, "a", encoding="utf-8") as fh:
+            fh.write(trace.to_json() + "\n")
+        self._lines += 1
+
+    def read(self) -> list[EpochTrace]:
+        """Every stored trace, oldest first; torn or malformed lines are skipped, and of an
+        epoch stored twice (an epoch rolled back and run again) the last is kept."""
+        traces: dict[int, EpochTrace] = {}
+        for path in (self.old, self.current):
+            with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    try:
+                        trace = EpochTrace.from_json(line)
+                    except (ValueError, json.JSONDecodeError):
+                        continue
+                    traces.pop(trace.epoch, None)
+                    traces[trace.epoch] = trace
+        return sorted(traces.values(), key=lambda t: t.epoch)
