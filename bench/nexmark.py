@@ -384,6 +384,10 @@ def main(argv: list[str] | None = None, spark=None) -> int:
             write_outputs(cfg, results, info)
     finally:
         sampler.stop()
+        if not cfg.keep_state:  # the runs removed their state; remove what held it
+            for d in sorted(cfg.state_root.glob("**/"), reverse=True):
+                if d.is_dir() and not any(d.iterdir()):
+                    d.rmdir()
     info["load_end"] = os.getloadavg()[0]
     info["took_s"] = time.time() - started
     print(write_outputs(cfg, results, info), flush=True)
