@@ -58,7 +58,6 @@ import csv
 import json
 import math
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -114,6 +113,7 @@ from run_setup import (
     epoch_row,
     iso_seconds,
     load_avg,
+    machine,
     native_conf,
     open_pipeline,
     prime,
@@ -679,24 +679,6 @@ def _timed_import(cfg: Config, load: Callable[[Any], Any]) -> float:
             return time.perf_counter() - started
         finally:
             sink.close()
-
-
-def machine() -> str:
-    """The machine and library versions, for the record (one line)."""
-    import pyspark
-
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{os.cpu_count()} cores ({model}), {mem:.1f} GiB RAM, {platform.system()} "
-            f"{platform.machine()}, Python {platform.python_version()}, PySpark "
-            f"{pyspark.__version__}, numpy {np.__version__}, pyarrow {pa.__version__}")
 
 
 # -- summary ---------------------------------------------------------------------------------

@@ -151,8 +151,9 @@ def label_phases(rows: list[EpochRow], windows: Sequence[Window], warmup: int) -
 
 
 def write_csv(path: Path, rows: Sequence[EpochRow]) -> None:
-    """One CSV line per epoch (the dataclass fields plus the total RSS)."""
-    names = [f.name for f in fields(EpochRow)] + ["rss_total_mb"]
+    """One CSV line per epoch (the dataclass fields plus the total RSS); rows of a subclass of
+    :class:`EpochRow` add their own fields."""
+    names = [f.name for f in fields(rows[0] if rows else EpochRow)] + ["rss_total_mb"]
     with open(path, "w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=names)
         writer.writeheader()
@@ -339,18 +340,20 @@ def spike_table(stats: Sequence[dict[str, Any]], phases: dict[str, list[dict[str
 
 
 def plot_timelines(path: Path, results: Sequence[RunResult], what: str = "latency",
-                   ref: float = math.nan, targets: dict[str, float] | None = None) -> None:
+                   ref: float | dict[str, float] = math.nan,
+                   targets: dict[str, float] | None = None, title: str = "") -> None:
     """One panel per run over the time epochs completed, reconfigurations shaded.
 
     ``what`` is ``"latency"`` (seconds, log scale, with a dashed line at ``ref`` when given,
-    e.g. 1.5x the steady-state p99, and a dotted one at a run's latency target in
-    ``targets``) or ``"rss"`` (MiB of driver + JVM + workers).
+    e.g. 1.5x the steady-state p99 -- one for every run, or per run name -- and a dotted one
+    at a run's latency target in ``targets``) or ``"rss"`` (MiB of driver + JVM + workers).
+    ``title`` goes above the panels.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     n = len(results)
     fig, axes = plt.subplots(n, 1, figsize=(10, 1.8 * n + 0.9), sharex=True, sharey=True,
@@ -361,11 +364,14 @@ def plot_timelines(path: Path, results: Sequence[RunResult], what: str = "latenc
         if what == "latency":
             ys = [max(r.latency_s, 1e-3) for r in rows]
             ax.set_yscale("log")
+            # 1-2-5 steps, so a range within one decade still has labels
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_ylabel("latency s")
-            if math.isfinite(ref):
-                ax.axhline(ref, color="tab:red", linestyle="--", linewidth=0.8)
+            line = ref.get(result.name, math.nan) if isinstance(ref, dict) else ref
+            if math.isfinite(line):
+                ax.axhline(line, color="tab:red", linestyle="--", linewidth=0.8)
             if targets and result.name in targets:
                 ax.axhline(targets[result.name], color="tab:green", linestyle=":",
                            linewidth=1.2)
@@ -380,11 +386,15 @@ def plot_timelines(path: Path, results: Sequence[RunResult], what: str = "latenc
                 ax.axvspan(r.started_s, r.finished_s, color="tab:orange", alpha=0.1, linewidth=0)
         ax.set_title(result.name, fontsize=9, loc="left")
         ax.grid(True, which="major", alpha=0.3)
-    note = "; dashed: 1.5x steady p99" if what == "latency" and math.isfinite(ref) else ""
+    refs = ref.values() if isinstance(ref, dict) else [ref]
+    note = "; dashed: 1.5x steady p99" if what == "latency" and any(
+        math.isfinite(r) for r in refs) else ""
     if what == "latency" and targets:
         note += "; dotted: latency target"
     axes[-1, 0].set_xlabel("time the epoch completed (s since the run started); migration "
                            f"shaded, backlog drain lightly shaded{note}")
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shutil
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
@@ -184,6 +186,24 @@ def epoch_row(run: str, t0: float, m: dict[str, Any], times: tuple[int, float, f
         export_s=phase_seconds(m, "export_s"), install_s=phase_seconds(m, "install_s"),
         rss_driver_mb=round(rss.driver, 1), rss_jvm_mb=round(rss.jvm, 1),
         rss_workers_mb=round(rss.workers, 1), load1=load_avg())
+
+
+def machine() -> str:
+    """The machine and library versions, for the record (one line)."""
+    import pyspark
+
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{os.cpu_count()} cores ({model}), {mem:.1f} GiB RAM, {platform.system()} "
+            f"{platform.machine()}, Python {platform.python_version()}, PySpark "
+            f"{pyspark.__version__}, numpy {np.__version__}, pyarrow {pa.__version__}")
 
 
 NATIVE_CONF = {

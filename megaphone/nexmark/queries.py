@@ -78,11 +78,17 @@ class NexmarkQuery(ABC):
         return Pipeline(self.spark, str(self.state_dir / f"{index}-{name}"), key_type="int64",
                         **{**self._options, **kw})
 
-    def run(self, start: int, count: int) -> list[Any]:
-        """Run one epoch over the events ``start .. start + count - 1``; its output rows."""
+    def run(self, start: int, count: int, *, input_end: float | None = None) -> list[Any]:
+        """Run one epoch over the events ``start .. start + count - 1``; its output rows.
+
+        ``input_end``: when the epoch's input was complete (``time.time()`` seconds), passed to
+        every stage (:meth:`~megaphone.Pipeline.process`): their ``latency_s`` metric, and what
+        a deadline plan sees of a backlog.
+        """
         tables = self.inputs(generate(self.config, start, count))
         frames = {name: self.spark.createDataFrame(t) for name, t in tables.items()}
-        out = self.rows(self.chain.process(self.batch(**frames))).collect()
+        out = self.rows(self.chain.process(self.batch(**frames), input_end=input_end))
+        out = out.collect()
         self.watermark_us = self._high  # lateness 0: the largest event time committed before
         high = _max_time_us(tables.values())
         if high is not None and (self._high is None or high > self._high):

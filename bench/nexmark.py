@@ -1,0 +1,401 @@
+"""NEXMark through a live rescale: per query, the latency timeline of megaphone's strategies
+next to native Spark's stop, repartition and restart, all in one run.
+
+Queries Q3, Q4, Q5, Q7 and Q8 (:mod:`megaphone.nexmark.queries`; ``--queries`` to choose).
+Input is open loop: the generator's events at ``--rate`` events per second of processing
+time (its ``events_per_second`` is the same, so event time advances with wall time), cut into
+epochs of ``--interval`` seconds: epoch ``e`` holds events ``[e*N, (e+1)*N)``, ``N = rate *
+interval``, and its input interval ends at ``t0 + (e+1) * interval``. An epoch runs once its
+interval has ended and the previous epoch finished, so a slow epoch leaves a backlog that
+shows as latency (completion time - end of the input interval). The first ``--warmup``
+epochs run back to back (closed loop: latency = duration) to warm the JVM, the Python workers
+and the query's plans; ``t0`` is set after them. Runs per query, on the same events:
+
+* ``fluid``, ``batched``, ``all-at-once``, ``deadline@L`` -- megaphone: after ``--pre``
+  epochs, every stateful stage of the query (Q4's two; the join of Q3 and Q8; the window
+  stage of Q5 and Q7, whose top-of-window stage keeps no state) is rescaled from 2 to 4
+  workers live (``megaphone.rescale(stage, workers=4, strategy=...)``; ``deadline@L`` with
+  latency target ``L`` seconds), then ``--cooldown`` epochs and until the backlog drained (at
+  most ``--drain-epochs`` more). Every run's outputs must equal the batch SQL
+  (:mod:`megaphone.nexmark.sql`) for what it finalized, with nothing late, or the benchmark
+  stops with an error;
+* ``native`` -- the query in Structured Streaming (``bench/nexmark_native.py``; Q4 cannot be
+  written there), no restart: its steady state;
+* ``native-repartition`` -- the same query stopped between triggers where megaphone rescales,
+  its state repartitioned offline from 2 to 4 partitions and restarted (Spark's only way to
+  rescale state). Native outputs are checked against the batch SQL too.
+
+Outputs under ``--out`` (default ``bench/results/nexmark-<size>``): ``<query>-<run>.csv`` per
+run (one line per epoch: latency, records, rows emitted, bins moved, the plan's progress),
+``<query>.png`` (latency over time per run, the rescale shaded) and ``summary.md`` /
+``summary.json`` (tables per query; ``bench/nexmark_report.py``).
+
+    python bench/nexmark.py --quick      # all queries and runs, a few minutes
+    python bench/nexmark.py              # the full size, 20-40 minutes on 2 quiet cores
+    python bench/nexmark.py --queries q4,q5 --runs fluid,batched,deadline@2,native
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from nexmark_native import NATIVE_RUNS, UNSUPPORTED, run_native
+from nexmark_report import NexRow, deadline_target, write_outputs
+from procmem import RssSampler
+from report import RunResult, Window, label_phases, write_csv
+from restart_baselines import steady_threshold
+from run_setup import CorrectnessError, load_avg, machine, phase_seconds
+
+from megaphone import rescale
+from megaphone.nexmark import definitions as D
+from megaphone.nexmark import sql
+from megaphone.nexmark.functions import TopOfWindow
+from megaphone.nexmark.generator import NexmarkConfig, generate
+from megaphone.nexmark.queries import QUERIES, NexmarkQuery
+
+STRATEGIES = ("all-at-once", "fluid", "batched")
+DEADLINE = "deadline@"
+#: Settings by size. ``quick``: every query and run in a few minutes; ``full``: 20-40 minutes
+#: on two quiet cores.
+PROFILES: dict[str, dict[str, Any]] = {
+    "quick": {"rate": 250.0, "interval": 1.0, "bins": 4, "warmup": 1, "pre": 2, "cooldown": 2,
+              "drain_epochs": 2, "window_s": 4.0},
+    "full": {"rate": 1000.0, "interval": 2.0, "bins": 32, "warmup": 3, "pre": 10,
+             "cooldown": 10, "drain_epochs": 15, "window_s": 10.0},
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Resolved settings (command line over the size profile)."""
+
+    size: str
+    queries: tuple[str, ...]
+    runs: tuple[str, ...]
+    rate: float
+    interval: float
+    bins: int
+    workers: int
+    warmup: int
+    pre: int
+    cooldown: int
+    drain_epochs: int
+    steady_epochs: int
+    per_worker: int
+    window_s: float
+    in_flight: int
+    backend: str
+    out: Path
+    state_root: Path
+    keep_state: bool
+    master: str
+    driver_memory: str
+    progress: bool
+
+    @property
+    def per_epoch(self) -> int:
+        """Events in one epoch: rate times interval."""
+        return max(1, round(self.rate * self.interval))
+
+    @property
+    def nexmark(self) -> NexmarkConfig:
+        """The generated stream: ``rate`` events per second of event time."""
+        return NexmarkConfig(events_per_second=self.rate, num_in_flight_auctions=self.in_flight)
+
+    def sizes(self, query: str) -> dict[str, int]:
+        """The query's window sizes in microseconds (Q5 slides by a fifth of its size)."""
+        size = round(self.window_s * D.SECOND_US)
+        return {"q5": {"size_us": size, "slide_us": size // 5}, "q7": {"size_us": size},
+                "q8": {"window_us": size}}.get(query, {})
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line; unset sizes come from the profile (``--quick`` or the full one)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="the small configuration")
+    p.add_argument("--queries", default=",".join(QUERIES), help="comma-separated queries")
+    p.add_argument("--runs", help="comma-separated runs: fluid, batched, all-at-once, "
+                                  "deadline@L, native, native-repartition (default: fluid, "
+                                  "batched, deadline@<2x interval>, native, native-repartition)")
+    p.add_argument("--rate", type=float, help="events per second")
+    p.add_argument("--interval", type=float, help="epoch length in seconds")
+    p.add_argument("--bins", type=int, help="bins per stage (a power of two)")
+    p.add_argument("--warmup", type=int, help="closed-loop epochs before the clock starts")
+    p.add_argument("--pre", type=int, help="open-loop epochs before the rescale")
+    p.add_argument("--cooldown", type=int, help="epochs after the rescale, at least")
+    p.add_argument("--drain-epochs", type=int, help="epochs after --cooldown, at most, to wait "
+                                                    "for a backlog to drain")
+    p.add_argument("--steady-epochs", type=int, help="open-loop epochs of the native run "
+                                                     "(default --pre + --cooldown)")
+    p.add_argument("--per-worker", type=int, default=1, help="bins per worker per batched step")
+    p.add_argument("--window-s", type=float, help="window size in seconds (Q5, Q7, Q8)")
+    p.add_argument("--in-flight", type=int, help="generator's auctions in flight (default "
+                                                 "rate / 10: auctions last up to ~3.3 s)")
+    p.add_argument("--backend", choices=("rocksdb", "memory"), default="rocksdb")
+    p.add_argument("--out", type=Path, help="output directory")
+    p.add_argument("--state-root", type=Path, help="state directories (default OUT/state)")
+    p.add_argument("--keep-state", action="store_true")
+    p.add_argument("--master", default="local[2]", help="Spark master")
+    p.add_argument("--driver-memory", default="4g")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def resolve(args: argparse.Namespace) -> BenchConfig:
+    """Fill unset options from the profile and check them."""
+    size = "quick" if args.quick else "full"
+    base = PROFILES[size]
+
+    def pick(name: str) -> Any:
+        value = getattr(args, name)
+        return base[name] if value is None else value
+
+    interval = pick("interval")
+    queries = tuple(q.strip() for q in args.queries.split(",") if q.strip())
+    runs = tuple(r.strip() for r in (args.runs or f"fluid,batched,{DEADLINE}{2 * interval:g},"
+                                                  "native,native-repartition").split(","))
+    bad = [q for q in queries if q not in QUERIES]
+    bad += [r for r in runs if r not in (*STRATEGIES, *NATIVE_RUNS) and not deadline_target(r)]
+    if bad or not queries or not runs:
+        raise SystemExit(f"unknown queries or runs {bad}: queries {','.join(QUERIES)}; runs "
+                         f"{','.join((*STRATEGIES, *NATIVE_RUNS))} or {DEADLINE}L (seconds)")
+    out = args.out or Path(__file__).resolve().parent / "results" / f"nexmark-{size}"
+    rate = pick("rate")
+    return BenchConfig(
+        size=size, queries=queries, runs=runs, rate=rate, interval=interval,
+        bins=pick("bins"), workers=2, warmup=pick("warmup"), pre=pick("pre"),
+        cooldown=pick("cooldown"), drain_epochs=pick("drain_epochs"),
+        steady_epochs=args.steady_epochs or pick("pre") + pick("cooldown"),
+        per_worker=args.per_worker, window_s=pick("window_s"),
+        in_flight=args.in_flight or max(1, round(rate / 10)), backend=args.backend, out=out,
+        state_root=args.state_root or out / "state", keep_state=args.keep_state,
+        master=args.master, driver_memory=args.driver_memory, progress=not args.no_progress)
+
+
+def stateful_stages(query: NexmarkQuery) -> list[int]:
+    """The stages that keep state (Q5's and Q7's top-of-window stage keeps none)."""
+    return [i for i, s in enumerate(query.stages)
+            if not isinstance(s._update_arg, TopOfWindow)]
+
+
+def final(name: str, rows: list) -> Counter:
+    """The rows a run must have emitted in total (Q4: each category's last average)."""
+    if name == "q4":
+        rows = list({r.category: r for r in rows}.values())
+    return Counter(tuple(r) for r in rows)
+
+
+class Bench:
+    """What every run shares: settings, Spark, the memory sampler."""
+
+    def __init__(self, cfg: BenchConfig, spark, sampler: RssSampler):
+        self.cfg, self.spark, self.sampler = cfg, spark, sampler
+
+
+class LiveRun:
+    """One megaphone run of one query: warm-up, open-loop epochs, a live rescale of every
+    stateful stage from 2 to 4 workers, cool-down and drain, then the correctness check."""
+
+    def __init__(self, bench: Bench, query: str, name: str):
+        self.bench, self.cfg, self.query_name, self.name = bench, bench.cfg, query, name
+        self.target = deadline_target(name)
+        self.strategy = "deadline" if self.target else name
+        self.rows: list[NexRow] = []
+        self.windows: list[Window] = []
+        self.notes: list[str] = []
+        self.handles: list[Any] = []
+        self.got: list[Any] = []
+
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        path = cfg.state_root / self.query_name / self.name
+        shutil.rmtree(path, ignore_errors=True)
+        query = QUERIES[self.query_name](
+            self.bench.spark, path, config=cfg.nexmark, workers=cfg.workers,
+            num_bins=cfg.bins, backend=cfg.backend, **cfg.sizes(self.query_name))
+        load_before = load_avg()
+        try:
+            self._loop(query)
+            check = self._check(query)
+        finally:
+            query.close()
+            if not cfg.keep_state:
+                shutil.rmtree(path, ignore_errors=True)
+        label_phases(self.rows, self.windows, cfg.warmup)
+        return RunResult(self.name, self.rows, self.windows, len(self.rows) * cfg.per_epoch,
+                         check, self.notes, (load_before, load_avg()))
+
+    def _epoch(self, query: NexmarkQuery, epoch: int, end: float | None, t0: float) -> NexRow:
+        n = self.cfg.per_epoch
+        started = time.time()
+        out = query.run(epoch * n, n, input_end=end if end is not None else started)
+        finished = time.time()
+        self.got += out
+        ms = [s.metrics(last=1)[0] for s in query.stages]
+        progress = [h.progress for h in self.handles]
+        end = started if end is None else end  # closed loop: the input was there at the start
+        return NexRow(
+            run=self.name, epoch=epoch, interval_end_s=end - t0, started_s=started - t0,
+            finished_s=finished - t0, records=n, latency_s=finished - end,
+            duration_s=finished - started, outputs=len(out),
+            bins_moved=sum(int(m["bins_moved"]) for m in ms),
+            keys_moved=sum(int(m["keys_moved"]) for m in ms),
+            bytes_moved=sum(int(m["bytes_moved"]) for m in ms),
+            export_s=sum(phase_seconds(m, "export_s") for m in ms),
+            install_s=sum(phase_seconds(m, "install_s") for m in ms),
+            bins_done=sum(p.bins_done for p in progress),
+            bins_total=sum(p.bins_total for p in progress), **self._rss())
+
+    def _rss(self) -> dict[str, float]:
+        peak = self.bench.sampler.take_peak()
+        return {"rss_driver_mb": round(peak.driver, 1), "rss_jvm_mb": round(peak.jvm, 1),
+                "rss_workers_mb": round(peak.workers, 1), "load1": load_avg()}
+
+    def _loop(self, query: NexmarkQuery) -> None:
+        cfg = self.cfg
+        start_at = cfg.warmup + cfg.pre
+        # A rescale not done by then failed. The deadline policy moves a bin every 20 epochs
+        # (its max_behind) while the pipeline is behind its target: half the bins move.
+        limit = start_at + 21 * (cfg.bins // 2) + 20
+        with tqdm(desc=f"{self.query_name} {self.name}", unit="epoch", leave=False,
+                  disable=not cfg.progress) as bar:
+            clock = time.time()
+            for epoch in range(cfg.warmup):  # closed loop
+                self.rows.append(self._epoch(query, epoch, None, clock))
+                bar.update(1)
+            t0 = time.time() - cfg.warmup * cfg.interval
+            for row in self.rows:  # on the run's clock
+                for f in ("interval_end_s", "started_s", "finished_s"):
+                    setattr(row, f, getattr(row, f) + clock - t0)
+            epoch, done_at, threshold = cfg.warmup, None, math.nan
+            while True:
+                end = t0 + (epoch + 1) * cfg.interval
+                time.sleep(max(0.0, end - time.time()))
+                if epoch == start_at:
+                    threshold = steady_threshold([r.latency_s for r in self.rows
+                                                  if r.epoch >= cfg.warmup])
+                    self._rescale(query, time.time() - t0)
+                row = self._epoch(query, epoch, end, t0)
+                self.rows.append(row)
+                bar.update(1)
+                bar.set_postfix(latency=f"{row.latency_s:.2f}s", moved=row.bins_done)
+                epoch += 1
+                if done_at is None and self.handles and all(h.done for h in self.handles):
+                    for h in self.handles:
+                        h.wait(0)  # raises the plan's error, if it failed
+                    window = self.windows[0]
+                    window.end_s = row.finished_s
+                    window.keys_moved = sum(r.keys_moved for r in self.rows)
+                    window.bytes_moved = sum(r.bytes_moved for r in self.rows)
+                    done_at = epoch
+                if done_at is None and epoch >= limit:
+                    raise RuntimeError(f"{self.query_name} {self.name}: the rescale did not "
+                                       f"finish in {limit - start_at} epochs (an overloaded "
+                                       "machine? see the latencies in the progress bar)")
+                if done_at is not None and epoch >= done_at + cfg.cooldown and (
+                        row.latency_s <= threshold
+                        or epoch >= done_at + cfg.cooldown + cfg.drain_epochs):
+                    break
+
+    def _rescale(self, query: NexmarkQuery, at: float) -> None:
+        """Submit a plan to 4 workers for every stateful stage; they run side by side."""
+        for i in stateful_stages(query):
+            stage = query.stages[i]
+            plan = rescale(stage, workers=2 * self.cfg.workers, strategy=self.strategy,
+                           per_worker=self.cfg.per_worker, target_latency=self.target)
+            self.handles.append(stage.migrate(plan))
+            steps = "chosen live" if plan.adaptive else str(len(plan.steps))
+            self.notes.append(f"stage {i}: {len(plan.moves)} bins to move, steps {steps}")
+        self.windows.append(Window("scale-out", at, math.nan))
+
+    def _check(self, query: NexmarkQuery) -> str:
+        """The outputs against the batch SQL; raises :class:`CorrectnessError`."""
+        name = self.query_name
+        fed = len(self.rows) * self.cfg.per_epoch
+        want = sql.batch_rows(query, generate(self.cfg.nexmark, 0, fed))
+        got, expected = final(name, self.got), final(name, want)
+        if got != expected:
+            raise CorrectnessError(
+                f"{name} {self.name}: {sum(got.values())} rows, batch SQL "
+                f"{sum(expected.values())}; extra {sorted(got - expected)[:3]}, missing "
+                f"{sorted(expected - got)[:3]}")
+        late = sum(m["late_records"] for s in query.stages for m in s.metrics())
+        if late:
+            raise CorrectnessError(f"{name} {self.name}: {late} records dropped as late")
+        moved = sum(r.bins_moved for r in self.rows)
+        total = sum(h.progress.bins_total for h in self.handles)
+        if not moved or moved != total:
+            raise CorrectnessError(f"{name} {self.name}: moved {moved} of {total} bins")
+        return f"ok ({sum(expected.values())} rows = batch SQL)"
+
+
+def run_query(bench: Bench, query: str) -> list[RunResult]:
+    """Every selected run of ``query``, each written to its CSV."""
+    results = []
+    for name in bench.cfg.runs:
+        if name in NATIVE_RUNS:
+            if query in UNSUPPORTED:
+                continue
+            result = run_native(bench, query, name, NexRow)
+        else:
+            result = LiveRun(bench, query, name).run()
+        write_csv(bench.cfg.out / f"{query}-{name}.csv", result.rows)
+        results.append(result)
+        print(f"{query} {name:>18}: {result.check}", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None, spark=None) -> int:
+    """Command line entry; ``spark`` reuses an existing session (tests)."""
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = resolve(parser().parse_args(argv))
+    command = "python bench/nexmark.py " + " ".join(argv)
+    if spark is None:
+        from megaphone.spark import spark_session
+
+        spark = spark_session(cfg.master, "megaphone-nexmark",
+                              {"spark.driver.memory": cfg.driver_memory})
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    info = {"command": command, "machine": machine(), "load_start": os.getloadavg()[0],
+            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    sampler = RssSampler()
+    sampler.start()
+    bench = Bench(cfg, spark, sampler)
+    results: dict[str, list[RunResult]] = {}
+    started = time.time()
+    try:
+        for query in cfg.queries:
+            results[query] = run_query(bench, query)
+            write_outputs(cfg, results, info)
+    finally:
+        sampler.stop()
+        if not cfg.keep_state:  # the runs removed their state; remove what held it
+            for d in sorted(cfg.state_root.glob("**/"), reverse=True):
+                if d.is_dir() and not any(d.iterdir()):
+                    d.rmdir()
+    info["load_end"] = os.getloadavg()[0]
+    info["took_s"] = time.time() - started
+    print(write_outputs(cfg, results, info), flush=True)
+    print(f"NEXMark benchmark done in {time.time() - started:.0f} s; outputs in {cfg.out}")
+    return 0
+
+
+__all__ = ["BenchConfig", "CorrectnessError", "LiveRun", "deadline_target", "main", "resolve"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Smoke test of the NEXMark benchmark (``bench/nexmark.py``) at its tiniest: one query, one
+megaphone strategy and the native stop-repartition-restart, on the shared SparkSession.
+
+It checks that the CSVs, the plot and the summary are written and that both runs passed the
+benchmark's own correctness check (their outputs equal the batch SQL; the benchmark raises
+otherwise). No timing is asserted: the numbers of a smoke run on a shared machine mean nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def nexmark():
+    """The ``bench/nexmark.py`` module (bench/ is not a package)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield importlib.import_module("nexmark")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_every_output_and_passes_its_checks(spark, nexmark, tmp_path: Path):
+    out = tmp_path / "out"
+    runs = ("batched", "native-repartition")
+    assert nexmark.main(["--quick", "--queries", "q8", "--runs", ",".join(runs), "--pre", "1",
+                         "--cooldown", "1", "--drain-epochs", "0", "--out", str(out),
+                         "--no-progress"], spark=spark) == 0
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("# NEXMark through a live rescale (quick)")
+    assert "Command: `python bench/nexmark.py --quick --queries q8" in summary
+    assert "Machine: " in summary and "## Q8" in summary
+    data = json.loads((out / "summary.json").read_text())
+    stats = data["queries"]["q8"]
+    assert set(stats) == set(runs)
+    for run in runs:
+        assert f"| {run} |" in summary
+        assert stats[run]["check"].startswith("ok (") and "= batch SQL" in stats[run]["check"]
+        assert stats[run]["epochs_during"] > 0 and len(stats[run]["windows"]) == 1
+        with open(out / f"q8-{run}.csv", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        assert [int(r["epoch"]) for r in rows] == list(range(len(rows)))
+        assert {r["run"] for r in rows} == {run} and rows[0]["phase"] == "warmup"
+        assert sum(int(r["outputs"]) for r in rows) > 0, "the query emitted nothing to check"
+    with open(out / "q8-batched.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sum(int(r["bins_moved"]) for r in rows) == int(rows[-1]["bins_done"]) == \
+        int(rows[-1]["bins_total"]) == 2  # half of 4 bins, from 2 workers to 4
+    (pause,) = stats["native-repartition"]["phases"]
+    assert pause["partitions"] == 4 and pause["migrate_s"] > 0
+    assert "stop " in summary and "repartition " in summary
+    assert (out / "q8.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_settings_and_what_native_spark_cannot_express(nexmark) -> None:
+    quick = nexmark.resolve(nexmark.parser().parse_args(["--quick"]))
+    full = nexmark.resolve(nexmark.parser().parse_args([]))
+    assert quick.queries == full.queries == ("q3", "q4", "q5", "q7", "q8")
+    assert quick.runs == ("fluid", "batched", "deadline@2", "native", "native-repartition")
+    assert full.runs[2] == "deadline@4" and full.out.name == "nexmark-full"
+    assert quick.nexmark.events_per_second == quick.rate
+    assert quick.per_epoch * 10 < full.per_epoch * full.bins
+    assert nexmark.deadline_target("deadline@2.5") == 2.5
+    assert nexmark.deadline_target("deadline@x") is None
+    with pytest.raises(SystemExit, match="unknown"):
+        nexmark.resolve(nexmark.parser().parse_args(["--queries", "q6"]))
+    import nexmark_native
+
+    assert set(nexmark_native.QUERIES) == {"q3", "q5", "q7", "q8"}
+    assert set(nexmark_native.UNSUPPORTED) == {"q4"}
