@@ -45,3 +45,15 @@ def _stop_store_services():
     for pid in service_pids(_LOCAL_DIR):
         os.kill(pid, signal.SIGKILL)
     shutil.rmtree(_LOCAL_DIR, ignore_errors=True)
+
+
+@pytest.fixture
+def local(tmp_path):
+    """A store service of this test's own (its local directory); stopped at the end."""
+    from megaphone.state_backends.service_client import service_pid
+
+    directory = str(tmp_path / "local")
+    yield directory
+    pid = service_pid(directory)
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)

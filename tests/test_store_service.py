@@ -46,16 +46,6 @@ def counts(store, keys) -> list[int | None]:
     return [msgpack.unpackb(v) if v else None for v in store.read(raw(keys))]
 
 
-@pytest.fixture
-def local(tmp_path):
-    """A store service of this test's own; stopped at the end."""
-    directory = str(tmp_path / "local")
-    yield directory
-    pid = service_pid(directory)
-    if pid is not None:
-        os.kill(pid, signal.SIGKILL)
-
-
 @pytest.mark.parametrize("kind", ["memory", "rocksdb"])
 def test_commit_replay_and_rollback_of_a_worker_store(tmp_path, kind):
     with WorkerStore.open(kind, tmp_path / "w", "int64", BINS) as store:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import tempfile
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from megaphone.state_backends import (
 from megaphone.state_backends.bin_files import transfer_dir
 from megaphone.state_backends.durable import DurableCopy
 from megaphone.state_backends.encoding import bin_prefix, bins_of_raw
-from megaphone.state_backends.remote import RemoteStore, service_pid
+from megaphone.state_backends.remote import RemoteStore
 from megaphone.state_backends.timer_keys import MAX_TIME, MIN_TIME, timer_mask
 from megaphone.state_backends.worker_store import WorkerStore
 
@@ -302,16 +301,6 @@ def test_a_bin_shipped_as_a_file_carries_its_timers(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the service
-
-
-@pytest.fixture
-def local(tmp_path):
-    """A store service of this test's own; stopped at the end."""
-    directory = str(tmp_path / "local")
-    yield directory
-    pid = service_pid(directory)
-    if pid is not None:
-        os.kill(pid, signal.SIGKILL)
 
 
 def test_due_timers_through_the_store_service(tmp_path, local):
