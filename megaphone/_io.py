@@ -63,3 +63,26 @@ def read_json(path: str | os.PathLike[str], what: str) -> Any:
         raise ValueError(f"{what} not found: {path}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{what} at {path} is corrupt or unreadable: {exc}") from None
+
+
+class ChunkedLog:
+    """An append-only JSON-lines log kept in two chunks: a full ``current`` file (``chunk``
+    lines) first replaces ``old``, so disk holds one or two chunks however long it runs."""
+
+    def __init__(self, current: Path, old: Path, chunk: int) -> None:
+        self.current, self.old, self.chunk = current, old, chunk
+        self._lines: int | None = None  # lines in ``current`` (counted once)
+
+    def append(self, line: str) -> None:
+        """Append one line (without its newline)."""
+        if self._lines is None:
+            self._lines = 0
+            if self.current.exists():
+                with open(self.current, "rb") as fh:
+                    self._lines = sum(1 for _ in fh)
+        if self._lines >= self.chunk:
+            os.replace(self.current, self.old)
+            self._lines = 0
+        with open(self.current, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+        self._lines += 1

@@ -19,7 +19,6 @@ With a checkpoint location, everything but ``workers/`` is also kept there, writ
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -33,7 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from megaphone._io import atomic_write_bytes, atomic_write_json, read_json
+from megaphone._io import ChunkedLog, atomic_write_bytes, atomic_write_json, read_json
 from megaphone.errors import MegaphoneError
 from megaphone.migrator.commit import Commit
 from megaphone.migrator.driver_copy import DriverCopy, DriverCopyError
@@ -57,13 +56,6 @@ class StateDirLocked(MegaphoneError, ValueError):
 METRICS_CHUNK = 250
 
 
-def _count_lines(path: Path) -> int:
-    """Lines in ``path`` (0 when it does not exist)."""
-    with contextlib.suppress(FileNotFoundError), open(path, "rb") as fh:
-        return sum(1 for _ in fh)
-    return 0
-
-
 class StateDir:
     """A pipeline's state directory: paths, manifest checks and metadata reads and writes."""
 
@@ -73,7 +65,8 @@ class StateDir:
         self.manifest = manifest
         self.fingerprint = Fingerprint.from_dict(manifest["fingerprint"])
         self._lock_file: Any = None
-        self._metrics_lines: int | None = None  # lines in metrics.jsonl (counted once)
+        self._metrics_log = ChunkedLog(self.paths.metrics, self.paths.metrics_old,
+                                       METRICS_CHUNK)
 
     @cached_property
     def traces(self) -> TraceLog:
@@ -336,14 +329,7 @@ class StateDir:
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Append one epoch's metrics as a JSON line. A full file (:data:`METRICS_CHUNK`
         lines) first replaces ``metrics.old.jsonl``: disk keeps one or two chunks of epochs."""
-        if self._metrics_lines is None:
-            self._metrics_lines = _count_lines(self.paths.metrics)
-        if self._metrics_lines >= METRICS_CHUNK:
-            os.replace(self.paths.metrics, self.paths.metrics_old)
-            self._metrics_lines = 0
-        with open(self.paths.metrics, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._metrics_lines += 1
+        self._metrics_log.append(json.dumps(record, separators=(",", ":")))
         if self.durable is not None:
             self.durable.add_metrics(record)
 

@@ -32,6 +32,7 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from megaphone._io import ChunkedLog
 from megaphone.records import EpochMetrics, WorkerMetrics
 from megaphone.snailtrail import Activity, Dependency, EpochTrace
 
@@ -155,20 +156,11 @@ class TraceLog:
 
     def __init__(self, current: Path, old: Path) -> None:
         self.current, self.old = current, old
-        self._lines: int | None = None
+        self._log = ChunkedLog(current, old, TRACE_CHUNK)
 
     def append(self, trace: EpochTrace) -> None:
         """Store one epoch's trace."""
-        if self._lines is None:
-            self._lines = 0
-            with contextlib.suppress(FileNotFoundError), open(self.current, "rb") as fh:
-                self._lines = sum(1 for _ in fh)
-        if self._lines >= TRACE_CHUNK:
-            os.replace(self.current, self.old)
-            self._lines = 0
-        with open(self.current, "a", encoding="utf-8") as fh:
-            fh.write(trace.to_json() + "\n")
-        self._lines += 1
+        self._log.append(trace.to_json())
 
     def read(self) -> list[EpochTrace]:
         """Every stored trace, oldest first; torn or malformed lines are skipped, and of an
