@@ -4,7 +4,9 @@ The public API: :func:`bin_of` and :func:`bin_column` (keys to bins, in Python a
 JVM), :class:`RoutingTable`, :class:`MigrationPlan`, :class:`Pipeline`, :func:`rescale` and
 :func:`migrate`; event-time operators to give a pipeline as its ``update``
 (:class:`WindowAggregate`, :class:`Join` with :func:`join_input`, or your own
-:class:`ProcessFunction`) and :class:`Chain` to run pipelines one after the other; the errors
+:class:`ProcessFunction`), a :class:`Combiner` (an update whose hot keys can be split across
+workers, with :class:`ShareThreshold` and :class:`HotSplit` to decide when) and :class:`Chain` to
+run pipelines one after the other; the errors
 :class:`PlanError` (a plan that cannot be applied) and :class:`UpdateError` (an update
 function that failed on a key).
 """
@@ -16,7 +18,15 @@ from megaphone.migrator.join_input import join_input
 from megaphone.migrator.pipeline import Pipeline
 from megaphone.migrator.plan_queue import MigrationHandle
 from megaphone.migrator.updates import UpdateError
-from megaphone.operators import Context, Join, ProcessFunction, WindowAggregate, duration_us
+from megaphone.operators import (
+    Combiner,
+    Context,
+    Join,
+    ProcessFunction,
+    WindowAggregate,
+    duration_us,
+)
+from megaphone.plans.hot_keys import HotSplit, ShareThreshold
 from megaphone.plans.plan import MigrationPlan, PlanError, PlanStep
 from megaphone.routing.bins import bin_column, bin_of
 from megaphone.routing.fingerprint import Fingerprint
@@ -24,8 +34,10 @@ from megaphone.routing.table import Move, RoutingTable
 
 __all__ = [
     "Chain",
+    "Combiner",
     "Context",
     "Fingerprint",
+    "HotSplit",
     "Join",
     "MigrationHandle",
     "MigrationPlan",
@@ -35,6 +47,7 @@ __all__ = [
     "PlanStep",
     "ProcessFunction",
     "RoutingTable",
+    "ShareThreshold",
     "UpdateError",
     "WindowAggregate",
     "__version__",

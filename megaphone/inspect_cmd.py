@@ -1,4 +1,5 @@
-"""Show a pipeline's state directory: workers, bins, keys and bytes per worker, skew, plans.
+"""Show a pipeline's state directory: workers, bins, keys and bytes per worker, skew, plans,
+and its hot keys (the committed heavy-hitter summary, when hot keys are watched).
 
 Read-only: the state backends are opened read-only and no file under the directory changes,
 so it is safe to run next to a running pipeline.
@@ -76,7 +77,18 @@ def describe(state_dir: str) -> dict[str, Any]:
         "state_version": commit.state_version,
         "pending_drops": len(commit.pending_drops),
         "plans_in_flight": in_flight,
+        "hot_keys": hot_keys(commit.hot),
     }
+
+
+def hot_keys(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The committed hot-key summary as rows: key, records per epoch (smoothed), its error
+    bound and its share of the records (a lower bound)."""
+    from megaphone.plans.hot_keys import HeavyHitters
+
+    hot = HeavyHitters.from_json(summary)
+    return [{"key": k, "records": round(c, 1), "error": round(e, 1),
+             "share": round(hot.share(k), 4)} for k, c, e in hot.counters]
 
 
 def render(info: dict[str, Any]) -> str:
@@ -118,6 +130,11 @@ def render(info: dict[str, Any]) -> str:
     s = info["skew"]
     lines.append(f"skew (max/mean): bins {s['bins']:.2f}, keys {s['keys']:.2f}, "
                  f"bytes {s['bytes']:.2f}")
+    if info["hot_keys"]:
+        lines.append("")
+        lines += table(["hot key", "records/epoch", "error", "share >="],
+                       [[repr(h["key"]), h["records"], h["error"], f"{h['share']:.1%}"]
+                        for h in info["hot_keys"][:8]])
     return "\n".join(lines)
 
 

@@ -95,6 +95,13 @@ class WorkerMetrics(_Record):
     marks: dict[str, float] | None = None
     #: An exporter's ``[bin, start, end]`` per bin it shipped (wall clock), for the trace.
     export_spans: list[list[float]] | None = None
+    #: The worker's heaviest keys of the epoch (a bounded summary:
+    #: :class:`~megaphone.plans.hot_keys.HeavyHitters` as JSON), when hot keys are watched.
+    hot: dict[str, Any] | None = None
+    #: Records of split hot keys that lessees folded into partials for this worker (part of
+    #: ``records_in``), and the keys they were of.
+    split_records: int | None = None
+    split_keys: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,6 +170,11 @@ class EpochMetrics(_Record):
     phases_s: dict[str, float] = field(default_factory=dict)
     #: Records (or window contributions) event-time operators dropped as late.
     late_records: int = 0
+    #: Records of split hot keys, folded by lessees and consolidated at their owners.
+    split_records: int = 0
+    #: The epoch's heaviest keys, ``[key, count, error]`` (workers' summaries merged), when
+    #: hot keys are watched; the keys split in it are those with ``split_records``.
+    hot_keys: list[list[Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -151,6 +151,13 @@ SPARK_PHASES = [p for p in Phase if p != Phase.shrink or os.environ.get(
 @settings(phases=SPARK_PHASES)
 @given(scenarios())
 def test_outputs_and_state_equal_a_run_without_migration(spark, scenario):
+    run_scenario(spark, scenario)
+
+
+def run_scenario(spark, scenario, custom=custom_update, prepare=None):
+    """Run ``scenario`` and check every epoch's outputs and the final state against
+    :func:`reference`; ``custom`` is the update run for ``"custom"`` (one that behaves as
+    :func:`custom_update`), ``prepare(pipe)`` is called before the first epoch."""
     update = scenario["update"]
     key_type = scenario["key_type"]
     value_type = "double" if scenario["value_kind"] == "float" else "long"
@@ -159,10 +166,12 @@ def test_outputs_and_state_equal_a_run_without_migration(spark, scenario):
         pipe = Pipeline(
             spark, state_dir, key="k",
             value=None if update == "count" and not scenario["count_value"] else "v",
-            update=custom_update if update == "custom" else update, workers=scenario["workers"],
+            update=custom if update == "custom" else update, workers=scenario["workers"],
             num_bins=NUM_BINS, backend=scenario["backend"], key_type=key_type,
             pipeline_id=uuid.uuid4().hex, output_type="bigint", transfer=scenario["transfer"],
         )
+        if prepare is not None:
+            prepare(pipe)
         expected_outputs, expected_state = reference(update, scenario["batches"])
         handles = []
         last = sum(len(submitted) for submitted in scenario["plans"])

@@ -9,9 +9,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from megaphone.migrator import columns as C
 from megaphone.migrator.epoch_spec import EpochSpec, shuffle_schema
 from megaphone.migrator.spark_job import split_results
 from megaphone.migrator.statedir import MANIFEST_FORMAT
+from megaphone.migrator.transfer import rows
 from megaphone.migrator.updates import make_update
 from megaphone.migrator.worker import apply_worker, export_worker
 from megaphone.paths import StateDirPaths
@@ -33,10 +35,8 @@ def records(keys, worker) -> pa.RecordBatch:
     """Records of ``keys`` (None: the null key) routed to ``worker``."""
     keys = pa.array([None if k is None else int(k) for k in keys], pa.int64())
     n = len(keys)
-    return pa.RecordBatch.from_arrays(
-        [pa.array([worker] * n, pa.int32()), pa.array(bin_of(keys, BINS), pa.int32()),
-         keys, pa.nulls(n, pa.binary()), pa.nulls(n, pa.binary()),
-         pa.nulls(n, pa.binary()), pa.nulls(n, pa.string())], schema=SCHEMA)
+    return rows(SCHEMA, n, {C.WORKER: pa.array([worker] * n, pa.int32()),
+                            C.BIN: pa.array(bin_of(keys, BINS), pa.int32()), C.KEY: keys})
 
 
 def run(s: EpochSpec, worker: int, batches) -> tuple[dict, dict]:

@@ -2,7 +2,8 @@
 
 A shuffle row is a record (:data:`KEY`, :data:`VALUE`, :data:`EVENT_TIME`), a key of moving
 state (:data:`STATE_KEY`, :data:`STATE_VALUE`), a part of a moving bin's file
-(:data:`STATE_FILE`, :data:`STATE_VALUE`) or an exporter's report (:data:`EXPORT_REPORT`),
+(:data:`STATE_FILE`, :data:`STATE_VALUE`), a hot key's partial (:data:`PARTIAL`) or an
+exporter's report (:data:`EXPORT_REPORT`),
 bound for worker :data:`WORKER`. A task's results are its outputs, then rows of reports
 (:data:`REPORT`) with the records it applied per bin (:data:`LOAD_BINS`, :data:`LOAD_COUNTS`).
 """
@@ -24,6 +25,8 @@ STATE_VALUE = "_sv"
 #: A part of a moving bin's file: its descriptor (msgpack; the part's bytes are in
 #: :data:`STATE_VALUE`).
 STATE_FILE = "_sf"
+#: A split key's partial from a lessee (msgpack ``[records, partial]``; null on records).
+PARTIAL = "_hp"
 #: An exporter's JSON report, riding the shuffle to the worker that gets its first bin.
 EXPORT_REPORT = "_em"
 #: A task's JSON reports in its results (null on output rows).

@@ -17,7 +17,10 @@ class Commit:
     ``tokens`` name, per worker, the attempt at the epoch whose results the driver took (a
     worker's copy of the epoch from any other attempt, on any host, is not this commit's state);
     ``seq`` counts the records written (the driver's durable copy names its files by it);
-    ``max_event_time``: the largest event time (us) committed, whence the next watermark.
+    ``max_event_time``: the largest event time (us) committed, whence the next watermark;
+    ``hot``: the heaviest keys of the committed epochs, smoothed (a bounded
+    :class:`~megaphone.plans.hot_keys.HeavyHitters` as JSON; empty unless hot keys are
+    watched), whence the next epoch's split: a re-run of an epoch splits alike.
     """
 
     epoch: int = -1
@@ -28,6 +31,7 @@ class Commit:
     tokens: dict[str, str] = field(default_factory=dict)
     seq: int = 0
     max_event_time: int | None = None
+    hot: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any) -> Commit:
@@ -43,6 +47,8 @@ class Commit:
                 isinstance(w, str) and w.isdigit() and isinstance(t, str)
                 for w, t in commit.tokens.items()):
             raise ValueError("commit.json is malformed: tokens must map workers to strings")
+        if not isinstance(commit.hot, dict):
+            raise ValueError("commit.json is malformed: hot must be an object")
         return commit
 
     def worker_tokens(self) -> dict[int, str]:

@@ -29,7 +29,9 @@ class EpochSpec:
     ``transfer``: how moving bins travel (:data:`~megaphone.state_backends.bin_files.
     TRANSFER_MODES`); for an event-time operator, ``watermark`` (microseconds, ``None``
     before any event time) and ``owned``: worker -> the bins it owns at this epoch, whose
-    timers it fires.
+    timers it fires. Hot keys (docs/hot-keys.md): ``split_keys`` run in dual mode (folded
+    by ``lessees`` tasks, ``None``: the input's partitions), and each worker reports its
+    ``sketch_capacity`` heaviest keys (0: none).
     """
 
     epoch: int
@@ -56,6 +58,9 @@ class EpochSpec:
     committed_tokens: dict[int, str] = field(default_factory=dict)
     watermark: int | None = None
     owned: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    split_keys: tuple = ()
+    lessees: int | None = None
+    sketch_capacity: int = 0
 
     def required_epoch(self, worker: int) -> int | None:
         """The epoch ``worker``'s state must be at before this epoch (the last commit) when it
@@ -81,5 +86,6 @@ def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_
     if event_time:
         fields.append(pa.field(C.EVENT_TIME, pa.int64()))
     fields += [pa.field(C.STATE_KEY, pa.binary()), pa.field(C.STATE_VALUE, pa.binary()),
-               pa.field(C.STATE_FILE, pa.binary()), pa.field(C.EXPORT_REPORT, pa.string())]
+               pa.field(C.STATE_FILE, pa.binary()), pa.field(C.PARTIAL, pa.binary()),
+               pa.field(C.EXPORT_REPORT, pa.string())]
     return pa.schema(fields)

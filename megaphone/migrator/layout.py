@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megaphone.migrator.commit import Commit
+from megaphone.plans.hot_keys import HeavyHitters
 from megaphone.records import WorkerMetrics
 from megaphone.routing.table import Move, RoutingTable
 
@@ -76,7 +77,8 @@ def commit_record(layout: EpochLayout, stream: dict[str, Any], plans: list[dict[
                   per_worker: Mapping[int, WorkerMetrics], before: Commit) -> Commit:
     """The driver's commit record of the epoch: its routing version, the bins its old owners
     drop next, the stream's position, the plans in flight, each worker's attempt token, and
-    the largest event time so far (``before``'s, or a larger one the workers saw)."""
+    the largest event time so far (``before``'s, or a larger one the workers saw), and the
+    hot keys so far (:func:`hot_summary`)."""
     times = [m.max_event_time for m in per_worker.values() if m.max_event_time is not None]
     if before.max_event_time is not None:
         times.append(before.max_event_time)
@@ -84,4 +86,16 @@ def commit_record(layout: EpochLayout, stream: dict[str, Any], plans: list[dict[
                   pending_drops=[[m.bin, m.src] for m in layout.moves], stream=stream,
                   plans=plans, tokens={str(w): m.token for w, m in per_worker.items()
                                        if m.token},
-                  max_event_time=max(times) if times else None)
+                  max_event_time=max(times) if times else None,
+                  hot=hot_summary(before.hot, per_worker))
+
+
+def hot_summary(before: dict[str, Any], per_worker: Mapping[int, WorkerMetrics]
+                ) -> dict[str, Any]:
+    """The committed hot-key summary after an epoch: ``before``'s moved toward the workers'
+    summaries of the epoch (merged), or ``before`` unchanged if no worker reported one."""
+    sketches = [HeavyHitters.from_json(m.hot) for m in per_worker.values() if m.hot]
+    if not sketches:
+        return before
+    epoch = HeavyHitters.merge(sketches)
+    return (HeavyHitters.from_json(before).smoothed(epoch) if before else epoch).to_json()

@@ -19,6 +19,7 @@ from megaphone.migrator.commit import Commit
 from megaphone.migrator.epoch import Admission, EpochHost, EpochRun
 from megaphone.migrator.epoch_spec import EpochSpec, shuffle_schema
 from megaphone.migrator.layout import EpochLayout, task_fields
+from megaphone.migrator.pipeline_hot import HotKeys
 from megaphone.migrator.plan_queue import PlanQueue
 from megaphone.migrator.schemas import PipelineSchema, arrow_type
 from megaphone.migrator.spark_job import MapSides
@@ -28,7 +29,7 @@ from megaphone.operators.process import watermark
 from megaphone.records import EpochMetrics
 
 
-class PipelineEpochs:
+class PipelineEpochs(HotKeys):
     """The epochs of a pipeline: a base of :class:`~megaphone.migrator.pipeline.Pipeline`,
     which holds the attributes declared here and provides the rest an epoch needs (its state
     directory, routing and plans: ``state_dir``, ``fingerprint``, ``routing``, ``epoch``,
@@ -54,6 +55,7 @@ class PipelineEpochs:
     _commit: Commit
     _uncommitted: bool
     _run_id: str
+    _task_slots: int | None
 
     def _update_for(self, value_type: T.DataType | None) -> Update:
         """The update, its value kind from ``value_type`` (a batch's) or from the manifest
@@ -189,4 +191,5 @@ class PipelineEpochs:
             checkpoint=self._settings["checkpoint"],
             snapshot_every=self._settings["snapshot_every"],
             **timers,
+            **self._hot_fields(update, layout, self._task_slots or 1),
         )

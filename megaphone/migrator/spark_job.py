@@ -26,8 +26,10 @@ from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
 from megaphone.migrator import columns as C
 from megaphone.migrator.epoch_spec import EpochSpec
+from megaphone.migrator.hot_split import fold_partials
 from megaphone.migrator.layout import EpochLayout
 from megaphone.migrator.worker import apply_worker, export_worker, result_schema
+from megaphone.plans.hot_keys import HeavyHitters
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column
 
@@ -106,16 +108,33 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: Ep
     shuffle = spec.shuffle_schema
     assert shuffle is not None
     routed = batch.select(*map_side.select)
+    spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
+                                  for f in shuffle])
+    if spec.split_keys:
+        routed = split_hot(routed, spec, spark_shuffle)
     senders = sorted(spec.outgoing)
     if senders:
-        spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
-                                      for f in shuffle])
         exports = spark.range(0, len(senders), 1, len(senders)).mapInArrow(
             functools.partial(_export_task, spec, senders), spark_shuffle)
         routed = routed.unionByName(exports)
     results = from_arrow_schema(result_schema(spec.output_schema))
     return routed.repartitionById(partitions, map_side.worker).mapInArrow(
         functools.partial(_apply_task, spec), results)
+
+
+def split_hot(routed: DataFrame, spec: EpochSpec, schema: T.StructType) -> DataFrame:
+    """Dual mode (docs/hot-keys.md): the records of ``spec.split_keys`` go to lessee tasks --
+    the input's partitions, or ``spec.lessees`` tasks they are spread over round-robin --
+    which fold them into one partial row per key and task
+    (:func:`~megaphone.migrator.hot_split.fold_partials`), shuffled to the key's owner with
+    the other records. The null key is never split (``isin`` is null for it: kept cold)."""
+    hot = F.col(C.KEY).isin(list(spec.split_keys))
+    cold = routed.filter(~F.coalesce(hot, F.lit(False)))
+    lessees = routed.filter(hot)
+    if spec.lessees is not None:
+        lessees = lessees.repartition(spec.lessees)
+    partials = lessees.mapInArrow(functools.partial(_fold_task, spec), schema)
+    return cold.unionByName(partials)
 
 
 # The tasks' functions are module-level and bound with ``functools.partial``: Spark pickles
@@ -127,6 +146,11 @@ def _export_task(spec: EpochSpec, senders: list[int], batches: Iterator[pa.Recor
     for batch in batches:
         for i in batch.column("id").to_pylist():
             yield from export_worker(spec, senders[i], spec.shuffle_schema)
+
+
+def _fold_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A lessee task: its records of the split keys folded into partial rows."""
+    yield from fold_partials(spec, batches)
 
 
 def _apply_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -211,4 +235,8 @@ def epoch_metrics(layout: EpochLayout, started: float, finished: float,
     record.null_keys = int(record.total("null_keys"))
     record.late_records = int(record.total("late_records"))
     record.keys_moved = int(record.total("keys_in"))
+    record.split_records = int(record.total("split_records"))
+    sketches = [HeavyHitters.from_json(m.hot) for m in per_worker.values() if m.hot]
+    if sketches:
+        record.hot_keys = [list(c) for c in HeavyHitters.merge(sketches).counters]
     return EpochReport(record, bytes_by_bin)

@@ -28,12 +28,18 @@ import pyarrow.compute as pc
 from megaphone.migrator import columns as C
 from megaphone.migrator.epoch_spec import EpochSpec
 from megaphone.migrator.faults import crash_point
+from megaphone.migrator.hot_split import (
+    Partials,
+    builtin_partials,
+    custom_with_partials,
+    sketch,
+    take_partials,
+)
 from megaphone.migrator.process_step import apply_process
 from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.transfer import Arrivals, export_rows, rows
 from megaphone.migrator.updates import (
     apply_builtin,
-    apply_custom,
     custom_outputs,
     group_values,
     partial_aggregates,
@@ -61,9 +67,11 @@ def result_schema(output_schema: pa.Schema) -> pa.Schema:
                       pa.field(C.LOAD_BINS, _BINS), pa.field(C.LOAD_COUNTS, _BINS)])
 
 
-def bin_counts(bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The bins that had records among ``bins`` (the bin of each record) and how many each."""
-    counts = np.bincount(bins)
+def bin_counts(bins: np.ndarray, weights: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The bins that had records among ``bins`` (the bin of each record, or of each partial
+    row standing for ``weights`` records) and how many each."""
+    counts = np.bincount(bins, weights=weights).astype(np.int64)
     hot = np.flatnonzero(counts)
     return hot.astype(np.int32), counts[hot].astype(np.int32)
 
@@ -204,21 +212,26 @@ def apply_worker(
         t0 = time.perf_counter()
         records = arrivals.records
         table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
+        if spec.has_event_time and table.num_rows:  # partial rows carry their records' latest
+            metrics.max_event_time = pc.max(table.column(C.EVENT_TIME)).as_py()
+        table, partials = take_partials(table)  # hot keys' partials from lessees, if any
         null_keys = table.column(C.KEY).null_count
         if null_keys:  # a key of its own, applied like any (bin 0); counted to stay visible
             metrics.null_keys = null_keys
-        metrics.records_in = table.num_rows
-        if table.num_rows:
-            load = bin_counts(table.column(C.BIN).to_numpy())
-        if spec.has_event_time and table.num_rows:
-            metrics.max_event_time = pc.max(table.column(C.EVENT_TIME)).as_py()
+        metrics.records_in = table.num_rows + (partials.total if partials else 0)
+        if metrics.records_in:
+            load = _load(table, partials)
+        if partials is not None:
+            metrics.split_records, metrics.split_keys = partials.total, len(partials.by_key())
+        if spec.sketch_capacity:
+            metrics.hot = sketch(table, partials, spec.sketch_capacity)
         if spec.update.is_process:  # an event-time operator: its due timers, then records
             step = apply_process(spec, store, table, worker)
             outputs, keys, values, old = step.outputs, step.keys, step.values, step.old
             metrics.late_records = step.late
             metrics.timers_fired = step.fired
         else:
-            outputs, keys, values, old = _apply_records(spec, store, table, worker)
+            outputs, keys, values, old = _apply_records(spec, store, table, worker, partials)
         metrics.apply_s = time.perf_counter() - t0
         marks["applied"] = time.time()
         crash_point("apply", spec.epoch, spec.local_dir)
@@ -255,7 +268,17 @@ def _report_rows(schema: pa.Schema, reports: list[str],
     return rows(schema, len(reports), columns)
 
 
-def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int
+def _load(table: pa.Table, partials: Partials | None) -> tuple[np.ndarray, np.ndarray]:
+    """The records applied per bin: the records', and those the partial rows stand for."""
+    bins = table.column(C.BIN).to_numpy()
+    if partials is None:
+        return bin_counts(bins)
+    return bin_counts(np.concatenate([bins, np.asarray(partials.bins, np.int32)]),
+                      np.concatenate([np.ones(len(bins)), np.asarray(partials.records, float)]))
+
+
+def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int,
+                   partials: Partials | None = None
                    ) -> tuple[pa.Table, list[bytes], list[bytes | None], list[bytes | None]]:
     """One epoch's records applied to the current state: ``(outputs, keys, new, old)``.
 
@@ -264,18 +287,24 @@ def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker:
     row (a null aggregate, as in Spark) but nothing to commit: it is left out of the lists.
     A general ``f`` that fails on a key raises
     :class:`~megaphone.migrator.updates.UpdateError` naming the key, the epoch and ``worker``:
-    the task fails and nothing of the epoch is committed.
+    the task fails and nothing of the epoch is committed. Split keys come as ``partials``
+    (:mod:`~megaphone.migrator.hot_split`), consolidated here into what their records give.
     """
     update = spec.update
     schema = spec.output_schema
-    if table.num_rows == 0:
+    if table.num_rows == 0 and partials is None:
         return schema.empty_table(), [], [], []
     if C.VALUE not in table.column_names:
         table = table.append_column(C.VALUE, pa.nulls(table.num_rows))
     grouped = partial_aggregates(update, table) if update.is_builtin else group_values(table)
+    if partials is not None and update.is_builtin:
+        grouped = pa.concat_tables([grouped, builtin_partials(update, partials, grouped)])
     bins = grouped.column(C.BIN).to_numpy()
     keys = grouped.column(C.KEY)
     raw_keys = encode_keys(bins, keys, spec.key_type)  # Arrow: a null key stays null
+    if partials is not None and not update.is_builtin:  # the split keys' states after
+        split = partials.by_key()
+        raw_keys += encode_keys([b for b, _ in split.values()], list(split), spec.key_type)
     old = store.read(raw_keys)
     if update.is_builtin:
         new_raw, new_values = apply_builtin(update, grouped, old, spec.epoch, worker)
@@ -285,7 +314,8 @@ def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker:
             kept = np.flatnonzero(new_values.is_valid().to_numpy(zero_copy_only=False))
             raw_keys, new_raw, old = ([seq[i] for i in kept] for seq in (raw_keys, new_raw, old))
     else:
-        new_raw, out_keys, out_values = apply_custom(update, grouped, old, spec.epoch, worker)
+        new_raw, out_keys, out_values = custom_with_partials(update, grouped, partials, old,
+                                                             spec.epoch, worker)
         outputs = custom_outputs(out_keys, out_values, schema, spec.epoch, worker)
     return outputs, list(raw_keys), list(new_raw), list(old)
 

@@ -1,0 +1,149 @@
+"""Dual mode with Spark: splitting hot keys changes where the work runs, never the results.
+
+Property: with random plans (migrations, adaptive policies), every update kind that can be
+split, and a split policy that picks random keys (one of them made hot) and a random number of
+lessees at every epoch, outputs and final state equal the plain Python reference of
+:mod:`tests.test_equivalence`. An epoch that fails after some workers committed it runs again
+under another split with the same results; updates that cannot be split are refused.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark import cloudpickle
+
+from megaphone import Combiner, HotSplit, Pipeline, UpdateError
+from megaphone.plans.hot_keys import HotKeyView
+from tests.test_equivalence import SPARK_PHASES, reference, run_scenario, scenarios
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class Squares(Combiner):
+    """Running count and sum of squares, emits the count: ``custom_update`` as a combiner."""
+
+    def fold(self, key, values):
+        return [len(values), sum(v * v for v in values)]
+
+    def combine(self, a, b):
+        return [a[0] + b[0], a[1] + b[1]]
+
+    def outputs(self, key, state):
+        return [state[0] * 1000 + state[1] % 1000]
+
+
+def random_split(keys: list, seed: int):
+    """A split policy choosing a random subset of ``keys`` and of lessees at each epoch."""
+    rng = random.Random(seed)
+
+    def policy(view: HotKeyView) -> HotSplit:
+        assert view.splittable
+        chosen = tuple(k for k in keys if rng.random() < 0.6)
+        return HotSplit(chosen, rng.choice([None, 1, 2, 3]))
+
+    return policy
+
+
+def with_hot_key(scenario: dict, seed: int) -> dict:
+    """The scenario with one key made hot: as many extra records of it as each batch has."""
+    rng = random.Random(seed)
+    keys = sorted({k for b in scenario["batches"] for k, _ in b if k is not None}, key=repr)
+    values = [v for b in scenario["batches"] for _, v in b]
+    if not keys or not values:
+        return scenario
+    hot = rng.choice(keys)
+    batches = []
+    for batch in scenario["batches"]:
+        batch = batch + [(hot, rng.choice(values)) for _ in range(len(batch) + 4)]
+        rng.shuffle(batch)
+        batches.append(batch)
+    return {**scenario, "batches": batches}
+
+
+@settings(max_examples=3, phases=SPARK_PHASES)
+@given(scenarios(), st.integers(0, 2**16))
+def test_split_outputs_and_state_equal_a_run_without_migration(spark, scenario, seed):
+    scenario = with_hot_key(scenario, seed)
+    keys = sorted({k for b in scenario["batches"] for k, _ in b if k is not None}, key=repr)
+    run_scenario(spark, scenario, custom=Squares(),
+                 prepare=lambda pipe: pipe.split_hot_keys(random_split(keys, seed)))
+
+
+class FailsOnce(Squares):
+    """Squares whose ``outputs`` raises once for key 7 past 30 records (in epoch 1; a marker
+    file remembers it did)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def outputs(self, key, state):
+        if key == 7 and state[0] > 30 and not Path(self.marker).exists():
+            Path(self.marker).touch()
+            raise RuntimeError("injected failure")
+        return super().outputs(key, state)
+
+
+def test_an_epoch_that_failed_midway_reruns_under_another_split_alike(spark, tmp_path):
+    """Epoch 1 fails at key 7's owner after the other worker may have committed it; its rerun
+    splits other keys, and outputs and state are still the reference's."""
+    batches = [[(k % 5, k) for k in range(40)] + [(7, 1)] * 30,
+               [(7, k) for k in range(50)] + [(k, k) for k in range(10)],
+               [(3, 2)] * 20 + [(7, 3)]]
+    expected, state = reference("custom", batches)
+    splits = iter([(7,), (7, 3), (3,), (3,)])
+
+    def policy(view: HotKeyView) -> HotSplit:
+        return HotSplit(next(splits, ()), 2)
+
+    pipe = Pipeline(spark, str(tmp_path / "p"), key="k", value="v",
+                    update=FailsOnce(str(tmp_path / "failed")), workers=2, num_bins=16,
+                    backend="memory", key_type="int64", pipeline_id=uuid.uuid4().hex,
+                    output_type="bigint")
+    pipe.split_hot_keys(policy)
+    frame = "k long, v long"
+    out = pipe.process(spark.createDataFrame(batches[0], frame)).collect()
+    assert dict(map(tuple, out)) == expected[0]
+    with pytest.raises(UpdateError, match="injected failure"):
+        pipe.process(spark.createDataFrame(batches[1], frame))
+    assert pipe.epoch == 0
+    for batch, want in zip(batches[1:], expected[1:], strict=True):
+        out = pipe.process(spark.createDataFrame(batch, frame)).collect()
+        assert dict(map(tuple, out)) == want
+    assert {r[0]: msgpack.unpackb(r[1]) for r in pipe.state().collect()} == state
+    last = pipe.metrics()[-1]
+    assert last["split_records"] == 20  # key 3's records were folded by lessees
+    assert pipe.hot_keys().counters[0][0] in (3, 7)
+    pipe.close()
+
+
+def test_updates_that_may_depend_on_order_are_refused(spark):
+    def f(key, values, state):
+        return state, []
+
+    with tempfile.TemporaryDirectory() as d:
+        pipe = Pipeline(spark, d, key="k", value="v", update=f, workers=2, num_bins=16,
+                        backend="memory", key_type="int64")
+        with pytest.raises(ValueError, match="cannot split the hot keys"):
+            pipe.split_hot_keys()
+        pipe.watch_hot_keys(capacity=4)  # detection only: sequential mode
+        pipe.process(spark.createDataFrame([(1, 1)] * 5 + [(2, 2)], "k long, v long"))
+        assert pipe.metrics()[-1]["hot_keys"][0][:2] == [1, 5.0]
+        assert pipe.metrics()[-1]["split_records"] == 0
+        pipe.close()
+    with tempfile.TemporaryDirectory() as d:
+        pipe = Pipeline(spark, d, key="k", update="count", workers=2, num_bins=16,
+                        backend="memory", key_type="int64")
+        pipe.split_hot_keys(lambda view: HotSplit(("a",)))  # a str key for int64 keys
+        with pytest.raises(ValueError, match="must be a int"):
+            pipe.process(spark.createDataFrame([(1,)], "k long"))
+        assert pipe.epoch == -1  # nothing ran
+        pipe.close()
