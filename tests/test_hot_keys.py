@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from megaphone.migrator import columns as C
 from megaphone.migrator.epoch_spec import EpochSpec, shuffle_schema
-from megaphone.migrator.hot_split import fold_partials
+from megaphone.migrator.hot_split import fold_partials, pass_and_fold, take_partials
 from megaphone.migrator.spark_job import split_results
 from megaphone.migrator.transfer import rows
 from megaphone.migrator.updates import UpdateError, make_update
@@ -157,6 +157,20 @@ def test_partials_from_lessees_consolidate_to_the_unsplit_result(tmp_path, kind,
     assert split[3] == plain[3]  # records per bin
     assert split[2].hot == plain[2].hot
     assert split[2].hot["counters"][0][:2] == [7, len(hot)]
+
+
+def test_a_map_task_that_is_its_own_lessee_passes_other_keys_and_folds_split_ones(tmp_path):
+    """The one-pass lessee (no extra stage): records of other keys (the null key among them)
+    pass unchanged, and the split key's records of every batch make one partial row."""
+    spec = _spec(tmp_path, make_update("sum", "int"), pa.int64(), split_keys=(7, 9))
+    batches = [_records([(7, 1), (1, 2), (7, 3)]), _records([(2, 5), (7, 4)]),
+               rows(SCHEMA, 1, {C.WORKER: pa.array([0], pa.int32()),
+                                C.BIN: pa.array([0], pa.int32())})]  # a null key
+    out = pa.Table.from_batches(list(pass_and_fold(spec, iter(batches))))
+    records, partials = take_partials(out)
+    assert records.column(C.KEY).to_pylist() == [1, 2, None]
+    assert records.column(C.VALUE).to_pylist() == [2, 5, None]
+    assert (partials.keys, partials.records, partials.partials) == ([7], [3], [8])
 
 
 def test_a_record_of_a_split_key_beside_its_partials_fails_loudly(tmp_path):

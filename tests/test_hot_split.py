@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from pyspark import cloudpickle
 
 from megaphone import Combiner, HotSplit, Pipeline, UpdateError
+from megaphone.inspect_cmd import describe, render
 from megaphone.plans.hot_keys import HotKeyView
 from tests.test_equivalence import SPARK_PHASES, reference, run_scenario, scenarios
 
@@ -123,6 +124,10 @@ def test_an_epoch_that_failed_midway_reruns_under_another_split_alike(spark, tmp
     assert last["split_records"] == 20  # key 3's records were folded by lessees
     assert pipe.hot_keys().counters[0][0] in (3, 7)
     pipe.close()
+    info = describe(str(tmp_path / "p"))  # megaphone inspect shows the committed summary
+    assert [h["key"] for h in info["hot_keys"]][:2] == [k for k, _, _ in
+                                                         pipe.hot_keys().counters[:2]]
+    assert "hot key" in render(info)
 
 
 def test_updates_that_may_depend_on_order_are_refused(spark):

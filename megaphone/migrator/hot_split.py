@@ -47,14 +47,16 @@ def splittable(update: Update) -> bool:
     return update.is_builtin or isinstance(update.fn, Combiner)
 
 
-def fold_partials(spec: EpochSpec, batches: Iterator[pa.RecordBatch]
-                  ) -> Iterator[pa.RecordBatch]:
+def fold_partials(spec: EpochSpec, batches: Iterator[pa.RecordBatch],
+                  schema: pa.Schema | None = None) -> Iterator[pa.RecordBatch]:
     """A lessee task: its records of the split keys, one partial row per key (shuffle rows of
-    ``spec.shuffle_schema`` bound for the key's owner). All of the task's records of a key
-    go into one partial; a built-in's partial is its aggregate, a combiner's its ``fold``."""
+    ``schema``, default ``spec.shuffle_schema``, bound for the key's owner). All of the task's
+    records of a key go into one partial; a built-in's partial is its aggregate, a
+    combiner's its ``fold``."""
     got = [b for b in batches if b.num_rows]
     if not got:
         return
+    schema = schema or spec.shuffle_schema
     table = pa.Table.from_batches(got)
     counts = table.group_by([C.KEY, C.BIN, C.WORKER], use_threads=False).aggregate(
         [([], "count_all")])
@@ -65,7 +67,7 @@ def fold_partials(spec: EpochSpec, batches: Iterator[pa.RecordBatch]
     keys = list(partials)
     packb = msgpack.Packer().pack
     columns = {
-        C.KEY: pa.array(keys, spec.shuffle_schema.field(C.KEY).type),
+        C.KEY: pa.array(keys, schema.field(C.KEY).type),
         C.BIN: pa.array([where[k][0] for k in keys], pa.int32()),
         C.WORKER: pa.array([where[k][1] for k in keys], pa.int32()),
         C.PARTIAL: pa.array([packb([where[k][2], partials[k]]) for k in keys], pa.binary()),
@@ -74,7 +76,27 @@ def fold_partials(spec: EpochSpec, batches: Iterator[pa.RecordBatch]
         latest = table.group_by([C.KEY], use_threads=False).aggregate([(C.EVENT_TIME, "max")])
         by_key = dict(zip(*(latest.column(i).to_pylist() for i in range(2)), strict=True))
         columns[C.EVENT_TIME] = pa.array([by_key[k] for k in keys], pa.int64())
-    yield rows(spec.shuffle_schema, len(keys), columns)
+    yield rows(schema, len(keys), {name: column.cast(schema.field(name).type)
+                                   for name, column in columns.items()})
+
+
+def pass_and_fold(spec: EpochSpec, batches: Iterator[pa.RecordBatch]
+                  ) -> Iterator[pa.RecordBatch]:
+    """A map task that is its own lessee: records of keys not split pass through unchanged,
+    those of the split keys are folded into partial rows (:func:`fold_partials`) at the end of
+    the task. One pass, in the stage that reads the input: no second scan, no extra stage."""
+    hot: list[pa.RecordBatch] = []
+    schema = None  # the input's (Spark's Arrow types): partial rows must match it
+    for batch in batches:
+        schema = batch.schema
+        split = pa.array(list(spec.split_keys), batch.column(C.KEY).type)
+        mask = pc.is_in(batch.column(C.KEY), value_set=split)  # null key: false, kept cold
+        n_hot = pc.sum(mask).as_py() or 0
+        if n_hot < batch.num_rows:
+            yield batch.filter(pc.invert(mask)) if n_hot else batch
+        if n_hot:
+            hot.append(batch.filter(mask))
+    yield from fold_partials(spec, iter(hot), schema)
 
 
 def _builtin_fold(spec: EpochSpec, table: pa.Table) -> dict[Any, Any]:
@@ -231,4 +253,4 @@ def sketch(table: pa.Table, partials: Partials | None, capacity: int) -> dict[st
 
 
 __all__ = ["Partials", "builtin_partials", "combine_partials", "custom_with_partials",
-           "fold_partials", "sketch", "splittable", "take_partials"]
+           "fold_partials", "pass_and_fold", "sketch", "splittable", "take_partials"]

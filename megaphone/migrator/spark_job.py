@@ -26,7 +26,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
 from megaphone.migrator import columns as C
 from megaphone.migrator.epoch_spec import EpochSpec
-from megaphone.migrator.hot_split import fold_partials
+from megaphone.migrator.hot_split import fold_partials, pass_and_fold
 from megaphone.migrator.layout import EpochLayout
 from megaphone.migrator.worker import apply_worker, export_worker, result_schema
 from megaphone.plans.hot_keys import HeavyHitters
@@ -123,16 +123,18 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: Ep
 
 
 def split_hot(routed: DataFrame, spec: EpochSpec, schema: T.StructType) -> DataFrame:
-    """Dual mode (docs/hot-keys.md): the records of ``spec.split_keys`` go to lessee tasks --
-    the input's partitions, or ``spec.lessees`` tasks they are spread over round-robin --
-    which fold them into one partial row per key and task
-    (:func:`~megaphone.migrator.hot_split.fold_partials`), shuffled to the key's owner with
-    the other records. The null key is never split (``isin`` is null for it: kept cold)."""
+    """Dual mode (docs/hot-keys.md): the records of ``spec.split_keys`` are folded into one
+    partial row per key and lessee task, shuffled to the key's owner with the other records.
+    The lessees are the input's partitions, each passing other keys' records on in the same
+    pass (:func:`~megaphone.migrator.hot_split.pass_and_fold`: no extra stage), or
+    ``spec.lessees`` tasks the split keys' records are spread over round-robin
+    (:func:`~megaphone.migrator.hot_split.fold_partials`). The null key is never split
+    (``isin`` is null for it: kept cold)."""
+    if spec.lessees is None:  # each input partition folds its own: one pass, no extra stage
+        return routed.mapInArrow(functools.partial(_pass_fold_task, spec), schema)
     hot = F.col(C.KEY).isin(list(spec.split_keys))
     cold = routed.filter(~F.coalesce(hot, F.lit(False)))
-    lessees = routed.filter(hot)
-    if spec.lessees is not None:
-        lessees = lessees.repartition(spec.lessees)
+    lessees = routed.filter(hot).repartition(spec.lessees)
     partials = lessees.mapInArrow(functools.partial(_fold_task, spec), schema)
     return cold.unionByName(partials)
 
@@ -151,6 +153,12 @@ def _export_task(spec: EpochSpec, senders: list[int], batches: Iterator[pa.Recor
 def _fold_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """A lessee task: its records of the split keys folded into partial rows."""
     yield from fold_partials(spec, batches)
+
+
+def _pass_fold_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]
+                    ) -> Iterator[pa.RecordBatch]:
+    """A map task that is its own lessee: other keys' records pass, split keys' are folded."""
+    yield from pass_and_fold(spec, batches)
 
 
 def _apply_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
