@@ -93,11 +93,11 @@ def batch(rng: np.random.Generator, n: int, keys: int, hot_share: float, zipf: f
                      "value": pa.array(rng.integers(0, 1 << 30, n), pa.int64())})
 
 
-def make_pipeline(spark: Any, root: str, name: str, work: int, split: bool
+def make_pipeline(spark: Any, root: str, name: str, work: int, split: bool, bins: int
                   ) -> megaphone.Pipeline:
     pipe = megaphone.Pipeline(spark, os.path.join(root, name), key="key", value="value",
                               update=Checksum(work), workers=2, backend="memory",
-                              key_type="str", output_type="bigint")
+                              num_bins=bins, key_type="str", output_type="bigint")
     if split:
         pipe.split_hot_keys(megaphone.ShareThreshold(share=0.2, min_records=100))
     else:
@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
                        ("latency-epochs", int), ("interval", float), ("keys", int)):
         p.add_argument(f"--{name}", type=kind, default=None)
     p.add_argument("--hot-share", type=float, default=0.6)
+    p.add_argument("--bins", type=int, default=64,
+                   help="bins per pipeline (64: an epoch's map side is cheap with few bins, "
+                        "so the per-record work dominates)")
     p.add_argument("--zipf", type=float, default=1.2)
     p.add_argument("--load", type=float, default=0.9,
                    help="open-loop rate, as a fraction of the unsplit capacity")
@@ -174,7 +177,8 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
                 for t in tables) / (size["records"] * n_cap)
     frames = [spark.createDataFrame(t) for t in tables]
     with tempfile.TemporaryDirectory() as root:
-        pipes = {name: make_pipeline(spark, root, name, size["work"], name == "split")
+        pipes = {name: make_pipeline(spark, root, name, size["work"], name == "split",
+                                     args.bins)
                  for name in ("unsplit", "split")}
         cap = capacity(spark, pipes, frames, size["warmup"], size["records"])
         rate = args.load * cap["unsplit"]["records_per_s"]
@@ -193,7 +197,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
             pipe.close()
     summary = {
         "size": "smoke" if args.smoke else "full", **size, "hot_share": round(share, 4),
-        "zipf": args.zipf, "load": args.load, "open_loop_rate": rate,
+        "zipf": args.zipf, "bins": args.bins, "load": args.load, "open_loop_rate": rate,
         "capacity": cap, "latency": lat,
         "capacity_ratio": cap["split"]["records_per_s"] / cap["unsplit"]["records_per_s"],
         "p99_ratio": lat["split"]["p99_s"] / lat["unsplit"]["p99_s"],
