@@ -35,9 +35,9 @@ from megaphone.migrator.commit import Commit
 from megaphone.migrator.config import check_arguments, update_setting
 from megaphone.migrator.connect_stream import ServeBatch, ServerHandoff
 from megaphone.migrator.driver_copy import DriverCopy
-from megaphone.migrator.pipeline_epochs import PipelineEpochs
+from megaphone.migrator.pipeline_epochs import POLICY_HISTORY, PipelineEpochs
 from megaphone.migrator.pipeline_state_dir import StateDirOwner
-from megaphone.migrator.plan_queue import MigrationHandle, PlanQueue, PolicyInputs
+from megaphone.migrator.plan_queue import MigrationHandle, PlanQueue
 from megaphone.migrator.planning import bin_sizes, sizes_from_stats
 from megaphone.migrator.recovery import RecoveryReport
 from megaphone.migrator.registry import unregister
@@ -53,17 +53,13 @@ from megaphone.plans.policy import MigrationPolicy
 from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
-from megaphone.spark import task_slots
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES, check_transfer
 from megaphone.state_backends.durable import SNAPSHOT_EVERY
 from megaphone.state_backends.remote import default_local_dir
 
-#: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
-LOAD_SMOOTHING = 0.3
-#: Newest epochs' metrics an adaptive plan's policy sees.
-POLICY_HISTORY = 50
 if TYPE_CHECKING:
     from megaphone.plans.planner import BinSizes
+    from megaphone.snailtrail import EpochTrace
 
 
 class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
@@ -143,6 +139,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         self._key_type = key_type
         self._lock = threading.RLock()  # one epoch at a time; guards commit and routing
         self._metrics: collections.deque[EpochMetrics] = collections.deque(maxlen=10_000)
+        self._traces: collections.deque[EpochTrace] = collections.deque(maxlen=POLICY_HISTORY)
         self._bin_load = np.zeros(num_bins)  # records per bin per epoch, smoothed
         self._task_slots: int | None = None
         self._map_sides = MapSides()  # the epoch job's map side, kept while it holds
@@ -369,26 +366,6 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
     def bin_load(self) -> np.ndarray:
         """Records per bin per epoch, exponentially smoothed over this process's epochs."""
         return self._bin_load.copy()
-
-    def _policy_inputs(self, lag_s: float) -> PolicyInputs:
-        """What adaptive plans' policies see before the next epoch (metadata only)."""
-        def sizes() -> dict[int, int]:
-            return dict(enumerate(self.bin_sizes().bytes.tolist()))
-
-        def load() -> dict[int, float]:
-            hot = np.flatnonzero(self._bin_load)
-            return dict(zip(hot.tolist(), self._bin_load[hot].tolist(), strict=True))
-
-        if self._task_slots is None:  # asked once
-            self._task_slots = task_slots(self.spark)
-        return PolicyInputs(
-            history=lambda: self.metric_records(last=POLICY_HISTORY), bin_bytes=sizes,
-            bin_records=load, lag_s=lag_s, parallelism=self._task_slots)
-
-    def _track_load(self, bins: np.ndarray, records: np.ndarray) -> None:
-        counts = np.bincount(bins, weights=records, minlength=len(self._bin_load))
-        self._bin_load *= 1.0 - LOAD_SMOOTHING
-        self._bin_load += LOAD_SMOOTHING * counts
 
 
 def _open_on_server(spark: SparkSession, state_dir: str, settings: dict[str, Any]) -> ServeBatch:
