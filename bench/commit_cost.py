@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from tqdm import tqdm
 
 from megaphone.migrator.commit import Commit
-from megaphone.migrator.pipeline import LOAD_SMOOTHING
+from megaphone.migrator.pipeline_inputs import LOAD_SMOOTHING
 from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.worker import bin_counts
 from megaphone.routing.bins import bin_of
