@@ -113,7 +113,7 @@ class PipelineGroups:
                         column, pa.array([label] * table.num_rows, pa.int64())))
                 done += run.size
         schema = T.StructType([*out.fields, T.StructField(column, T.LongType())])
-        table = pa.concat_tables(tables) if tables else \
+        table = pa.concat_tables(tables).combine_chunks() if tables else \
             pa.table({f.name: [] for f in schema.fields})
         frame = None
         if want_frame:
