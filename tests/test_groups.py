@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megaphone import MigrationPlan, Move, Pipeline, PlanStep, WindowAggregate
+from megaphone.inspect_cmd import describe, render
 from megaphone.migrator.pipeline_groups import check_group_size, drizzle_group_size
 from tests.test_equivalence import SPARK_PHASES, custom_update, reference
 
@@ -138,8 +139,12 @@ def test_event_time_groups_keep_each_epochs_watermark(spark):
 def test_bad_epoch_columns_are_refused_and_change_nothing(spark, tmp_path):
     pipe = Pipeline(spark, str(tmp_path / "p"), key="k", value="v", update="sum",
                     num_bins=NUM_BINS, key_type="int64")
-    good = spark.createDataFrame([(1, 2, 5)], "k long, v long, e long")
+    good = spark.createDataFrame([(1, 2, 3), (1, 2, 5)], "k long, v long, e long")
     pipe.process(good, epoch_column="e")
+    info = describe(str(tmp_path / "p"))  # `megaphone inspect` shows the group
+    assert info["label"] == 5 and info["groups"] == {
+        "epochs": 2, "grouped": 2, "groups": 1, "mean_size": 2.0, "max_size": 2, "last": [0, 2]}
+    assert "groups      1 of the last 2 epochs' jobs ran groups" in render(info)
     before = (pipe.epoch, pipe.label, sorted(map(tuple, pipe.state().collect())))
     cases = [
         (spark.createDataFrame([(1, 2, 9)], "k long, v long, e long"), "x", ValueError,
@@ -158,7 +163,8 @@ def test_bad_epoch_columns_are_refused_and_change_nothing(spark, tmp_path):
     for df, column, error, message in cases:
         with pytest.raises(error, match=message):
             pipe.process(df, epoch_column=column)
-        assert (pipe.epoch, pipe.label, sorted(map(tuple, pipe.state().collect()))) == before
+        assert (pipe.epoch, pipe.label) == before[:2]
+    assert sorted(map(tuple, pipe.state().collect())) == before[2]
     negative = Pipeline(spark, str(tmp_path / "q"), key="k", update="count", key_type="int64",
                         num_bins=NUM_BINS)
     with pytest.raises(ValueError, match="negative labels"):
