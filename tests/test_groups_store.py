@@ -57,3 +57,44 @@ def test_the_service_replays_a_retried_group_and_rolls_back_another_runs(tmp_pat
     # Another run (the driver committed only epoch 0) rolls the group back and applies again.
     assert store.begin(1, 0, "b", group_start=1) == (True, b"")
     assert counts(store, [1]) == [1]
+
+
+def test_a_group_task_applies_each_epoch_in_order_and_a_retry_replays(tmp_path):
+    """A worker's group task (no Spark): each epoch's records applied and committed in order,
+    outputs tagged with their epoch; a retry of the same run replays; another run (the driver
+    committed only the epoch before the group) rolls the group back and applies it again."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    from megaphone.migrator import columns as C
+    from megaphone.migrator.epoch_spec import with_labels
+    from megaphone.migrator.spark_job import split_group_results
+    from megaphone.migrator.worker_group import apply_group
+    from tests.test_worker import SCHEMA, records, spec
+
+    labelled = with_labels(SCHEMA)
+
+    def batch(keys, label):
+        rows = records(keys, 0)
+        return pa.RecordBatch.from_arrays(
+            [*rows.columns, pa.array([label] * rows.num_rows, pa.int64())], schema=labelled)
+
+    group = dataclasses.replace(spec(tmp_path, 0, "rocksdb", live=frozenset({0})),
+                                labels=(10, 11, 12), shuffle_schema=labelled, run_id="a")
+    inputs = [batch([1, 2], 10), batch([2], 11), batch([1, 1, 3], 12)]
+
+    def run(s):
+        table = pa.Table.from_batches(list(apply_group(s, 0, iter(inputs))))
+        results = split_group_results(table, range(3))
+        outs = [{r["k"]: r["count"] for r in e.outputs.to_pylist()} for e in results]
+        return outs, [e.reports[0].metrics.replayed for e in results]
+
+    expected = [{1: 1, 2: 1}, {2: 2}, {1: 3, 3: 1}]
+    assert run(group) == (expected, [False, False, False])
+    assert run(group) == (expected, [True, True, True])  # a task retry: replayed
+    assert C.OUT_EPOCH not in split_group_results(
+        pa.Table.from_batches(list(apply_group(group, 0, iter(inputs)))), range(3))[0] \
+        .outputs.column_names
+    other = dataclasses.replace(group, run_id="b")  # the driver never committed the group
+    assert run(other) == (expected, [False, False, False])

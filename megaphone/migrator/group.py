@@ -36,9 +36,10 @@ from megaphone.migrator.spark_job import (
     split_group_results,
 )
 from megaphone.migrator.statedir import StateDir
+from megaphone.migrator.trace import epoch_trace, take_marks, trace_enabled
 from megaphone.migrator.updates import Update
 from megaphone.operators.process import watermark
-from megaphone.records import EpochMetrics
+from megaphone.records import EpochMetrics, WorkerMetrics
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class GroupRun(EpochRun):
         self.job_s = 0.0
         #: The metrics records of the group's epochs, once committed.
         self.records: list[EpochMetrics] = []
+        self._marks: dict[int, WorkerMetrics] = {}
 
     @property
     def last(self) -> int:
@@ -115,6 +117,9 @@ class GroupRun(EpochRun):
                              (started, finished))
         with self.phase("cleanup"):
             state.prune_outputs(self.last - host.keep_outputs + 1)
+        if trace_enabled():  # the group's phases with its first epoch's workers' marks
+            state.traces.append(epoch_trace(epoch, self.spans, self._marks, layout.outgoing,
+                                            layout.incoming))
         share = {name: seconds / self.size for name, seconds in self.phases.items()}
         for record in self.records:
             record.job_attempts = self.attempts
@@ -152,8 +157,11 @@ class GroupRun(EpochRun):
             at = layout if i == 0 else dataclasses.replace(layout, epoch=epoch)
             report = epoch_metrics(at, started, finished, result, None)
             record = report.record
+            marks = take_marks(record)  # for the trace (the first epoch's), not the metrics
             if i:
                 record.bins_moved = 0  # the group's moves happened at its first epoch
+            else:
+                self._marks = marks
             record.group, record.group_size, record.label = self.epoch, self.size, labels[i]
             record.duration_s = (finished - started) / self.size
             host.track_load(result.load_bins, result.load_counts)
