@@ -184,3 +184,48 @@ def test_group_size_checks_and_drizzles_rule():
     assert drizzle_group_size(0.36, 0.024, most=1000) == 135
     assert drizzle_group_size(0.1, 0.1) == 9  # 0.1 / (0.1 + 9 * 0.1) = 10%
     assert drizzle_group_size(0.0, 0.1) == 1 and drizzle_group_size(0.2, 0.0) == 64
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_a_group_failing_after_some_commit_records_rolls_back_the_rest(spark, tmp_path,
+                                                                       monkeypatch, checkpoint):
+    """The driver fails after writing the commit records of 2 of a group's 4 epochs: the state
+    read is the second's (workers two epochs past it are rolled back: in the state directory,
+    or with a checkpoint location by the executors), and the rest run again exactly once."""
+    from collections import Counter
+
+    from pyspark.sql import functions as F
+
+    state_dir = tmp_path / "state"
+    kw = {"checkpoint": str(tmp_path / "checkpoint")} if checkpoint else {}
+    pipe = Pipeline(spark, str(state_dir), key="k", update="count", num_bins=NUM_BINS,
+                    key_type="int64", pipeline_id=uuid.uuid4().hex, group_size=4, **kw)
+    batches = {e: [(e * 3 + i) % 7 for i in range(5)] for e in range(4)}
+    df = spark.createDataFrame([(k, e) for e, ks in batches.items() for k in ks], "k long, e long")
+    real = type(pipe.state_dir).write_commit
+    written = []
+
+    def failing(self, commit, after=None, **kw):
+        if len(written) == 2:
+            raise OSError("disk full")
+        written.append(commit.epoch)
+        return real(self, commit, after, **kw)
+
+    monkeypatch.setattr(type(pipe.state_dir), "write_commit", failing)
+    with pytest.raises(OSError, match="disk full"):
+        pipe.process_arrow(df, epoch_column="e")
+    monkeypatch.undo()
+    assert (pipe.epoch, pipe.label) == (1, 1)
+    counts = Counter(batches[0] + batches[1])
+    assert {r[0]: r[1] for r in pipe.state().collect()} == dict(counts)
+    out = pipe.process_arrow(df.where(F.col("e") > pipe.label), epoch_column="e")
+    for e in (2, 3):
+        counts.update(batches[e])
+        got = {r["k"]: r["count"] for r in out.to_pylist() if r["e"] == e}
+        assert got == {k: counts[k] for k in batches[e]}
+    assert {r[0]: r[1] for r in pipe.state().collect()} == dict(counts)
+    pipe.close()
+    reopened = Pipeline(spark, str(state_dir), key="k", update="count", num_bins=NUM_BINS)
+    assert reopened.epoch == 3 and reopened.recovery.clean
+    assert {r[0]: r[1] for r in reopened.state().collect()} == dict(counts)
+    reopened.close()
