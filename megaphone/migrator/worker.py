@@ -69,7 +69,7 @@ def bin_counts(bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return hot.astype(np.int32), counts[hot].astype(np.int32)
 
 
-class _TimedInput:
+class TimedInput:
     """Wrap the task's input: time spent waiting for it is excluded from useful time, and the
     exporters' reports are set aside (:attr:`export_reports`) from records and state."""
 
@@ -128,7 +128,9 @@ def check_state_dir(spec: EpochSpec) -> None:
     _SEEN_STATE_DIRS.add((spec.state_dir, spec.pipeline_id))
 
 
-def _store(spec: EpochSpec, worker: int) -> RemoteStore:
+def open_store(spec: EpochSpec, worker: int) -> RemoteStore:
+    """A task's handle on ``worker``'s store in its host's store service (with its durable
+    copy's spec when the pipeline has a checkpoint location)."""
     durable = None if spec.checkpoint is None else \
         DurableSpec(spec.checkpoint, worker, spec.snapshot_every,
                     spec.committed_tokens.get(worker, ""))
@@ -146,7 +148,7 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
     check_state_dir(spec)
     has_state = bool(spec.outgoing.get(sender)) and (
         spec.checkpoint is not None or spec.worker_path(sender).exists())
-    yield from export_rows(spec, sender, _store(spec, sender) if has_state else None, schema)
+    yield from export_rows(spec, sender, open_store(spec, sender) if has_state else None, schema)
 
 
 def apply_worker(
@@ -163,7 +165,7 @@ def apply_worker(
     started = time.perf_counter()
     marks = {"task": time.time()}
     check_state_dir(spec)
-    timed = _TimedInput(batches)
+    timed = TimedInput(batches)
     incoming = spec.incoming.get(worker, ())
     drops = spec.drops.get(worker, ())
     if worker not in spec.live and not incoming:
@@ -171,11 +173,11 @@ def apply_worker(
             pass
         if spec.worker_path(worker).exists() and worker not in spec.outgoing:
             # Scale in: its last bins left in an earlier, committed epoch; release its storage.
-            _store(spec, worker).destroy()
+            open_store(spec, worker).destroy()
         if timed.export_reports:
-            yield _report_rows(result_schema(spec.output_schema), timed.export_reports)
+            yield report_rows(result_schema(spec.output_schema), timed.export_reports)
         return
-    store = _store(spec, worker)
+    store = open_store(spec, worker)
     metrics = WorkerMetrics(records_in=0, records_out=0, bins_in=len(incoming), keys_in=0,
                             bytes_in=0, replayed=False, marks=marks)
     load: tuple[np.ndarray, np.ndarray] | None = None  # records applied per bin
@@ -209,7 +211,7 @@ def apply_worker(
     metrics.useful_s = time.perf_counter() - started - timed.waiting
     marks["end"] = time.time()
     own = WorkerReport(worker, metrics).to_json()
-    yield _report_rows(schema, [own, *timed.export_reports], load)
+    yield report_rows(schema, [own, *timed.export_reports], load)
 
 
 def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int,
@@ -263,7 +265,7 @@ def replayed_max_event_time(spec: EpochSpec, batches) -> int | None:
     return high
 
 
-def _report_rows(schema: pa.Schema, reports: list[str],
+def report_rows(schema: pa.Schema, reports: list[str],
                  load: tuple[np.ndarray, np.ndarray] | None = None) -> pa.RecordBatch:
     """Rows of a task's results that carry only JSON reports; on the first, the records its
     worker applied per bin (``load``: bins and counts), when given."""

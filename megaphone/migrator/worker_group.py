@@ -25,12 +25,12 @@ from megaphone.migrator.epoch_spec import EpochSpec
 from megaphone.migrator.faults import crash_point
 from megaphone.migrator.transfer import Arrivals, rows
 from megaphone.migrator.worker import (
-    _report_rows,
-    _store,
-    _TimedInput,
+    TimedInput,
     apply_epoch,
     check_state_dir,
+    open_store,
     replayed_max_event_time,
+    report_rows,
     result_schema,
 )
 from megaphone.records import WorkerMetrics, WorkerReport
@@ -63,18 +63,18 @@ def apply_group(spec: EpochSpec, worker: int, batches: Iterator[pa.RecordBatch]
     """
     started = time.perf_counter()
     check_state_dir(spec)
-    timed = _TimedInput(batches)
+    timed = TimedInput(batches)
     schema = result_schema(spec.output_schema, grouped=True)
     incoming = spec.incoming.get(worker, ())
     if worker not in spec.live and not incoming:
         for _ in timed:  # no records can be routed to a worker without bins
             pass
         if spec.worker_path(worker).exists() and worker not in spec.outgoing:
-            _store(spec, worker).destroy()  # scale in (see apply_worker)
+            open_store(spec, worker).destroy()  # scale in (see apply_worker)
         if timed.export_reports:
-            yield _tagged(_report_rows(schema, timed.export_reports), spec.epoch)
+            yield _tagged(report_rows(schema, timed.export_reports), spec.epoch)
         return
-    store = _store(spec, worker)
+    store = open_store(spec, worker)
     first = _new_metrics(len(incoming))
     t0 = time.perf_counter()
     apply, stored = store.begin(spec.epoch, spec.required_epoch(worker), spec.run_id,
@@ -108,7 +108,7 @@ def apply_group(spec: EpochSpec, worker: int, batches: Iterator[pa.RecordBatch]
                                                                    else 0.0)
         own = WorkerReport(worker, metrics).to_json()
         extra = timed.export_reports if i == 0 else []
-        yield _tagged(_report_rows(schema, [own, *extra], load), sub.epoch)
+        yield _tagged(report_rows(schema, [own, *extra], load), sub.epoch)
 
 
 def _epoch_rows(spec: EpochSpec, store: RemoteStore, part: pa.Table, worker: int,
