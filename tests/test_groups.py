@@ -57,7 +57,7 @@ def group_scenarios(draw):
             "backend": draw(st.sampled_from(["memory", "rocksdb"]))}
 
 
-@settings(phases=SPARK_PHASES, max_examples=4)
+@settings(phases=SPARK_PHASES, max_examples=3)
 @given(group_scenarios())
 def test_groups_with_plans_equal_a_run_without_groups(spark, scenario):
     update = scenario["update"]
