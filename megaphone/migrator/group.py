@@ -117,7 +117,8 @@ class GroupRun(EpochRun):
                              (started, finished))
         with self.phase("cleanup"):
             state.prune_outputs(self.last - host.keep_outputs + 1)
-        if trace_enabled():  # the group's phases with its first epoch's workers' marks
+        if trace_enabled():  # the group's phases with its first epoch's workers' marks, for
+            # `megaphone explain`; not handed to policies, which read an epoch's times from it
             state.traces.append(epoch_trace(epoch, self.spans, self._marks, layout.outgoing,
                                             layout.incoming))
         share = {name: seconds / self.size for name, seconds in self.phases.items()}
@@ -125,7 +126,7 @@ class GroupRun(EpochRun):
             record.job_attempts = self.attempts
             record.phases_s = share
             state.append_metrics(record.to_dict())
-            host.recorded(record)
+            host.recorded(record, None)
         return [r.outputs for r in results]
 
     def _group_spec(self, spec: EpochSpec, committed: Commit, labels: Sequence[int],

@@ -35,9 +35,8 @@ from megaphone.migrator.commit import Commit
 from megaphone.migrator.config import check_arguments, update_setting
 from megaphone.migrator.connect_stream import ServeBatch, ServerHandoff
 from megaphone.migrator.driver_copy import DriverCopy
-from megaphone.migrator.pipeline_epochs import PipelineEpochs
+from megaphone.migrator.pipeline_epochs import POLICY_HISTORY, PipelineEpochs
 from megaphone.migrator.pipeline_groups import AUTO, PipelineGroups, check_group_size
-from megaphone.migrator.pipeline_inputs import PipelineInputs
 from megaphone.migrator.pipeline_state_dir import StateDirOwner
 from megaphone.migrator.plan_queue import MigrationHandle, PlanQueue
 from megaphone.migrator.planning import bin_sizes, sizes_from_stats
@@ -61,9 +60,10 @@ from megaphone.state_backends.remote import default_local_dir
 
 if TYPE_CHECKING:
     from megaphone.plans.planner import BinSizes
+    from megaphone.snailtrail import EpochTrace
 
 
-class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff, PipelineInputs, PipelineGroups):
+class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff, PipelineGroups):
     """A keyed stateful operator over micro-batches whose state can migrate while it runs.
 
     ``update`` is ``"count"`` (records), ``"sum"``, ``"min"``, ``"max"`` (of ``value``, nulls
@@ -144,6 +144,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff, PipelineInputs, Pip
         self._key_type = key_type
         self._lock = threading.RLock()  # one epoch at a time; guards commit and routing
         self._metrics: collections.deque[EpochMetrics] = collections.deque(maxlen=10_000)
+        self._traces: collections.deque[EpochTrace] = collections.deque(maxlen=POLICY_HISTORY)
         self._bin_load = np.zeros(num_bins)  # records per bin per epoch, smoothed
         self._task_slots: int | None = None
         self._map_sides = MapSides()  # the epoch job's map side, kept while it holds
@@ -375,6 +376,10 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff, PipelineInputs, Pip
                            self._settings["snapshot_every"], self.epoch,
                            self.fingerprint.pipeline_id, self._run_id,
                            self._commit.worker_tokens())
+
+    def bin_load(self) -> np.ndarray:
+        """Records per bin per epoch, exponentially smoothed over this process's epochs."""
+        return self._bin_load.copy()
 
 
 def _open_on_server(spark: SparkSession, state_dir: str, settings: dict[str, Any]) -> ServeBatch:

@@ -25,6 +25,7 @@ from megaphone.plans.policy import (
 )
 from megaphone.records import EpochMetrics
 from megaphone.routing.table import Move, RoutingTable
+from megaphone.snailtrail import EpochTrace
 
 log = logging.getLogger("megaphone.plans")
 
@@ -116,12 +117,14 @@ class MigrationHandle:
 class PolicyInputs:
     """What the driver knows before an epoch, for the policies of adaptive plans.
 
-    ``history()``: recent per-epoch metrics records; ``bin_bytes()``: size of every bin (read once
+    ``history()``: recent per-epoch metrics records; ``traces()``: their epochs' traces;
+    ``bin_bytes()``: size of every bin (read once
     when a plan becomes active); ``bin_records()``: recent records per bin; ``lag_s``: how
     long after the end of its input the epoch starts; ``parallelism``: task slots.
     """
 
     history: Callable[[], Sequence[EpochMetrics]] = tuple
+    traces: Callable[[], Sequence[EpochTrace]] = tuple
     bin_bytes: Callable[[], Mapping[int, int]] = dict
     bin_records: Callable[[], Mapping[int, float]] = dict
     lag_s: float = 0.0
@@ -284,7 +287,8 @@ class PlanQueue:
             active.sizes = inputs.bin_bytes()
         remaining = active.remaining()
         view = EpochView(epoch, tuple(remaining), active.sizes, inputs.bin_records(),
-                         tuple(inputs.history()), inputs.lag_s, active.idle, inputs.parallelism)
+                         tuple(inputs.history()), inputs.lag_s, active.idle, inputs.parallelism,
+                         tuple(inputs.traces()))
         try:
             chosen = checked_choice(active.policy(view), set(remaining))
             if chosen:

@@ -15,7 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from statistics import median
 
-from megaphone.records import EpochMetrics, WorkerMetrics
+from megaphone.records import EpochMetrics
+from megaphone.snailtrail import EpochTrace
+from megaphone.snailtrail.usage import WorkerUsage, usage_by_epoch
 
 EXPORT, APPLY = 0, 1
 """The two stages of an epoch's job: the senders' exports, then installs and processing."""
@@ -38,9 +40,50 @@ def _median(values: Iterable[float]) -> float | None:
     return median(values) if values else None
 
 
-def _processing_s(wm: WorkerMetrics) -> float:
-    """A worker's busy time in an epoch apart from installing state."""
-    return max(0.0, float(wm.useful_s or 0) - float(wm.install_s or 0))
+@dataclass(frozen=True)
+class _WorkerTimes:
+    """What the model reads of one worker in one epoch: its counts (from the metrics) and its
+    times (from the trace, or the metrics); a time is None when not measured."""
+
+    records_in: int
+    bytes_in: int
+    bytes_out: int
+    useful_s: float | None
+    install_s: float | None
+    export_s: float | None
+
+    @property
+    def processing_s(self) -> float:
+        """Busy time apart from installing state."""
+        return max(0.0, (self.useful_s or 0.0) - (self.install_s or 0.0))
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """One epoch as the model reads it."""
+
+    duration_s: float
+    bytes_moved: int
+    per_worker: Mapping[int, _WorkerTimes]
+
+
+def _timed(m: EpochMetrics, usage: Mapping[int, WorkerUsage] | None) -> _Timed:
+    """The epoch's counts from its metrics and its times from ``usage`` (its trace) if given.
+    A worker the trace shows nothing of did no work it timed (an exporter-only row keeps
+    its unmeasured useful time as None)."""
+    rows = {}
+    for w, wm in m.per_worker.items():
+        times: tuple[float | None, float | None, float | None]
+        if usage is None:
+            times = (wm.useful_s, wm.install_s, wm.export_s)
+        else:
+            u = usage.get(int(w), WorkerUsage())
+            times = (None if wm.useful_s is None else u.useful_s,
+                     u.install_s if wm.install_s is not None else None,
+                     u.export_s if wm.export_s is not None else None)
+        rows[int(w)] = _WorkerTimes(int(wm.records_in or 0), int(wm.bytes_in or 0),
+                                    int(wm.bytes_out or 0), *times)
+    return _Timed(float(m.duration_s), int(m.bytes_moved or 0), rows)
 
 
 @dataclass(frozen=True)
@@ -53,7 +96,8 @@ class CostModel:
     ``per_record_s`` processing per record, ``records`` records per epoch, and per byte of
     state ``export_s_per_byte`` at the sender and ``install_s_per_byte`` at the receiver;
     ``ship_s_per_byte`` is what moving epochs took beyond that (the shuffle). Workers never
-    measured get the median of the others.
+    measured get the median of the others. ``epochs_traced``: how many of the epochs seen
+    gave their times from a trace.
     """
 
     overhead_s: float
@@ -64,16 +108,22 @@ class CostModel:
     ship_s_per_byte: float
     epochs_seen: int
     transfers_seen: int
+    epochs_traced: int = 0
 
     @classmethod
     def fit(cls, history: Iterable[EpochMetrics], parallelism: int = 1,
-            window: int = 20) -> CostModel:
+            window: int = 20, traces: Iterable[EpochTrace] = ()) -> CostModel:
         """Fit the model to the newest ``window`` epochs of ``history`` (metrics records).
 
         Per worker only rows with useful time count (a worker that only exported state has
         none): its records, its time per record and its export and install times per byte.
+        Records and bytes come from the metrics; the times from the epoch's SnailTrail trace
+        when ``traces`` holds it (:func:`~megaphone.snailtrail.usage.epoch_usage`), else from
+        the metrics too.
         """
-        recent = [m for m in history if m.per_worker][-window:]
+        usage = usage_by_epoch(traces)
+        rows = [(m, usage.get(m.epoch)) for m in history if m.per_worker][-window:]
+        recent = [_timed(m, u) for m, u in rows]
         par = max(1, parallelism)
         per_record: dict[int, list[float]] = defaultdict(list)
         records: dict[int, list[float]] = defaultdict(list)
@@ -84,24 +134,24 @@ class CostModel:
                 if wm.useful_s is None:  # an exporter-only row: no processing measured
                     continue
                 n = int(wm.records_in or 0)
-                records[int(w)].append(n)
+                records[w].append(n)
                 if n:
-                    per_record[int(w)].append(_processing_s(wm) / n)
+                    per_record[w].append(wm.processing_s / n)
                 if wm.bytes_out and wm.export_s is not None:
-                    export[int(w)].append(wm.export_s / wm.bytes_out)
+                    export[w].append(wm.export_s / wm.bytes_out)
                 if wm.bytes_in and wm.install_s is not None:
-                    install[int(w)].append(wm.install_s / wm.bytes_in)
+                    install[w].append(wm.install_s / wm.bytes_in)
 
-        def outside(m: EpochMetrics) -> float:
+        def outside(m: _Timed) -> float:
             work = {}
             for w, wm in m.per_worker.items():
-                work[EXPORT, int(w)] = float(wm.export_s or 0)
-                work[APPLY, int(w)] = _processing_s(wm) + float(wm.install_s or 0)
+                work[EXPORT, w] = wm.export_s or 0.0
+                work[APPLY, w] = wm.processing_s + (wm.install_s or 0.0)
             return m.duration_s - stages_s(work, par)
 
-        jobs = _jobs(recent)
-        outsides = [(sum(outside(m) for m in job), sum(m.bytes_moved for m in job))
-                    for job in jobs]
+        jobs = _jobs([m for m, _ in rows])
+        outsides = [(sum(outside(recent[i]) for i in job),
+                     sum(recent[i].bytes_moved for i in job)) for job in jobs]
         quiet = [o for o, moved in outsides if not moved]
         overhead = max(0.0, _median(quiet) or _median(o for o, _ in outsides) or 0.0)
         moving = [(o, moved) for o, moved in outsides if moved]
@@ -115,6 +165,7 @@ class CostModel:
             ship_s_per_byte=ship or 0.0,
             epochs_seen=len(recent),
             transfers_seen=len(moving),
+            epochs_traced=sum(u is not None for _, u in rows),
         )
 
     @staticmethod
@@ -156,16 +207,17 @@ class CostModel:
         return self.epoch_s(work, parallelism, record.group_size or 1)
 
 
-def _jobs(records: list[EpochMetrics]) -> list[list[EpochMetrics]]:
-    """``records`` by the Spark job that ran them: alone, or the epochs of a group together
-    (a group's ``duration_s`` are its time's shares, so their sum is the group's time)."""
-    jobs: list[list[EpochMetrics]] = []
-    for m in records:
+def _jobs(records: list[EpochMetrics]) -> list[list[int]]:
+    """The indexes of ``records`` by the Spark job that ran them: alone, or the epochs of a
+    group together (a group's ``duration_s`` are its time's shares, so their sum is the
+    group's time)."""
+    jobs: list[list[int]] = []
+    for i, m in enumerate(records):
         grouped = m.group is not None and (m.group_size or 1) > 1
-        if grouped and jobs and jobs[-1][0].group == m.group and m.epoch != m.group:
-            jobs[-1].append(m)
+        if grouped and jobs and records[jobs[-1][0]].group == m.group and m.epoch != m.group:
+            jobs[-1].append(i)
         else:
-            jobs.append([m])
+            jobs.append([i])
     return jobs
 
 
