@@ -41,8 +41,10 @@ def group_scenarios(draw):
     labels = [sum(gaps[:i + 1]) for i in range(epochs)]
     owners = [b % 2 for b in range(NUM_BINS)]
     steps = []
-    offset = draw(st.integers(0, epochs))
+    offset = draw(st.integers(0, epochs - 1))
     for _ in range(draw(st.integers(0, 3))):
+        if offset >= epochs:  # every step inside the backlog: no epochs to run after it
+            break
         bins = draw(st.lists(st.integers(0, NUM_BINS - 1), min_size=1, max_size=3, unique=True))
         moves = []
         for b in bins:
@@ -86,15 +88,11 @@ def test_groups_with_plans_equal_a_run_without_groups(spark, scenario):
         assert [r.label for r in pipe.metric_records()] == scenario["labels"]
         assert pipe.epoch == len(scenario["labels"]) - 1
         assert pipe.label == scenario["labels"][-1]
-        for _ in range(8):  # plans left: run plain empty epochs until done
-            if handle is None or handle.done:
-                break
-            pipe.process(spark.createDataFrame([], "k long, v long"))
         records = pipe.metric_records()
         if handle is not None:
             assert handle.done
             for epoch in handle.progress.epochs:  # each step ran at the first epoch of a group
-                assert records[epoch].group in (epoch, None)
+                assert records[epoch].group == epoch
         final = {r[0]: r[1] for r in pipe.state().collect()}
         if update == "custom":
             final = {k: msgpack.unpackb(v) for k, v in final.items()}

@@ -93,9 +93,15 @@ class PipelineGroups:
         with self._lock:
             times = self._schema.record_columns(key_type, update).get(C.EVENT_TIME)
             found = scan_labels(batch, column, times, self._commit.label)
-            tables: list[pa.Table] = []
-            done = 0
-            while done < len(found.labels):
+        tables: list[pa.Table] = []
+        done = 0
+        while done < len(found.labels):
+            # One group at a time under the lock: a plan submitted meanwhile (migrate() from
+            # another thread) starts at the next group's first epoch.
+            with self._lock:
+                if self._commit.label is not None and found.labels[done] <= self._commit.label:
+                    raise RuntimeError(f"label {found.labels[done]} was overtaken: another "
+                                       f"call committed label {self._commit.label} meanwhile")
                 source = GroupInput(batch, column, found.labels[done:],
                                     found.max_event_times[done:])
                 run = GroupRun(self._epoch_host(), self.epoch + 1, source,
@@ -108,10 +114,10 @@ class PipelineGroups:
                         self._run_id = uuid.uuid4().hex  # its rerun must not replay outputs
                     raise
                 self._measured(run)
-                for label, table in zip(source.labels, outputs, strict=False):
-                    tables.append(table.append_column(
-                        column, pa.array([label] * table.num_rows, pa.int64())))
-                done += run.size
+            for label, table in zip(source.labels, outputs, strict=False):
+                tables.append(table.append_column(
+                    column, pa.array([label] * table.num_rows, pa.int64())))
+            done += run.size
         schema = T.StructType([*out.fields, T.StructField(column, T.LongType())])
         table = pa.concat_tables(tables).combine_chunks() if tables else \
             pa.table({f.name: [] for f in schema.fields})
