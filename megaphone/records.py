@@ -163,6 +163,14 @@ class EpochMetrics(_Record):
     phases_s: dict[str, float] = field(default_factory=dict)
     #: Records (or window contributions) event-time operators dropped as late.
     late_records: int = 0
+    #: The first epoch of the group of epochs whose one job ran this epoch (docs/groups.md);
+    #: ``None`` for an epoch run as a job of its own.
+    group: int | None = None
+    #: Epochs in that group (1 alone). ``duration_s`` and ``phases_s`` are then this epoch's
+    #: share of the group's (the group's time over its size: the job's floor amortized).
+    group_size: int = 1
+    #: The epoch's label (the value of the batch's epoch column), in a group.
+    label: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -17,7 +17,9 @@ class Commit:
     ``tokens`` name, per worker, the attempt at the epoch whose results the driver took (a
     worker's copy of the epoch from any other attempt, on any host, is not this commit's state);
     ``seq`` counts the records written (the driver's durable copy names its files by it);
-    ``max_event_time``: the largest event time (us) committed, whence the next watermark.
+    ``max_event_time``: the largest event time (us) committed, whence the next watermark;
+    ``label``: the epoch's label when it ran from a batch's epoch column (docs/groups.md): a
+    later batch's labels must be larger.
     """
 
     epoch: int = -1
@@ -28,6 +30,7 @@ class Commit:
     tokens: dict[str, str] = field(default_factory=dict)
     seq: int = 0
     max_event_time: int | None = None
+    label: int | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> Commit:
@@ -36,9 +39,9 @@ class Commit:
             raise ValueError(f"commit.json is malformed: {data!r:.200}")
         commit = cls(**data)
         if not all(isinstance(n, int) for n in (commit.epoch, commit.state_version, commit.seq,
-                                                commit.max_event_time or 0)):
-            raise ValueError("commit.json is malformed: epoch, state_version, seq and "
-                             "max_event_time must be integers")
+                                                commit.max_event_time or 0, commit.label or 0)):
+            raise ValueError("commit.json is malformed: epoch, state_version, seq, "
+                             "max_event_time and label must be integers")
         if not isinstance(commit.tokens, dict) or not all(
                 isinstance(w, str) and w.isdigit() and isinstance(t, str)
                 for w, t in commit.tokens.items()):

@@ -5,7 +5,7 @@ and the schema of the epoch's one shuffle. The driver builds both; the worker's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,7 +29,9 @@ class EpochSpec:
     ``transfer``: how moving bins travel (:data:`~megaphone.state_backends.bin_files.
     TRANSFER_MODES`); for an event-time operator, ``watermark`` (microseconds, ``None``
     before any event time) and ``owned``: worker -> the bins it owns at this epoch, whose
-    timers it fires.
+    timers it fires. A group's spec (docs/groups.md) also has ``labels``: the epoch labels of
+    the group's epochs in order (``epoch`` is the first's; only it installs, ships and drops
+    bins) and, for an event-time operator, ``watermarks``: each epoch's watermark.
     """
 
     epoch: int
@@ -56,6 +58,22 @@ class EpochSpec:
     committed_tokens: dict[int, str] = field(default_factory=dict)
     watermark: int | None = None
     owned: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    labels: tuple[int, ...] = ()
+    watermarks: tuple[int | None, ...] = ()
+
+    @property
+    def grouped(self) -> bool:
+        """True for a group's spec: the job runs the epochs of :attr:`labels`."""
+        return bool(self.labels)
+
+    def for_epoch(self, i: int) -> EpochSpec:
+        """The spec of the group's ``i``-th epoch as a task applies it: the first is the group's
+        own; a later one moves no bin, and every worker that owns bins owned them before."""
+        watermark = self.watermarks[i] if self.watermarks else self.watermark
+        if i == 0:
+            return replace(self, watermark=watermark)
+        return replace(self, epoch=self.epoch + i, incoming={}, outgoing={}, drops={},
+                       committed_owners=self.live, watermark=watermark)
 
     def required_epoch(self, worker: int) -> int | None:
         """The epoch ``worker``'s state must be at before this epoch (the last commit) when it
@@ -83,3 +101,8 @@ def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_
     fields += [pa.field(C.STATE_KEY, pa.binary()), pa.field(C.STATE_VALUE, pa.binary()),
                pa.field(C.STATE_FILE, pa.binary()), pa.field(C.EXPORT_REPORT, pa.string())]
     return pa.schema(fields)
+
+
+def with_labels(schema: pa.Schema) -> pa.Schema:
+    """The shuffle ``schema`` of a group's job: its records also carry their epoch's label."""
+    return schema.append(pa.field(C.LABEL, pa.int64()))

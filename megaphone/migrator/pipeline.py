@@ -36,6 +36,7 @@ from megaphone.migrator.config import check_arguments, update_setting
 from megaphone.migrator.connect_stream import ServeBatch, ServerHandoff
 from megaphone.migrator.driver_copy import DriverCopy
 from megaphone.migrator.pipeline_epochs import POLICY_HISTORY, PipelineEpochs
+from megaphone.migrator.pipeline_groups import AUTO, PipelineGroups, check_group_size
 from megaphone.migrator.pipeline_state_dir import StateDirOwner
 from megaphone.migrator.plan_queue import MigrationHandle, PlanQueue
 from megaphone.migrator.planning import bin_sizes, sizes_from_stats
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
     from megaphone.snailtrail import EpochTrace
 
 
-class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
+class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff, PipelineGroups):
     """A keyed stateful operator over micro-batches whose state can migrate while it runs.
 
     ``update`` is ``"count"`` (records), ``"sum"``, ``"min"``, ``"max"`` (of ``value``, nulls
@@ -76,6 +77,8 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
     (default ``$MEGAPHONE_LOCAL_DIR`` or ``$TMPDIR/megaphone-<uid>``; docs/worker-store.md).
     ``transfer``: how moving bins travel, ``"auto"`` (RocksDB bins from 64 KiB as SST files,
     the rest as rows), ``"files"`` or ``"rows"``, in shuffle rows of up to ``chunk_bytes``.
+    ``group_size``: epochs per Spark job when a batch holds several (``process(batch,
+    epoch_column=...)``): a fixed int, or ``"auto"``, Drizzle's rule (docs/groups.md).
 
     >>> pipe = Pipeline(spark, "/tmp/wc", key="word", update="count")  # doctest: +SKIP
     >>> pipe.process(spark.createDataFrame([("a",), ("b",), ("a",)], "word string")).show()
@@ -109,9 +112,11 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         local_dir: str | None = None,
         checkpoint: str | None = None,
         snapshot_every: int = SNAPSHOT_EVERY,
+        group_size: int | str = AUTO,
     ) -> None:
         check_arguments(key=key, value=value, update=update, workers=workers,
                         num_bins=num_bins, backend=backend, snapshot_every=snapshot_every)
+        self._group_size = check_group_size(group_size)
         self.spark = spark
         self.key = key
         self.value = value
@@ -204,18 +209,25 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
 
     # -- public API ----------------------------------------------------------------------
 
-    def process(self, batch: DataFrame, *, input_end: float | None = None) -> DataFrame:
+    def process(self, batch: DataFrame, *, input_end: float | None = None,
+                epoch_column: str | None = None) -> DataFrame:
         """Run one epoch over ``batch`` and return its outputs.
 
         ``input_end``: when the batch's input was complete (``time.time()`` seconds). With it
         the epoch's ``latency_s`` metric is its commit time minus ``input_end``, and the
         deadline policy sees how late the epoch starts (a backlog leaves less slack).
+        ``epoch_column``: a backlog of epochs, one per distinct integer label of this column
+        (labels increase from call to call), run in order in groups of epochs per Spark job
+        (``group_size``; docs/groups.md); the outputs carry their label in that column.
         """
+        if epoch_column is not None:
+            return self._run_epochs(batch, epoch_column, input_end, want_frame=True)[1]
         _, frame = self._run_epoch(batch, None, input_end, want_frame=True)
         assert frame is not None
         return frame
 
-    def process_arrow(self, batch: DataFrame, *, input_end: float | None = None) -> pa.Table:
+    def process_arrow(self, batch: DataFrame, *, input_end: float | None = None,
+                      epoch_column: str | None = None) -> pa.Table:
         """Like :meth:`process`, but return the outputs as a ``pyarrow.Table`` on the driver.
 
         The outputs reach the driver in the epoch's job results either way; this skips building
@@ -226,6 +238,8 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         ... # doctest: +SKIP
         [{'word': 'a', 'count': 3}]
         """
+        if epoch_column is not None:
+            return self._run_epochs(batch, epoch_column, input_end, want_frame=False)[0]
         outputs, _ = self._run_epoch(batch, None, input_end, want_frame=False)
         return outputs
 

@@ -264,6 +264,21 @@ class PlanQueue:
                 break  # later plans wait until this one has applied all its steps
             return moves
 
+    def group_end(self, start: int, end: int) -> int:
+        """The last epoch, at most ``end``, of a group of epochs starting at ``start`` that no
+        plan step falls inside: called after :meth:`steps_due` applied ``start``'s steps. A
+        fixed plan's next step ends the group before it; a plan waiting to become active, or
+        an adaptive plan (its policy decides before every epoch), ends it at ``start``
+        (docs/groups.md)."""
+        with self.lock:
+            for active in self._plans:
+                if active.all_applied():
+                    continue
+                if active.policy is not None or active.epochs is None:
+                    return start
+                return max(start, min(end, active.epochs[active.applied] - 1))
+            return end
+
     def _adaptive_step(self, active: _Active, epoch: int, inputs: PolicyInputs) -> list[Move]:
         assert active.policy is not None
         if active.epochs is None:

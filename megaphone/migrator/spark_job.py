@@ -28,6 +28,7 @@ from megaphone.migrator import columns as C
 from megaphone.migrator.epoch_spec import EpochSpec
 from megaphone.migrator.layout import EpochLayout
 from megaphone.migrator.worker import apply_worker, export_worker, result_schema
+from megaphone.migrator.worker_group import apply_group
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column
 
@@ -113,7 +114,7 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: Ep
         exports = spark.range(0, len(senders), 1, len(senders)).mapInArrow(
             functools.partial(_export_task, spec, senders), spark_shuffle)
         routed = routed.unionByName(exports)
-    results = from_arrow_schema(result_schema(spec.output_schema))
+    results = from_arrow_schema(result_schema(spec.output_schema, spec.grouped))
     return routed.repartitionById(partitions, map_side.worker).mapInArrow(
         functools.partial(_apply_task, spec), results)
 
@@ -132,7 +133,8 @@ def _export_task(spec: EpochSpec, senders: list[int], batches: Iterator[pa.Recor
 def _apply_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """A worker's task: partition ``w`` of the shuffle is worker ``w``."""
     worker = TaskContext.get().partitionId()
-    yield from apply_worker(spec, worker, _checked(batches, worker))
+    apply = apply_group if spec.grouped else apply_worker  # a group's job: docs/groups.md
+    yield from apply(spec, worker, _checked(batches, worker))
 
 
 @dataclass(frozen=True)
@@ -154,8 +156,17 @@ def split_results(table: pa.Table) -> EpochResults:
     reports = [WorkerReport.from_json(text) for text in rows.column(C.REPORT).to_pylist()]
     bins, counts = (pc.list_flatten(rows.column(name)).to_numpy()
                     for name in (C.LOAD_BINS, C.LOAD_COUNTS))
-    outputs = table.filter(pc.invert(is_report)).drop_columns(list(C.RESULT_COLUMNS))
+    outputs = table.filter(pc.invert(is_report)).drop_columns(
+        [c for c in C.RESULT_COLUMNS if c in table.column_names])
     return EpochResults(outputs.combine_chunks(), reports, bins, counts)
+
+
+def split_group_results(table: pa.Table, epochs: range) -> list[EpochResults]:
+    """Each epoch's outputs and reports (:func:`split_results`), from a group job's results
+    (their rows name their epoch)."""
+    tags = table.column(C.OUT_EPOCH)
+    return [split_results(table.filter(pc.equal(tags, pa.scalar(e, pa.int64()))))
+            for e in epochs]
 
 
 def _checked(batches: Iterator[pa.RecordBatch], worker: int) -> Iterator[pa.RecordBatch]:

@@ -3,7 +3,9 @@ learned online from recent epoch metrics (:class:`CostModel`).
 
 An epoch is one Spark job of two stages, the senders' exports and then every worker's install
 and processing; a stage takes its busiest worker's time or its total over the task slots,
-whichever is longer (:func:`stages_s`).
+whichever is longer (:func:`stages_s`). Epochs run as a group (docs/groups.md) share one job:
+the job's overhead is learned from the group as a whole and charged once per group, each
+epoch paying its share (``group_size``).
 """
 
 from __future__ import annotations
@@ -88,8 +90,9 @@ def _timed(m: EpochMetrics, usage: Mapping[int, WorkerUsage] | None) -> _Timed:
 class CostModel:
     """Costs in seconds learned from recent epochs (medians, so one slow epoch does not rule).
 
-    ``overhead_s``: an epoch's time outside the workers' stages (scheduling, the records'
-    shuffle). Per worker:
+    ``overhead_s``: a job's time outside the workers' stages (scheduling, the records'
+    shuffle), per job: an epoch alone pays it all, an epoch of a group of ``G`` a ``G``-th.
+    Per worker:
     ``per_record_s`` processing per record, ``records`` records per epoch, and per byte of
     state ``export_s_per_byte`` at the sender and ``install_s_per_byte`` at the receiver;
     ``ship_s_per_byte`` is what moving epochs took beyond that (the shuffle). Workers never
@@ -146,10 +149,13 @@ class CostModel:
                 work[APPLY, w] = wm.processing_s + (wm.install_s or 0.0)
             return m.duration_s - stages_s(work, par)
 
-        quiet = [outside(m) for m in recent if not m.bytes_moved]
-        overhead = max(0.0, _median(quiet) or _median(outside(m) for m in recent) or 0.0)
-        moving = [m for m in recent if m.bytes_moved]
-        ship = _median(max(0.0, outside(m) - overhead) / m.bytes_moved for m in moving)
+        jobs = _jobs([m for m, _ in rows])
+        outsides = [(sum(outside(recent[i]) for i in job),
+                     sum(recent[i].bytes_moved for i in job)) for job in jobs]
+        quiet = [o for o, moved in outsides if not moved]
+        overhead = max(0.0, _median(quiet) or _median(o for o, _ in outsides) or 0.0)
+        moving = [(o, moved) for o, moved in outsides if moved]
+        ship = _median(max(0.0, o - overhead) / moved for o, moved in moving)
         return cls(
             overhead_s=overhead,
             per_record_s={w: median(v) for w, v in per_record.items()},
@@ -184,9 +190,10 @@ class CostModel:
         """Predicted time to ship ``nbytes`` of state to ``worker`` and install it there."""
         return (self._of(self.install_s_per_byte, worker) + self.ship_s_per_byte) * nbytes
 
-    def epoch_s(self, work: Work, parallelism: int = 1) -> float:
-        """Predicted epoch duration for ``work`` (seconds per stage and worker)."""
-        return self.overhead_s + stages_s(work, parallelism)
+    def epoch_s(self, work: Work, parallelism: int = 1, group_size: int = 1) -> float:
+        """Predicted epoch duration for ``work`` (seconds per stage and worker), in a job of its
+        own or as one of ``group_size`` epochs of a group (its share of the job's overhead)."""
+        return self.overhead_s / max(1, group_size) + stages_s(work, parallelism)
 
     def replay_s(self, record: EpochMetrics, parallelism: int = 1) -> float:
         """The duration this model predicts for a recorded epoch, from its records and the
@@ -197,7 +204,21 @@ class CostModel:
             work[EXPORT, w] = self.export_s(w, wm.bytes_out or 0)
             work[APPLY, w] = (self.record_s(w) * (wm.records_in or 0)
                               + self.install_s(w, wm.bytes_in or 0))
-        return self.epoch_s(work, parallelism)
+        return self.epoch_s(work, parallelism, record.group_size or 1)
+
+
+def _jobs(records: list[EpochMetrics]) -> list[list[int]]:
+    """The indexes of ``records`` by the Spark job that ran them: alone, or the epochs of a
+    group together (a group's ``duration_s`` are its time's shares, so their sum is the
+    group's time)."""
+    jobs: list[list[int]] = []
+    for i, m in enumerate(records):
+        grouped = m.group is not None and (m.group_size or 1) > 1
+        if grouped and jobs and records[jobs[-1][0]].group == m.group and m.epoch != m.group:
+            jobs[-1].append(i)
+        else:
+            jobs.append([i])
+    return jobs
 
 
 __all__ = ["APPLY", "EXPORT", "CostModel", "Work", "stages_s"]
