@@ -10,14 +10,13 @@ the final state and the groups the metrics show are written to OUT_JSON.
 
 from __future__ import annotations
 
-import json
 import sys
 
 from pyspark.sql import functions as F
 
 from megaphone import MigrationPlan, Move, Pipeline, PlanStep
 from megaphone.spark import spark_session
-from tests.helpers.crash_driver import batch_keys
+from tests.helpers.crash_driver import batch_keys, write_results
 
 EPOCHS = 8
 PLAN_EPOCH = 4
@@ -35,17 +34,7 @@ def main(state_dir: str, out: str) -> None:
     backlog = spark.createDataFrame(rows, "k long, e long")
     done = -1 if pipe.label is None else pipe.label
     pipe.process_arrow(backlog.where(F.col("e") > done), epoch_column="e")
-    outputs = {}
-    for epoch in range(EPOCHS):
-        table = pipe.state_dir.read_outputs(epoch)
-        outputs[epoch] = dict(zip(table.column(0).to_pylist(), table.column(1).to_pylist(),
-                                  strict=True))
-    state = {row[0]: row[1] for row in pipe.state().collect()}
-    with open(out, "w") as fh:
-        json.dump({"outputs": outputs, "state": state, "workers": pipe.routing.workers(),
-                   "rolled_back": pipe.recovery.workers_rolled_back,
-                   "groups": {m["epoch"]: m["group"] for m in pipe.metrics()},
-                   "job_attempts": sum(m.get("job_attempts", 1) for m in pipe.metrics())}, fh)
+    write_results(pipe, out, EPOCHS, groups={m["epoch"]: m["group"] for m in pipe.metrics()})
     pipe.close()
     spark.stop()
 
