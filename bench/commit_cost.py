@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from tqdm import tqdm
 
 from megaphone.migrator.commit import Commit
-from megaphone.migrator.pipeline import LOAD_SMOOTHING
+from megaphone.migrator.pipeline_epochs import LOAD_SMOOTHING
 from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.worker import bin_counts
 from megaphone.routing.bins import bin_of
@@ -69,7 +69,7 @@ def main() -> None:
             t2 = time.perf_counter()
             state.write_commit(Commit(epoch=epoch, state_version=0))
             t3 = time.perf_counter()
-            # Per-bin load, as apply_worker and Pipeline._track_load do it.
+            # Per-bin load, as apply_worker and PipelineEpochs._track_load do it.
             row = [pa.array([c], pa.list_(pa.int32())) for c in bin_counts(bins)]
             hot, counts = (pc.list_flatten(c).to_numpy() for c in row)
             epoch_counts = np.bincount(hot, weights=counts, minlength=BINS)

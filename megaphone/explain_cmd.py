@@ -4,8 +4,9 @@ Reads the SnailTrail traces a pipeline keeps in its state directory (``traces.js
 epoch: :mod:`megaphone.migrator.trace`), builds the program activity graph of the chosen
 epochs and ranks its activities by critical participation
 (:func:`megaphone.snailtrail.analyze`): the share of the window an activity takes on the
-critical paths. Waiting counts too. Prints the top activities, the share by kind and by worker
-(stragglers: waiting and scheduling left out) and by moved bin; ``--plot`` draws each worker's
+critical paths. Waiting counts too. Prints the top activities, the share by kind, by worker
+(stragglers: waiting and scheduling left out), by kind and worker (which work of which worker
+holds the epochs back) and by moved bin; ``--plot`` draws each worker's
 timeline with the top activities outlined (needs the ``plot`` extra, matplotlib).
 
 Read-only, safe next to a running pipeline.
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from megaphone.plans.report import table
-from megaphone.snailtrail import CriticalReport, EpochTrace, Participation, analyze
+from megaphone.snailtrail import RECORDED, CriticalReport, EpochTrace, Participation, analyze
 
 #: Epochs explained when ``--epochs`` is not given: the newest ones.
 DEFAULT_EPOCHS = 50
@@ -107,6 +108,9 @@ def explain(traces: list[EpochTrace], top: int = 15) -> tuple[dict[str, Any], Cr
         "by_kind": report.by_kind(),
         "by_worker": {("driver" if w is None else str(w)): cp
                       for w, cp in report.by_worker(exclude_kinds=NOT_WORK).items()},
+        "by_activity": {f"{kind} {_who(w)}": cp for (kind, w), cp in report.summarize(
+            lambda e: (e.kind, e.worker) if e.role == RECORDED and e.kind not in NOT_WORK
+            else None).items()},
         "by_bin": {str(b): cp for b, cp in report.by_bin().items()},
     }, report
 
@@ -136,6 +140,9 @@ def render(info: dict[str, Any]) -> str:
     lines.append("by worker: " + ", ".join(f"{_who(w)} {100 * v:.1f}%"
                                            for w, v in info["by_worker"].items())
                  + "  (own work: waiting and scheduling left out)")
+    lines.append("by work:   " + ", ".join(f"{k} {100 * v:.1f}%"
+                                           for k, v in list(info["by_activity"].items())[:8])
+                 + "  (kind and worker, own work)")
     if info["by_bin"]:
         lines.append("by bin:    " + ", ".join(f"{b} {100 * v:.1f}%"
                                                for b, v in list(info["by_bin"].items())[:10]))

@@ -78,6 +78,8 @@ def describe(state_dir: str) -> dict[str, Any]:
         "pending_drops": len(commit.pending_drops),
         "plans_in_flight": in_flight,
         "hot_keys": hot_keys(commit.hot),
+        "label": commit.label,
+        "groups": groups(state.read_metrics(last=GROUP_HISTORY)),
     }
 
 
@@ -89,6 +91,22 @@ def hot_keys(summary: dict[str, Any]) -> list[dict[str, Any]]:
     hot = HeavyHitters.from_json(summary)
     return [{"key": k, "records": round(c, 1), "error": round(e, 1),
              "share": round(hot.share(k), 4)} for k, c, e in hot.counters]
+
+
+#: Newest epochs whose groups ``inspect`` summarizes.
+GROUP_HISTORY = 1000
+
+
+def groups(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the newest epochs ran (docs/groups.md): ``epochs``, those run in groups of several
+    (``grouped``), the groups' count and sizes, and the newest group (first epoch, size)."""
+    firsts = [m for m in metrics if m.get("group") is not None and m["group"] == m["epoch"]]
+    sizes = [int(m.get("group_size", 1)) for m in firsts]
+    return {"epochs": len(metrics),
+            "grouped": sum(1 for m in metrics if int(m.get("group_size", 1)) > 1),
+            "groups": len(firsts), "mean_size": round(sum(sizes) / len(sizes), 2) if sizes
+            else None, "max_size": max(sizes, default=None),
+            "last": [firsts[-1]["epoch"], sizes[-1]] if firsts else None}
 
 
 def render(info: dict[str, Any]) -> str:
@@ -122,6 +140,12 @@ def render(info: dict[str, Any]) -> str:
             )
     else:
         lines.append("in flight   no plan")
+    g = info["groups"]
+    if g["groups"]:
+        lines.append(f"groups      {g['groups']} of the last {g['epochs']} epochs' jobs ran "
+                     f"groups (mean {g['mean_size']} epochs, largest {g['max_size']}; newest "
+                     f"from epoch {g['last'][0]}, {g['last'][1]} epochs); last label "
+                     f"{info['label']}")
     rows = [[w, d["bins"], d["keys"], human_bytes(d["bytes"])]
             for w, d in info["per_worker"].items()]
     rows.append(["total", info["num_bins"], info["keys"], human_bytes(info["bytes"])])

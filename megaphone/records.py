@@ -175,6 +175,14 @@ class EpochMetrics(_Record):
     #: The epoch's heaviest keys, ``[key, count, error]`` (workers' summaries merged), when
     #: hot keys are watched; the keys split in it are those with ``split_records``.
     hot_keys: list[list[Any]] = field(default_factory=list)
+    #: The first epoch of the group of epochs whose one job ran this epoch (docs/groups.md);
+    #: ``None`` for an epoch run as a job of its own.
+    group: int | None = None
+    #: Epochs in that group (1 alone). ``duration_s`` and ``phases_s`` are then this epoch's
+    #: share of the group's (the group's time over its size: the job's floor amortized).
+    group_size: int = 1
+    #: The epoch's label (the value of the batch's epoch column), in a group.
+    label: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

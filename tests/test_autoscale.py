@@ -66,6 +66,9 @@ class FakePipe:
     def metric_records(self, last: int | None = None) -> list[EpochMetrics]:
         return list(epoch_records(self._metrics[-last:] if last else self._metrics))
 
+    def trace_records(self, last: int | None = None) -> list:
+        return []  # untraced: DS2 reads the metrics' useful time
+
     def migrate(self, plan: FakePlan) -> str:
         self.submitted.append(plan)
         self.in_flight.append(plan)

@@ -9,24 +9,19 @@ otherwise). No timing is asserted: the numbers of a smoke run on a shared machin
 from __future__ import annotations
 
 import csv
-import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.helpers.bench_modules import bench_module
 
 
 @pytest.fixture(scope="module")
 def nexmark():
     """The ``bench/nexmark.py`` module (bench/ is not a package)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("nexmark")
-    finally:
-        sys.path.remove(str(BENCH))
+    with bench_module("nexmark") as module:
+        yield module
 
 
 @pytest.mark.slow

@@ -9,25 +9,21 @@ numbers of a smoke run on a shared CI machine mean nothing.
 from __future__ import annotations
 
 import csv
-import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.helpers.bench_modules import bench_module
+
 RUNS = ("steady", "all-at-once", "fluid", "batched", "deadline@30", "pause-restart", "native")
 
 
 @pytest.fixture(scope="module")
 def migration():
     """The ``bench/migration.py`` module (bench/ is not a package)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("migration")
-    finally:
-        sys.path.remove(str(BENCH))
+    with bench_module("migration") as module:
+        yield module
 
 
 @pytest.mark.slow

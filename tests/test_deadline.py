@@ -364,3 +364,23 @@ def test_no_bins_go_to_a_worker_that_owes_compaction():
     assert len(policy(view(only_to_1, sizes))) == 2
     with pytest.raises(PlanError, match="max_compaction_debt"):
         DeadlinePolicy(1.0, max_compaction_debt=-1)
+
+
+def test_the_cost_model_charges_a_groups_job_overhead_once():
+    """Epochs of a group share one job: its overhead is learned from the group as a whole
+    (each epoch's ``duration_s`` is a share of the group's time) and charged per job."""
+    size = 4
+    alone = epoch()
+    group = []
+    for i in range(size):
+        m = epoch()
+        work = m.duration_s - OVERHEAD_S  # the epoch's stages
+        m.epoch, m.group, m.group_size = 10 + i, 10, size
+        m.duration_s = work + OVERHEAD_S / size  # the group's time over its size
+        group.append(m)
+    for history in ((alone, alone), tuple(group), (alone, *group)):
+        model = CostModel.fit(history, parallelism=8)
+        assert model.overhead_s == pytest.approx(OVERHEAD_S)
+        work = alone.duration_s - OVERHEAD_S
+        assert model.replay_s(group[1], 8) == pytest.approx(work + OVERHEAD_S / size)
+        assert model.replay_s(alone, 8) == pytest.approx(alone.duration_s)

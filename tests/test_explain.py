@@ -146,3 +146,4 @@ def test_explain_ranks_a_slowed_workers_apply_first(spark, tmp_path, capsys):
     first = info["top"][0]
     assert (first["kind"], first["worker"], first["role"]) == ("apply", 1, "recorded")
     assert next(iter(info["by_worker"])) == "1"
+    assert next(iter(info["by_activity"])) == "apply w1"

@@ -101,7 +101,8 @@ class Autoscaler:
         with self._lock:
             metrics = self.pipe.metric_records()
             current = len(self.pipe.routing.workers())
-            window = select_window(metrics, self._seen, now, self.policy, self._since)
+            window = replace(select_window(metrics, self._seen, now, self.policy, self._since),
+                             traces=tuple(self.pipe.trace_records()))
             self._seen = max(self._seen, window.seen_through)
             decision = decide(window, current, self.policy, lambda w: self.propose(w, current),
                               now=now, in_flight=len(self.pipe.in_flight),

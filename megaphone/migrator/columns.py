@@ -18,6 +18,12 @@ KEY = "key"
 VALUE = "value"
 #: A record's event time, microseconds since the epoch.
 EVENT_TIME = "_t"
+#: A record's epoch label, in a group's job (docs/groups.md): the value of the batch's epoch
+#: column, which the task maps to its epoch (:attr:`~megaphone.migrator.epoch_spec.EpochSpec.
+#: labels`).
+LABEL = "_e"
+#: The epoch of a row of a group task's results (an output or a report).
+OUT_EPOCH = "_oe"
 #: A moving key's encoded key (null on records).
 STATE_KEY = "_sk"
 #: A moving key's encoded state.
@@ -36,4 +42,4 @@ LOAD_BINS = "_load_bins"
 #: How many records of each of :data:`LOAD_BINS` the worker applied.
 LOAD_COUNTS = "_load_counts"
 #: The columns megaphone adds to a task's results (no key column may be called so).
-RESULT_COLUMNS = (REPORT, LOAD_BINS, LOAD_COUNTS)
+RESULT_COLUMNS = (REPORT, LOAD_BINS, LOAD_COUNTS, OUT_EPOCH)

@@ -21,6 +21,8 @@ class Commit:
     ``hot``: the heaviest keys of the committed epochs, smoothed (a bounded
     :class:`~megaphone.plans.hot_keys.HeavyHitters` as JSON; empty unless hot keys are
     watched), whence the next epoch's split: a re-run of an epoch splits alike.
+    ``label``: the epoch's label when it ran from a batch's epoch column (docs/groups.md): a
+    later batch's labels must be larger.
     """
 
     epoch: int = -1
@@ -32,6 +34,7 @@ class Commit:
     seq: int = 0
     max_event_time: int | None = None
     hot: dict[str, Any] = field(default_factory=dict)
+    label: int | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> Commit:
@@ -40,9 +43,9 @@ class Commit:
             raise ValueError(f"commit.json is malformed: {data!r:.200}")
         commit = cls(**data)
         if not all(isinstance(n, int) for n in (commit.epoch, commit.state_version, commit.seq,
-                                                commit.max_event_time or 0)):
-            raise ValueError("commit.json is malformed: epoch, state_version, seq and "
-                             "max_event_time must be integers")
+                                                commit.max_event_time or 0, commit.label or 0)):
+            raise ValueError("commit.json is malformed: epoch, state_version, seq, "
+                             "max_event_time and label must be integers")
         if not isinstance(commit.tokens, dict) or not all(
                 isinstance(w, str) and w.isdigit() and isinstance(t, str)
                 for w, t in commit.tokens.items()):

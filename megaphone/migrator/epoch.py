@@ -38,6 +38,7 @@ from megaphone.migrator.trace import epoch_trace, take_marks, trace_enabled
 from megaphone.migrator.updates import Update, UpdateError
 from megaphone.plans.plan import MigrationPlan
 from megaphone.records import EpochMetrics
+from megaphone.snailtrail import EpochTrace
 
 log = logging.getLogger("megaphone.epoch")
 
@@ -88,8 +89,8 @@ class EpochHost:
     ``stateful_workers()`` the workers that may hold state; ``spec(batch, update, layout)``
     the metadata of the epoch's tasks; ``outputs_frame(outputs)`` the outputs as a DataFrame.
     The epoch reports back through ``track_load(bins, records)`` (records applied per bin),
-    ``committed(commit)`` (at its commit point) and ``recorded(record)`` (its metrics record,
-    as stored).
+    ``committed(commit)`` (at its commit point) and ``recorded(record, trace)`` (its metrics
+    record, as stored, and its trace, None when tracing is off).
     """
 
     spark: SparkSession
@@ -104,7 +105,7 @@ class EpochHost:
     outputs_frame: Callable[[pa.Table], DataFrame]
     track_load: Callable[[np.ndarray, np.ndarray], None]
     committed: Callable[[Commit], None]
-    recorded: Callable[[EpochMetrics], None]
+    recorded: Callable[[EpochMetrics, EpochTrace | None], None]
 
 
 class EpochRun:
@@ -199,10 +200,11 @@ class EpochRun:
         record.phases_s = dict(self.phases)
         stored = record.to_dict()
         state.append_metrics(stored)  # a crash before this line loses the line, not the epoch
-        if trace_enabled():
-            state.traces.append(epoch_trace(epoch, self.spans, marks, layout.outgoing,
-                                            layout.incoming))
-        host.recorded(record)
+        trace = epoch_trace(epoch, self.spans, marks, layout.outgoing, layout.incoming) \
+            if trace_enabled() else None
+        if trace is not None:
+            state.traces.append(trace)
+        host.recorded(record, trace)
         return outputs
 
     def _collect(self, job: DataFrame, rebuild: Callable[[], DataFrame]) -> pa.Table:

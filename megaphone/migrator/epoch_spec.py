@@ -5,7 +5,7 @@ and the schema of the epoch's one shuffle. The driver builds both; the worker's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,6 +32,9 @@ class EpochSpec:
     timers it fires. Hot keys (docs/hot-keys.md): ``split_keys`` run in dual mode (folded
     by ``lessees`` tasks, ``None``: the input's partitions), and each worker reports its
     ``sketch_capacity`` heaviest keys (0: none).
+    timers it fires. A group's spec (docs/groups.md) also has ``labels``: the epoch labels of
+    the group's epochs in order (``epoch`` is the first's; only it installs, ships and drops
+    bins) and, for an event-time operator, ``watermarks``: each epoch's watermark.
     """
 
     epoch: int
@@ -61,6 +64,22 @@ class EpochSpec:
     split_keys: tuple = ()
     lessees: int | None = None
     sketch_capacity: int = 0
+    labels: tuple[int, ...] = ()
+    watermarks: tuple[int | None, ...] = ()
+
+    @property
+    def grouped(self) -> bool:
+        """True for a group's spec: the job runs the epochs of :attr:`labels`."""
+        return bool(self.labels)
+
+    def for_epoch(self, i: int) -> EpochSpec:
+        """The spec of the group's ``i``-th epoch as a task applies it: the first is the group's
+        own; a later one moves no bin, and every worker that owns bins owned them before."""
+        watermark = self.watermarks[i] if self.watermarks else self.watermark
+        if i == 0:
+            return replace(self, watermark=watermark)
+        return replace(self, epoch=self.epoch + i, incoming={}, outgoing={}, drops={},
+                       committed_owners=self.live, watermark=watermark)
 
     def required_epoch(self, worker: int) -> int | None:
         """The epoch ``worker``'s state must be at before this epoch (the last commit) when it
@@ -89,3 +108,8 @@ def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_
                pa.field(C.STATE_FILE, pa.binary()), pa.field(C.PARTIAL, pa.binary()),
                pa.field(C.EXPORT_REPORT, pa.string())]
     return pa.schema(fields)
+
+
+def with_labels(schema: pa.Schema) -> pa.Schema:
+    """The shuffle ``schema`` of a group's job: its records also carry their epoch's label."""
+    return schema.append(pa.field(C.LABEL, pa.int64()))

@@ -76,9 +76,10 @@ def task_fields(layout: EpochLayout, commit: Commit, table: RoutingTable) -> dic
 def commit_record(layout: EpochLayout, stream: dict[str, Any], plans: list[dict[str, Any]],
                   per_worker: Mapping[int, WorkerMetrics], before: Commit) -> Commit:
     """The driver's commit record of the epoch: its routing version, the bins its old owners
-    drop next, the stream's position, the plans in flight, each worker's attempt token, and
-    the largest event time so far (``before``'s, or a larger one the workers saw), and the
-    hot keys so far (:func:`hot_summary`)."""
+    drop next, the stream's position, the plans in flight, each worker's attempt token, the
+    largest event time so far (``before``'s, or a larger one the workers saw), the last
+    epoch label (``before``'s; a group sets its epochs' own) and the hot keys so far
+    (:func:`hot_summary`)."""
     times = [m.max_event_time for m in per_worker.values() if m.max_event_time is not None]
     if before.max_event_time is not None:
         times.append(before.max_event_time)
@@ -86,7 +87,7 @@ def commit_record(layout: EpochLayout, stream: dict[str, Any], plans: list[dict[
                   pending_drops=[[m.bin, m.src] for m in layout.moves], stream=stream,
                   plans=plans, tokens={str(w): m.token for w, m in per_worker.items()
                                        if m.token},
-                  max_event_time=max(times) if times else None,
+                  max_event_time=max(times) if times else None, label=before.label,
                   hot=hot_summary(before.hot, per_worker))
 
 

@@ -35,9 +35,10 @@ from megaphone.migrator.commit import Commit
 from megaphone.migrator.config import check_arguments, update_setting
 from megaphone.migrator.connect_stream import ServeBatch, ServerHandoff
 from megaphone.migrator.driver_copy import DriverCopy
-from megaphone.migrator.pipeline_epochs import PipelineEpochs
+from megaphone.migrator.pipeline_epochs import POLICY_HISTORY, PipelineEpochs
+from megaphone.migrator.pipeline_groups import AUTO, PipelineGroups, check_group_size
 from megaphone.migrator.pipeline_state_dir import StateDirOwner
-from megaphone.migrator.plan_queue import MigrationHandle, PlanQueue, PolicyInputs
+from megaphone.migrator.plan_queue import MigrationHandle, PlanQueue
 from megaphone.migrator.planning import bin_sizes, sizes_from_stats
 from megaphone.migrator.recovery import RecoveryReport
 from megaphone.migrator.registry import unregister
@@ -53,20 +54,16 @@ from megaphone.plans.policy import MigrationPolicy
 from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
-from megaphone.spark import task_slots
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES, check_transfer
 from megaphone.state_backends.durable import SNAPSHOT_EVERY
 from megaphone.state_backends.remote import default_local_dir
 
-#: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
-LOAD_SMOOTHING = 0.3
-#: Newest epochs' metrics an adaptive plan's policy sees.
-POLICY_HISTORY = 50
 if TYPE_CHECKING:
     from megaphone.plans.planner import BinSizes
+    from megaphone.snailtrail import EpochTrace
 
 
-class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
+class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff, PipelineGroups):
     """A keyed stateful operator over micro-batches whose state can migrate while it runs.
 
     ``update`` is ``"count"`` (records), ``"sum"``, ``"min"``, ``"max"`` (of ``value``, nulls
@@ -80,6 +77,8 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
     (default ``$MEGAPHONE_LOCAL_DIR`` or ``$TMPDIR/megaphone-<uid>``; docs/worker-store.md).
     ``transfer``: how moving bins travel, ``"auto"`` (RocksDB bins from 64 KiB as SST files,
     the rest as rows), ``"files"`` or ``"rows"``, in shuffle rows of up to ``chunk_bytes``.
+    ``group_size``: epochs per Spark job when a batch holds several (``process(batch,
+    epoch_column=...)``): a fixed int, or ``"auto"``, Drizzle's rule (docs/groups.md).
 
     >>> pipe = Pipeline(spark, "/tmp/wc", key="word", update="count")  # doctest: +SKIP
     >>> pipe.process(spark.createDataFrame([("a",), ("b",), ("a",)], "word string")).show()
@@ -113,9 +112,11 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         local_dir: str | None = None,
         checkpoint: str | None = None,
         snapshot_every: int = SNAPSHOT_EVERY,
+        group_size: int | str = AUTO,
     ) -> None:
         check_arguments(key=key, value=value, update=update, workers=workers,
                         num_bins=num_bins, backend=backend, snapshot_every=snapshot_every)
+        self._group_size = check_group_size(group_size)
         self.spark = spark
         self.key = key
         self.value = value
@@ -143,6 +144,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         self._key_type = key_type
         self._lock = threading.RLock()  # one epoch at a time; guards commit and routing
         self._metrics: collections.deque[EpochMetrics] = collections.deque(maxlen=10_000)
+        self._traces: collections.deque[EpochTrace] = collections.deque(maxlen=POLICY_HISTORY)
         self._bin_load = np.zeros(num_bins)  # records per bin per epoch, smoothed
         self._task_slots: int | None = None
         self._map_sides = MapSides()  # the epoch job's map side, kept while it holds
@@ -207,18 +209,25 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
 
     # -- public API ----------------------------------------------------------------------
 
-    def process(self, batch: DataFrame, *, input_end: float | None = None) -> DataFrame:
+    def process(self, batch: DataFrame, *, input_end: float | None = None,
+                epoch_column: str | None = None) -> DataFrame:
         """Run one epoch over ``batch`` and return its outputs.
 
         ``input_end``: when the batch's input was complete (``time.time()`` seconds). With it
         the epoch's ``latency_s`` metric is its commit time minus ``input_end``, and the
         deadline policy sees how late the epoch starts (a backlog leaves less slack).
+        ``epoch_column``: a backlog of epochs, one per distinct integer label of this column
+        (labels increase from call to call), run in order in groups of epochs per Spark job
+        (``group_size``; docs/groups.md); the outputs carry their label in that column.
         """
+        if epoch_column is not None:
+            return self._run_epochs(batch, epoch_column, input_end, want_frame=True)[1]
         _, frame = self._run_epoch(batch, None, input_end, want_frame=True)
         assert frame is not None
         return frame
 
-    def process_arrow(self, batch: DataFrame, *, input_end: float | None = None) -> pa.Table:
+    def process_arrow(self, batch: DataFrame, *, input_end: float | None = None,
+                      epoch_column: str | None = None) -> pa.Table:
         """Like :meth:`process`, but return the outputs as a ``pyarrow.Table`` on the driver.
 
         The outputs reach the driver in the epoch's job results either way; this skips building
@@ -229,6 +238,8 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
         ... # doctest: +SKIP
         [{'word': 'a', 'count': 3}]
         """
+        if epoch_column is not None:
+            return self._run_epochs(batch, epoch_column, input_end, want_frame=False)[0]
         outputs, _ = self._run_epoch(batch, None, input_end, want_frame=False)
         return outputs
 
@@ -369,26 +380,6 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff):
     def bin_load(self) -> np.ndarray:
         """Records per bin per epoch, exponentially smoothed over this process's epochs."""
         return self._bin_load.copy()
-
-    def _policy_inputs(self, lag_s: float) -> PolicyInputs:
-        """What adaptive plans' policies see before the next epoch (metadata only)."""
-        def sizes() -> dict[int, int]:
-            return dict(enumerate(self.bin_sizes().bytes.tolist()))
-
-        def load() -> dict[int, float]:
-            hot = np.flatnonzero(self._bin_load)
-            return dict(zip(hot.tolist(), self._bin_load[hot].tolist(), strict=True))
-
-        if self._task_slots is None:  # asked once
-            self._task_slots = task_slots(self.spark)
-        return PolicyInputs(
-            history=lambda: self.metric_records(last=POLICY_HISTORY), bin_bytes=sizes,
-            bin_records=load, lag_s=lag_s, parallelism=self._task_slots)
-
-    def _track_load(self, bins: np.ndarray, records: np.ndarray) -> None:
-        counts = np.bincount(bins, weights=records, minlength=len(self._bin_load))
-        self._bin_load *= 1.0 - LOAD_SMOOTHING
-        self._bin_load += LOAD_SMOOTHING * counts
 
 
 def _open_on_server(spark: SparkSession, state_dir: str, settings: dict[str, Any]) -> ServeBatch:

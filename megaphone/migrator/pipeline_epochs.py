@@ -20,21 +20,28 @@ from megaphone.migrator.epoch import Admission, EpochHost, EpochRun
 from megaphone.migrator.epoch_spec import EpochSpec, shuffle_schema
 from megaphone.migrator.layout import EpochLayout, task_fields
 from megaphone.migrator.pipeline_hot import HotKeys
-from megaphone.migrator.plan_queue import PlanQueue
+from megaphone.migrator.plan_queue import PlanQueue, PolicyInputs
 from megaphone.migrator.schemas import PipelineSchema, arrow_type
 from megaphone.migrator.spark_job import MapSides
 from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.updates import Update
 from megaphone.operators.process import watermark
 from megaphone.records import EpochMetrics
+from megaphone.snailtrail import EpochTrace
+from megaphone.spark import task_slots
+
+#: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
+LOAD_SMOOTHING = 0.3
+#: Newest epochs' metrics (and traces) an adaptive plan's policy sees.
+POLICY_HISTORY = 50
 
 
 class PipelineEpochs(HotKeys):
     """The epochs of a pipeline: a base of :class:`~megaphone.migrator.pipeline.Pipeline`,
     which holds the attributes declared here and provides the rest an epoch needs (its state
     directory, routing and plans: ``state_dir``, ``fingerprint``, ``routing``, ``epoch``,
-    ``streaming``, ``migrate``, ``_create``, ``_recover``, ``_policy_inputs``,
-    ``_stateful_workers``, ``_track_load``)."""
+    ``streaming``, ``migrate``, ``bin_sizes``, ``_create``, ``_recover``,
+    ``_stateful_workers``)."""
 
     spark: SparkSession
     key: str
@@ -49,6 +56,9 @@ class PipelineEpochs(HotKeys):
     _key_type: str | None
     _lock: threading.RLock
     _metrics: collections.deque[EpochMetrics]
+    _traces: collections.deque[EpochTrace]
+    _bin_load: np.ndarray
+    _task_slots: int | None
     _map_sides: MapSides
     _state: StateDir | None
     _queue: PlanQueue | None
@@ -120,6 +130,41 @@ class PipelineEpochs(HotKeys):
         return Admission(self._schema.record_columns(key_type, update), update, self.state_dir,
                          self._queue, self._commit)
 
+    def _policy_inputs(self, lag_s: float) -> PolicyInputs:
+        """What adaptive plans' policies see before the next epoch (metadata only)."""
+        def sizes() -> dict[int, int]:
+            return dict(enumerate(self.bin_sizes().bytes.tolist()))
+
+        def load() -> dict[int, float]:
+            hot = np.flatnonzero(self._bin_load)
+            return dict(zip(hot.tolist(), self._bin_load[hot].tolist(), strict=True))
+
+        if self._task_slots is None:  # asked once
+            self._task_slots = task_slots(self.spark)
+        return PolicyInputs(
+            history=lambda: list(self._metrics)[-POLICY_HISTORY:], bin_bytes=sizes,
+            bin_records=load, lag_s=lag_s, parallelism=self._task_slots,
+            traces=lambda: tuple(self._traces))
+
+    def _track_load(self, bins: np.ndarray, records: np.ndarray) -> None:
+        """Fold an epoch's records per bin into the smoothed per-bin load."""
+        counts = np.bincount(bins, weights=records, minlength=len(self._bin_load))
+        self._bin_load *= 1.0 - LOAD_SMOOTHING
+        self._bin_load += LOAD_SMOOTHING * counts
+
+    def _recorded(self, record: EpochMetrics, trace: EpochTrace | None) -> None:
+        """Keep an epoch's metrics record and, if it was traced, its trace (for policies)."""
+        self._metrics.append(record)
+        if trace is not None:
+            self._traces.append(trace)
+
+    def trace_records(self, last: int | None = None) -> list[EpochTrace]:
+        """The newest ``last`` (default: all kept, up to :data:`POLICY_HISTORY`) epochs' SnailTrail
+        traces, oldest first: what DS2 and the deadline policy read their times from. The
+        state directory keeps more (``megaphone explain`` reads them)."""
+        items = list(self._traces)
+        return items[-last:] if last else items
+
     def _epoch_host(self) -> EpochHost:
         """What an epoch sees of this pipeline (:class:`~megaphone.migrator.epoch.EpochHost`)."""
         def committed(commit: Commit) -> None:
@@ -130,7 +175,7 @@ class PipelineEpochs(HotKeys):
             map_sides=self._map_sides, admit=self._admit, submit=self.migrate,
             policy_inputs=self._policy_inputs, stateful_workers=self._stateful_workers,
             spec=self._spec, outputs_frame=self._outputs_frame, track_load=self._track_load,
-            committed=committed, recorded=self._metrics.append)
+            committed=committed, recorded=self._recorded)
 
     def _run_epoch(self, batch: DataFrame, stream: dict[str, Any] | None,
                    input_end: float | None = None, *, want_frame: bool

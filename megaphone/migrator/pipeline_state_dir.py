@@ -21,6 +21,7 @@ from megaphone.migrator.statedir import StateDir
 from megaphone.paths import local_stores_path
 from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint
+from megaphone.snailtrail import EpochTrace
 from megaphone.state_backends.durable import claim_checkpoint
 from megaphone.state_backends.remote import release_stores
 
@@ -40,6 +41,7 @@ class StateDirOwner:
     _path: Path
     _lock: threading.RLock
     _metrics: collections.deque[EpochMetrics]
+    _traces: collections.deque[EpochTrace]
     _state: StateDir | None
     _queue: PlanQueue | None
     _commit: Commit
@@ -68,6 +70,7 @@ class StateDirOwner:
         self._queue = PlanQueue(state.load_routing())
         self._queue.restore(self._commit.plans)
         self._metrics.extend(epoch_records(state.read_metrics(last=self._metrics.maxlen)))
+        self._traces.extend(state.traces.read())  # the deque keeps the newest
         register(fp.pipeline_id, self)
 
     def _create(self, key_type: str) -> None:

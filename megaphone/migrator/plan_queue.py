@@ -25,6 +25,7 @@ from megaphone.plans.policy import (
 )
 from megaphone.records import EpochMetrics
 from megaphone.routing.table import Move, RoutingTable
+from megaphone.snailtrail import EpochTrace
 
 log = logging.getLogger("megaphone.plans")
 
@@ -116,12 +117,14 @@ class MigrationHandle:
 class PolicyInputs:
     """What the driver knows before an epoch, for the policies of adaptive plans.
 
-    ``history()``: recent per-epoch metrics records; ``bin_bytes()``: size of every bin (read once
+    ``history()``: recent per-epoch metrics records; ``traces()``: their epochs' traces;
+    ``bin_bytes()``: size of every bin (read once
     when a plan becomes active); ``bin_records()``: recent records per bin; ``lag_s``: how
     long after the end of its input the epoch starts; ``parallelism``: task slots.
     """
 
     history: Callable[[], Sequence[EpochMetrics]] = tuple
+    traces: Callable[[], Sequence[EpochTrace]] = tuple
     bin_bytes: Callable[[], Mapping[int, int]] = dict
     bin_records: Callable[[], Mapping[int, float]] = dict
     lag_s: float = 0.0
@@ -261,6 +264,21 @@ class PlanQueue:
                 break  # later plans wait until this one has applied all its steps
             return moves
 
+    def group_end(self, start: int, end: int) -> int:
+        """The last epoch, at most ``end``, of a group of epochs starting at ``start`` that no
+        plan step falls inside: called after :meth:`steps_due` applied ``start``'s steps. A
+        fixed plan's next step ends the group before it; a plan waiting to become active, or
+        an adaptive plan (its policy decides before every epoch), ends it at ``start``
+        (docs/groups.md)."""
+        with self.lock:
+            for active in self._plans:
+                if active.all_applied():
+                    continue
+                if active.policy is not None or active.epochs is None:
+                    return start
+                return max(start, min(end, active.epochs[active.applied] - 1))
+            return end
+
     def _adaptive_step(self, active: _Active, epoch: int, inputs: PolicyInputs) -> list[Move]:
         assert active.policy is not None
         if active.epochs is None:
@@ -269,7 +287,8 @@ class PlanQueue:
             active.sizes = inputs.bin_bytes()
         remaining = active.remaining()
         view = EpochView(epoch, tuple(remaining), active.sizes, inputs.bin_records(),
-                         tuple(inputs.history()), inputs.lag_s, active.idle, inputs.parallelism)
+                         tuple(inputs.history()), inputs.lag_s, active.idle, inputs.parallelism,
+                         tuple(inputs.traces()))
         try:
             chosen = checked_choice(active.policy(view), set(remaining))
             if chosen:

@@ -23,6 +23,7 @@ from megaphone.plans.strategies import FLUID
 from megaphone.plans.targets import TargetSpec
 from megaphone.records import EpochMetrics
 from megaphone.routing.table import RoutingTable
+from megaphone.snailtrail import EpochTrace
 from megaphone.state_backends import open_backend
 
 
@@ -37,6 +38,7 @@ class LivePipeline(Protocol):
     @property
     def in_flight(self) -> list[Any]: ...
     def metric_records(self, last: int | None = None) -> list[EpochMetrics]: ...
+    def trace_records(self, last: int | None = None) -> list[EpochTrace]: ...
     def bin_sizes(self, owners: np.ndarray | None = None) -> BinSizes: ...
     def bin_load(self) -> np.ndarray: ...
 
@@ -114,14 +116,15 @@ def committed_table(state: StateDir, state_version: int) -> RoutingTable:
 
 @dataclass(frozen=True)
 class PlanningSource:
-    """The cheap facts about a pipeline (routing, plans in flight, metrics), and how to read
-    the costly ones (bin sizes, measured load) once a request has been checked."""
+    """The cheap facts about a pipeline (routing, plans in flight, metrics and traces), and how
+    to read the costly ones (bin sizes, measured load) once a request has been checked."""
 
     table: RoutingTable
     in_flight: int
     metrics: tuple[EpochMetrics, ...]
     read_sizes: Callable[[np.ndarray], BinSizes]
     read_load: Callable[[], np.ndarray | None]
+    traces: tuple[EpochTrace, ...] = ()
 
     def inputs(self) -> PlanningInputs:
         """Read the bin sizes (at the newest owners) and load: the planner's inputs."""
@@ -138,17 +141,18 @@ def pipeline_source(pipeline: LivePipeline) -> PlanningSource:
         raise PlanError(str(exc)) from None
     return PlanningSource(pipeline.routing, len(pipeline.in_flight),
                           tuple(pipeline.metric_records()), pipeline.bin_sizes,
-                          pipeline.bin_load)
+                          pipeline.bin_load, tuple(pipeline.trace_records()))
 
 
 def state_dir_source(state: StateDir | str | os.PathLike[str]) -> PlanningSource:
-    """What a state directory offers for planning: its committed routing table and recorded
-    metrics, and bin sizes read from its workers' backends (no measured load)."""
+    """What a state directory offers for planning: its committed routing table, recorded
+    metrics and traces, and bin sizes read from its workers' backends (no measured load)."""
     state = state if isinstance(state, StateDir) else StateDir.open(state)
     commit = state.read_commit()
     return PlanningSource(committed_table(state, commit.state_version), len(commit.plans),
                           epoch_records(state.read_metrics()),
-                          lambda owners: bin_sizes(state, owners), lambda: None)
+                          lambda owners: bin_sizes(state, owners), lambda: None,
+                          tuple(state.traces.read()))
 
 
 def plan_from(

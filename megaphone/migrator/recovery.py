@@ -62,7 +62,7 @@ def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
     kind, fp = state.manifest["backend"], state.fingerprint
     for worker in ahead:
         with WorkerStore.open(kind, state.worker_path(worker), fp.key_type, fp.num_bins) as store:
-            store.rollback(commit.epoch + 1)
+            store.rollback_to(commit.epoch)  # a group's epochs newest first (docs/groups.md)
         report.workers_rolled_back.append(worker)
     return report
 
@@ -82,13 +82,13 @@ def _check_workers(state: StateDir, commit: Commit, table) -> list[int]:
     for worker in sorted(present):
         with WorkerStore.open(kind, state.worker_path(worker), fp.key_type, fp.num_bins,
                               read_only=True) as store:
-            at = store.epoch
-        if at == commit.epoch + 1:
+            at, back = store.epoch, store.can_roll_back_to(commit.epoch)
+        if at > commit.epoch and back:  # one epoch, or several of a group, past the commit
             ahead.append(worker)
-        elif at > commit.epoch + 1:
+        elif at > commit.epoch:
             raise StateMismatch(
-                f"worker {worker} state is at epoch {at}, more than one epoch past the last "
-                f"commit ({commit.epoch}); it belongs to another run"
+                f"worker {worker} state is at epoch {at}, past the last commit "
+                f"({commit.epoch}) without undo records back to it; it belongs to another run"
             )
         elif at < commit.epoch and worker in live:
             raise StateMismatch(

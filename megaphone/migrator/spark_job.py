@@ -29,6 +29,7 @@ from megaphone.migrator.epoch_spec import EpochSpec
 from megaphone.migrator.hot_split import fold_partials, pass_and_fold
 from megaphone.migrator.layout import EpochLayout
 from megaphone.migrator.worker import apply_worker, export_worker, result_schema
+from megaphone.migrator.worker_group import apply_group
 from megaphone.plans.hot_keys import HeavyHitters
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column
@@ -110,14 +111,14 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: Ep
     routed = batch.select(*map_side.select)
     spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
                                   for f in shuffle])
-    if spec.split_keys:
+    if spec.split_keys and not spec.grouped:  # a group's epochs each keep their own records
         routed = split_hot(routed, spec, spark_shuffle)
     senders = sorted(spec.outgoing)
     if senders:
         exports = spark.range(0, len(senders), 1, len(senders)).mapInArrow(
             functools.partial(_export_task, spec, senders), spark_shuffle)
         routed = routed.unionByName(exports)
-    results = from_arrow_schema(result_schema(spec.output_schema))
+    results = from_arrow_schema(result_schema(spec.output_schema, spec.grouped))
     return routed.repartitionById(partitions, map_side.worker).mapInArrow(
         functools.partial(_apply_task, spec), results)
 
@@ -164,7 +165,8 @@ def _pass_fold_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]
 def _apply_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """A worker's task: partition ``w`` of the shuffle is worker ``w``."""
     worker = TaskContext.get().partitionId()
-    yield from apply_worker(spec, worker, _checked(batches, worker))
+    apply = apply_group if spec.grouped else apply_worker  # a group's job: docs/groups.md
+    yield from apply(spec, worker, _checked(batches, worker))
 
 
 @dataclass(frozen=True)
@@ -186,8 +188,17 @@ def split_results(table: pa.Table) -> EpochResults:
     reports = [WorkerReport.from_json(text) for text in rows.column(C.REPORT).to_pylist()]
     bins, counts = (pc.list_flatten(rows.column(name)).to_numpy()
                     for name in (C.LOAD_BINS, C.LOAD_COUNTS))
-    outputs = table.filter(pc.invert(is_report)).drop_columns(list(C.RESULT_COLUMNS))
+    outputs = table.filter(pc.invert(is_report)).drop_columns(
+        [c for c in C.RESULT_COLUMNS if c in table.column_names])
     return EpochResults(outputs.combine_chunks(), reports, bins, counts)
+
+
+def split_group_results(table: pa.Table, epochs: range) -> list[EpochResults]:
+    """Each epoch's outputs and reports (:func:`split_results`), from a group job's results
+    (their rows name their epoch)."""
+    tags = table.column(C.OUT_EPOCH)
+    return [split_results(table.filter(pc.equal(tags, pa.scalar(e, pa.int64()))))
+            for e in epochs]
 
 
 def _checked(batches: Iterator[pa.RecordBatch], worker: int) -> Iterator[pa.RecordBatch]:

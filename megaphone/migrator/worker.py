@@ -59,12 +59,13 @@ _BINS = pa.list_(pa.int32())
 MARKS = ("task", "begun", "installed", "applied", "committed", "end")
 
 
-def result_schema(output_schema: pa.Schema) -> pa.Schema:
+def result_schema(output_schema: pa.Schema, grouped: bool = False) -> pa.Schema:
     """What each worker's task returns to the driver: its outputs, then rows of JSON reports
     (its own, with the records it applied per bin, and those of the exporters that shipped
-    bins to it)."""
+    bins to it); in a group's job (``grouped``) every row also names its epoch."""
+    epoch = [pa.field(C.OUT_EPOCH, pa.int64())] if grouped else []
     return pa.schema([*output_schema, pa.field(C.REPORT, pa.string()),
-                      pa.field(C.LOAD_BINS, _BINS), pa.field(C.LOAD_COUNTS, _BINS)])
+                      pa.field(C.LOAD_BINS, _BINS), pa.field(C.LOAD_COUNTS, _BINS), *epoch])
 
 
 def bin_counts(bins: np.ndarray, weights: np.ndarray | None = None
@@ -76,7 +77,7 @@ def bin_counts(bins: np.ndarray, weights: np.ndarray | None = None
     return hot.astype(np.int32), counts[hot].astype(np.int32)
 
 
-class _TimedInput:
+class TimedInput:
     """Wrap the task's input: time spent waiting for it is excluded from useful time, and the
     exporters' reports are set aside (:attr:`export_reports`) from records and state."""
 
@@ -135,7 +136,9 @@ def check_state_dir(spec: EpochSpec) -> None:
     _SEEN_STATE_DIRS.add((spec.state_dir, spec.pipeline_id))
 
 
-def _store(spec: EpochSpec, worker: int) -> RemoteStore:
+def open_store(spec: EpochSpec, worker: int) -> RemoteStore:
+    """A task's handle on ``worker``'s store in its host's store service (with its durable
+    copy's spec when the pipeline has a checkpoint location)."""
     durable = None if spec.checkpoint is None else \
         DurableSpec(spec.checkpoint, worker, spec.snapshot_every,
                     spec.committed_tokens.get(worker, ""))
@@ -153,7 +156,7 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
     check_state_dir(spec)
     has_state = bool(spec.outgoing.get(sender)) and (
         spec.checkpoint is not None or spec.worker_path(sender).exists())
-    yield from export_rows(spec, sender, _store(spec, sender) if has_state else None, schema)
+    yield from export_rows(spec, sender, open_store(spec, sender) if has_state else None, schema)
 
 
 def apply_worker(
@@ -170,7 +173,7 @@ def apply_worker(
     started = time.perf_counter()
     marks = {"task": time.time()}
     check_state_dir(spec)
-    timed = _TimedInput(batches)
+    timed = TimedInput(batches)
     incoming = spec.incoming.get(worker, ())
     drops = spec.drops.get(worker, ())
     if worker not in spec.live and not incoming:
@@ -178,11 +181,11 @@ def apply_worker(
             pass
         if spec.worker_path(worker).exists() and worker not in spec.outgoing:
             # Scale in: its last bins left in an earlier, committed epoch; release its storage.
-            _store(spec, worker).destroy()
+            open_store(spec, worker).destroy()
         if timed.export_reports:
-            yield _report_rows(result_schema(spec.output_schema), timed.export_reports)
+            yield report_rows(result_schema(spec.output_schema), timed.export_reports)
         return
-    store = _store(spec, worker)
+    store = open_store(spec, worker)
     metrics = WorkerMetrics(records_in=0, records_out=0, bins_in=len(incoming), keys_in=0,
                             bytes_in=0, replayed=False, marks=marks)
     load: tuple[np.ndarray, np.ndarray] | None = None  # records applied per bin
@@ -192,12 +195,7 @@ def apply_worker(
     marks["begun"] = time.time()
     metrics.restored = store.restored
     if not apply:
-        for batch in timed:  # the same records as when applied: the same max event time
-            if spec.has_event_time and batch.num_rows:
-                high = pc.max(batch.column(C.EVENT_TIME)).as_py()
-                if high is not None and (metrics.max_event_time is None
-                                         or high > metrics.max_event_time):
-                    metrics.max_event_time = high
+        metrics.max_event_time = replayed_max_event_time(spec, timed)
         metrics.replayed = True
         outputs = pa.ipc.open_stream(stored).read_all() if stored else \
             spec.output_schema.empty_table()
@@ -209,41 +207,9 @@ def apply_worker(
         metrics.install_s = time.perf_counter() - t0 - (timed.waiting - waited)
         marks["installed"], marks["install_wait"] = time.time(), timed.waiting - waited
         crash_point("install", spec.epoch, spec.local_dir)
-        t0 = time.perf_counter()
         records = arrivals.records
         table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
-        if spec.has_event_time and table.num_rows:  # partial rows carry their records' latest
-            metrics.max_event_time = pc.max(table.column(C.EVENT_TIME)).as_py()
-        table, partials = take_partials(table)  # hot keys' partials from lessees, if any
-        null_keys = table.column(C.KEY).null_count
-        if null_keys:  # a key of its own, applied like any (bin 0); counted to stay visible
-            metrics.null_keys = null_keys
-        metrics.records_in = table.num_rows + (partials.total if partials else 0)
-        if metrics.records_in:
-            load = _load(table, partials)
-        if partials is not None:
-            metrics.split_records, metrics.split_keys = partials.total, len(partials.by_key())
-        if spec.sketch_capacity:
-            metrics.hot = sketch(table, partials, spec.sketch_capacity)
-        if spec.update.is_process:  # an event-time operator: its due timers, then records
-            step = apply_process(spec, store, table, worker)
-            outputs, keys, values, old = step.outputs, step.keys, step.values, step.old
-            metrics.late_records = step.late
-            metrics.timers_fired = step.fired
-        else:
-            outputs, keys, values, old = _apply_records(spec, store, table, worker, partials)
-        metrics.apply_s = time.perf_counter() - t0
-        marks["applied"] = time.time()
-        crash_point("apply", spec.epoch, spec.local_dir)
-        t0 = time.perf_counter()
-        health = store.commit(spec.epoch, keys, values, old, _ipc(outputs), incoming,
-                              spec.run_id)
-        metrics.commit_s = time.perf_counter() - t0
-        marks["committed"] = time.time()
-        metrics.store_commit_s = health["seconds"]
-        metrics.stall_s = health["stall_s"]
-        metrics.pending_compaction_bytes = health["pending_compaction_bytes"]
-        metrics.l0_files = health["l0_files"]
+        outputs, load = apply_epoch(spec, store, table, worker, metrics, incoming)
     metrics.token = store.token  # the driver's commit names the attempt it took
     metrics.records_out = outputs.num_rows
     schema = result_schema(spec.output_schema)
@@ -253,10 +219,66 @@ def apply_worker(
     metrics.useful_s = time.perf_counter() - started - timed.waiting
     marks["end"] = time.time()
     own = WorkerReport(worker, metrics).to_json()
-    yield _report_rows(schema, [own, *timed.export_reports], load)
+    yield report_rows(schema, [own, *timed.export_reports], load)
 
 
-def _report_rows(schema: pa.Schema, reports: list[str],
+def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int,
+                metrics: WorkerMetrics, incoming: tuple[int, ...], group_start: int | None = None
+                ) -> tuple[pa.Table, tuple[np.ndarray, np.ndarray] | None]:
+    """Apply one epoch's records (``table``) at ``worker`` and commit its store: the epoch's
+    outputs and the records it applied per bin. ``group_start``: the first epoch of the group
+    the epoch runs in (its store keeps the group's undo records; docs/groups.md)."""
+    marks = metrics.marks if metrics.marks is not None else {}
+    t0 = time.perf_counter()
+    load = None
+    if spec.has_event_time and table.num_rows:  # partial rows carry their records' latest
+        metrics.max_event_time = pc.max(table.column(C.EVENT_TIME)).as_py()
+    table, partials = take_partials(table)  # hot keys' partials from lessees, if any
+    null_keys = table.column(C.KEY).null_count
+    if null_keys:  # a key of its own, applied like any (bin 0); counted to stay visible
+        metrics.null_keys = null_keys
+    metrics.records_in = table.num_rows + (partials.total if partials else 0)
+    if metrics.records_in:
+        load = _load(table, partials)
+    if partials is not None:
+        metrics.split_records, metrics.split_keys = partials.total, len(partials.by_key())
+    if spec.sketch_capacity:
+        metrics.hot = sketch(table, partials, spec.sketch_capacity)
+    if spec.update.is_process:  # an event-time operator: its due timers, then records
+        step = apply_process(spec, store, table, worker)
+        outputs, keys, values, old = step.outputs, step.keys, step.values, step.old
+        metrics.late_records = step.late
+        metrics.timers_fired = step.fired
+    else:
+        outputs, keys, values, old = _apply_records(spec, store, table, worker, partials)
+    metrics.apply_s = time.perf_counter() - t0
+    marks["applied"] = time.time()
+    crash_point("apply", spec.epoch, spec.local_dir)
+    t0 = time.perf_counter()
+    health = store.commit(spec.epoch, keys, values, old, _ipc(outputs), incoming,
+                          spec.run_id, group_start)
+    metrics.commit_s = time.perf_counter() - t0
+    marks["committed"] = time.time()
+    metrics.store_commit_s = health["seconds"]
+    metrics.stall_s = health["stall_s"]
+    metrics.pending_compaction_bytes = health["pending_compaction_bytes"]
+    metrics.l0_files = health["l0_files"]
+    return outputs, load
+
+
+def replayed_max_event_time(spec: EpochSpec, batches) -> int | None:
+    """The largest event time among the records of an epoch replayed (the same records as
+    when it was applied: the same max event time); ``None`` without event times."""
+    high = None
+    for batch in batches:
+        if spec.has_event_time and batch.num_rows:
+            top = pc.max(batch.column(C.EVENT_TIME)).as_py()
+            if top is not None and (high is None or top > high):
+                high = top
+    return high
+
+
+def report_rows(schema: pa.Schema, reports: list[str],
                  load: tuple[np.ndarray, np.ndarray] | None = None) -> pa.RecordBatch:
     """Rows of a task's results that carry only JSON reports; on the first, the records its
     worker applied per bin (``load``: bins and counts), when given."""

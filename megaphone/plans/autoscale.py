@@ -37,6 +37,7 @@ from megaphone.plans.ds2 import optimal_workers, rates_from_metrics
 from megaphone.plans.strategies import FLUID, STRATEGIES
 from megaphone.plans.targets import BALANCE_MODES
 from megaphone.records import EpochMetrics
+from megaphone.snailtrail import EpochTrace
 
 #: The largest share of an input interval the epoch-overhead correction assumes is lost. Past
 #: it more workers cannot help (the epochs are too short for their fixed cost), so DS2 is not
@@ -119,7 +120,8 @@ class Window:
     record just before the first of them (its end marks where the window's input begins), if
     known; ``skipped``: warm-up epochs left out; ``seen_through``: the last epoch looked at;
     ``history``: up to :data:`OVERHEAD_EPOCHS` settled epochs since the last rescale, ending
-    with the window's last (what the epoch overhead is measured over; the window if empty).
+    with the window's last (what the epoch overhead is measured over; the window if empty);
+    ``traces``: SnailTrail traces of recent epochs, which DS2 reads useful times from.
     """
 
     epochs: tuple[EpochMetrics, ...]
@@ -127,6 +129,7 @@ class Window:
     skipped: int = 0
     seen_through: int = -1
     history: tuple[EpochMetrics, ...] = ()
+    traces: tuple[EpochTrace, ...] = ()
 
     @property
     def span(self) -> tuple[int, int] | None:
@@ -265,7 +268,7 @@ def ds2_proposal(window: Window, policy: Policy,
     ``source_rate`` is a number, a callable given the window's epochs, or ``None`` to measure
     it (:func:`input_span`). Raises ``ValueError`` when the window cannot be measured.
     """
-    rates = rates_from_metrics(window.epochs)
+    rates = rates_from_metrics(window.epochs, window.traces)
     records, n, seconds, method = input_span(window)
     if source_rate is None:
         rate = records / seconds
@@ -283,6 +286,7 @@ def ds2_proposal(window: Window, policy: Policy,
         "source": method,
         "epochs_per_s": round(n / seconds, 4),
         "overhead": round(overhead, 4),
+        "traced_epochs": len({t.epoch for t in window.traces} & {m.epoch for m in window.epochs}),
         "headroom": policy.headroom,
         "demand": round(demand, 3),
         "latency_s": round(latencies[-1], 3) if latencies else None,

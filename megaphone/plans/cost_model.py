@@ -3,7 +3,9 @@ learned online from recent epoch metrics (:class:`CostModel`).
 
 An epoch is one Spark job of two stages, the senders' exports and then every worker's install
 and processing; a stage takes its busiest worker's time or its total over the task slots,
-whichever is longer (:func:`stages_s`).
+whichever is longer (:func:`stages_s`). Epochs run as a group (docs/groups.md) share one job:
+the job's overhead is learned from the group as a whole and charged once per group, each
+epoch paying its share (``group_size``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from statistics import median
 
-from megaphone.records import EpochMetrics, WorkerMetrics
+from megaphone.records import EpochMetrics
+from megaphone.snailtrail import EpochTrace
+from megaphone.snailtrail.usage import WorkerUsage, usage_by_epoch
 
 EXPORT, APPLY = 0, 1
 """The two stages of an epoch's job: the senders' exports, then installs and processing."""
@@ -36,21 +40,64 @@ def _median(values: Iterable[float]) -> float | None:
     return median(values) if values else None
 
 
-def _processing_s(wm: WorkerMetrics) -> float:
-    """A worker's busy time in an epoch apart from installing state."""
-    return max(0.0, float(wm.useful_s or 0) - float(wm.install_s or 0))
+@dataclass(frozen=True)
+class _WorkerTimes:
+    """What the model reads of one worker in one epoch: its counts (from the metrics) and its
+    times (from the trace, or the metrics); a time is None when not measured."""
+
+    records_in: int
+    bytes_in: int
+    bytes_out: int
+    useful_s: float | None
+    install_s: float | None
+    export_s: float | None
+
+    @property
+    def processing_s(self) -> float:
+        """Busy time apart from installing state."""
+        return max(0.0, (self.useful_s or 0.0) - (self.install_s or 0.0))
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """One epoch as the model reads it."""
+
+    duration_s: float
+    bytes_moved: int
+    per_worker: Mapping[int, _WorkerTimes]
+
+
+def _timed(m: EpochMetrics, usage: Mapping[int, WorkerUsage] | None) -> _Timed:
+    """The epoch's counts from its metrics and its times from ``usage`` (its trace) if given.
+    A worker the trace shows nothing of did no work it timed (an exporter-only row keeps
+    its unmeasured useful time as None)."""
+    rows = {}
+    for w, wm in m.per_worker.items():
+        times: tuple[float | None, float | None, float | None]
+        if usage is None:
+            times = (wm.useful_s, wm.install_s, wm.export_s)
+        else:
+            u = usage.get(int(w), WorkerUsage())
+            times = (None if wm.useful_s is None else u.useful_s,
+                     u.install_s if wm.install_s is not None else None,
+                     u.export_s if wm.export_s is not None else None)
+        rows[int(w)] = _WorkerTimes(int(wm.records_in or 0), int(wm.bytes_in or 0),
+                                    int(wm.bytes_out or 0), *times)
+    return _Timed(float(m.duration_s), int(m.bytes_moved or 0), rows)
 
 
 @dataclass(frozen=True)
 class CostModel:
     """Costs in seconds learned from recent epochs (medians, so one slow epoch does not rule).
 
-    ``overhead_s``: an epoch's time outside the workers' stages (scheduling, the records'
-    shuffle). Per worker:
+    ``overhead_s``: a job's time outside the workers' stages (scheduling, the records'
+    shuffle), per job: an epoch alone pays it all, an epoch of a group of ``G`` a ``G``-th.
+    Per worker:
     ``per_record_s`` processing per record, ``records`` records per epoch, and per byte of
     state ``export_s_per_byte`` at the sender and ``install_s_per_byte`` at the receiver;
     ``ship_s_per_byte`` is what moving epochs took beyond that (the shuffle). Workers never
-    measured get the median of the others.
+    measured get the median of the others. ``epochs_traced``: how many of the epochs seen
+    gave their times from a trace.
     """
 
     overhead_s: float
@@ -61,16 +108,22 @@ class CostModel:
     ship_s_per_byte: float
     epochs_seen: int
     transfers_seen: int
+    epochs_traced: int = 0
 
     @classmethod
     def fit(cls, history: Iterable[EpochMetrics], parallelism: int = 1,
-            window: int = 20) -> CostModel:
+            window: int = 20, traces: Iterable[EpochTrace] = ()) -> CostModel:
         """Fit the model to the newest ``window`` epochs of ``history`` (metrics records).
 
         Per worker only rows with useful time count (a worker that only exported state has
         none): its records, its time per record and its export and install times per byte.
+        Records and bytes come from the metrics; the times from the epoch's SnailTrail trace
+        when ``traces`` holds it (:func:`~megaphone.snailtrail.usage.epoch_usage`), else from
+        the metrics too.
         """
-        recent = [m for m in history if m.per_worker][-window:]
+        usage = usage_by_epoch(traces)
+        rows = [(m, usage.get(m.epoch)) for m in history if m.per_worker][-window:]
+        recent = [_timed(m, u) for m, u in rows]
         par = max(1, parallelism)
         per_record: dict[int, list[float]] = defaultdict(list)
         records: dict[int, list[float]] = defaultdict(list)
@@ -81,25 +134,28 @@ class CostModel:
                 if wm.useful_s is None:  # an exporter-only row: no processing measured
                     continue
                 n = int(wm.records_in or 0)
-                records[int(w)].append(n)
+                records[w].append(n)
                 if n:
-                    per_record[int(w)].append(_processing_s(wm) / n)
+                    per_record[w].append(wm.processing_s / n)
                 if wm.bytes_out and wm.export_s is not None:
-                    export[int(w)].append(wm.export_s / wm.bytes_out)
+                    export[w].append(wm.export_s / wm.bytes_out)
                 if wm.bytes_in and wm.install_s is not None:
-                    install[int(w)].append(wm.install_s / wm.bytes_in)
+                    install[w].append(wm.install_s / wm.bytes_in)
 
-        def outside(m: EpochMetrics) -> float:
+        def outside(m: _Timed) -> float:
             work = {}
             for w, wm in m.per_worker.items():
-                work[EXPORT, int(w)] = float(wm.export_s or 0)
-                work[APPLY, int(w)] = _processing_s(wm) + float(wm.install_s or 0)
+                work[EXPORT, w] = wm.export_s or 0.0
+                work[APPLY, w] = wm.processing_s + (wm.install_s or 0.0)
             return m.duration_s - stages_s(work, par)
 
-        quiet = [outside(m) for m in recent if not m.bytes_moved]
-        overhead = max(0.0, _median(quiet) or _median(outside(m) for m in recent) or 0.0)
-        moving = [m for m in recent if m.bytes_moved]
-        ship = _median(max(0.0, outside(m) - overhead) / m.bytes_moved for m in moving)
+        jobs = _jobs([m for m, _ in rows])
+        outsides = [(sum(outside(recent[i]) for i in job),
+                     sum(recent[i].bytes_moved for i in job)) for job in jobs]
+        quiet = [o for o, moved in outsides if not moved]
+        overhead = max(0.0, _median(quiet) or _median(o for o, _ in outsides) or 0.0)
+        moving = [(o, moved) for o, moved in outsides if moved]
+        ship = _median(max(0.0, o - overhead) / moved for o, moved in moving)
         return cls(
             overhead_s=overhead,
             per_record_s={w: median(v) for w, v in per_record.items()},
@@ -109,6 +165,7 @@ class CostModel:
             ship_s_per_byte=ship or 0.0,
             epochs_seen=len(recent),
             transfers_seen=len(moving),
+            epochs_traced=sum(u is not None for _, u in rows),
         )
 
     @staticmethod
@@ -133,9 +190,10 @@ class CostModel:
         """Predicted time to ship ``nbytes`` of state to ``worker`` and install it there."""
         return (self._of(self.install_s_per_byte, worker) + self.ship_s_per_byte) * nbytes
 
-    def epoch_s(self, work: Work, parallelism: int = 1) -> float:
-        """Predicted epoch duration for ``work`` (seconds per stage and worker)."""
-        return self.overhead_s + stages_s(work, parallelism)
+    def epoch_s(self, work: Work, parallelism: int = 1, group_size: int = 1) -> float:
+        """Predicted epoch duration for ``work`` (seconds per stage and worker), in a job of its
+        own or as one of ``group_size`` epochs of a group (its share of the job's overhead)."""
+        return self.overhead_s / max(1, group_size) + stages_s(work, parallelism)
 
     def replay_s(self, record: EpochMetrics, parallelism: int = 1) -> float:
         """The duration this model predicts for a recorded epoch, from its records and the
@@ -146,7 +204,21 @@ class CostModel:
             work[EXPORT, w] = self.export_s(w, wm.bytes_out or 0)
             work[APPLY, w] = (self.record_s(w) * (wm.records_in or 0)
                               + self.install_s(w, wm.bytes_in or 0))
-        return self.epoch_s(work, parallelism)
+        return self.epoch_s(work, parallelism, record.group_size or 1)
+
+
+def _jobs(records: list[EpochMetrics]) -> list[list[int]]:
+    """The indexes of ``records`` by the Spark job that ran them: alone, or the epochs of a
+    group together (a group's ``duration_s`` are its time's shares, so their sum is the
+    group's time)."""
+    jobs: list[list[int]] = []
+    for i, m in enumerate(records):
+        grouped = m.group is not None and (m.group_size or 1) > 1
+        if grouped and jobs and records[jobs[-1][0]].group == m.group and m.epoch != m.group:
+            jobs[-1].append(i)
+        else:
+            jobs.append([i])
+    return jobs
 
 
 __all__ = ["APPLY", "EXPORT", "CostModel", "Work", "stages_s"]

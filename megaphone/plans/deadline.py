@@ -166,7 +166,7 @@ class DeadlinePolicy:
         """The moves to start before ``view.epoch``; the reason is appended to ``decisions``."""
         if not view.remaining:
             return []
-        model = CostModel.fit(view.history, view.parallelism, self.window)
+        model = CostModel.fit(view.history, view.parallelism, self.window, view.traces)
         self.model = model
         self.calibration = self._calibrate(model, view.history, view.parallelism)
         budget = self.target_latency_s - view.lag_s

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from megaphone.records import EpochMetrics
+from megaphone.snailtrail import EpochTrace
+from megaphone.snailtrail.usage import WorkerUsage, usage_by_epoch
 
 #: Relative slack before ``ceil``: 3.0000000001 instances of work is 3 instances, not 4.
 _EPS = 1e-9
@@ -131,23 +133,30 @@ class OperatorRates:
         }
 
 
-def rates_from_metrics(metrics_window: Iterable[EpochMetrics]) -> OperatorRates:
+def rates_from_metrics(metrics_window: Iterable[EpochMetrics],
+                       traces: Iterable[EpochTrace] = ()) -> OperatorRates:
     """The true rates of a megaphone pipeline's operator over a window of epoch metrics.
 
     A pipeline is one keyed operator whose instances are its workers. Each worker's records
-    in and out and useful time (``per_worker[w].useful_s``: time spent applying records
-    and installing state, excluding waiting for input) are summed over the window's epochs;
-    then :meth:`OperatorRates.from_instances` combines the workers. Workers without useful
-    time (an old owner that only exported bins, a worker without bins) contribute nothing.
-    Raises ``ValueError`` when no worker has useful time in the window.
+    in and out and useful time (time spent applying records and installing state, excluding
+    waiting for input) are summed over the window's epochs; then
+    :meth:`OperatorRates.from_instances` combines the workers. The useful time is read from
+    the epoch's SnailTrail trace when ``traces`` holds it (:func:`~megaphone.snailtrail.usage.
+    epoch_usage`: the activities ``megaphone explain`` ranks), else from the metrics
+    (``per_worker[w].useful_s``). Workers without useful time (an old owner that only exported
+    bins, a worker without bins) contribute nothing. Raises ``ValueError`` when no worker has
+    useful time in the window.
     """
+    usage = usage_by_epoch(traces)
     totals: dict[int, list[float]] = {}
     for record in metrics_window:
+        traced = usage.get(record.epoch)
         for w, wm in record.per_worker.items():
             row = totals.setdefault(int(w), [0.0, 0.0, 0.0])
             row[0] += float(wm.records_in or 0)
             row[1] += float(wm.records_out or 0)
-            row[2] += float(wm.useful_s or 0)
+            row[2] += float(wm.useful_s or 0) if traced is None else \
+                traced.get(int(w), WorkerUsage()).useful_s
     if not totals:
         raise ValueError("the metrics window holds no per-worker metrics")
     return OperatorRates.from_instances(tuple(row) for _, row in sorted(totals.items()))

@@ -29,6 +29,7 @@ from megaphone.plans.matching import iter_rounds
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.records import EpochMetrics
 from megaphone.routing.table import Move
+from megaphone.snailtrail import EpochTrace
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class EpochView:
     size (keys + values) and recent records per bin, where known. ``history``: the newest
     per-epoch metrics, oldest first, as :class:`~megaphone.records.EpochMetrics` records
     (``Pipeline.metrics()`` gives the same records as dicts; read ``m.duration_s``,
-    ``m.per_worker[w].useful_s``). ``lag_s``: how long
+    ``m.per_worker[w].useful_s``); ``traces``: the same epochs' SnailTrail traces, where
+    kept, which the built-in policies read their times from. ``lag_s``: how long
     after the end of its input the epoch starts (0 when unknown). ``idle_epochs``: epochs in a
     row the plan has started no move. ``parallelism``: tasks that can run at once.
     """
@@ -52,6 +54,7 @@ class EpochView:
     lag_s: float = 0.0
     idle_epochs: int = 0
     parallelism: int = 1
+    traces: tuple[EpochTrace, ...] = ()
 
 
 MigrationPolicy = Callable[[EpochView], Iterable[Move]]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from megaphone.plans.autoscale import (
@@ -16,6 +16,7 @@ from megaphone.plans.autoscale import (
     last_window,
 )
 from megaphone.records import EpochMetrics
+from megaphone.snailtrail import EpochTrace
 
 
 @dataclass(frozen=True)
@@ -122,14 +123,17 @@ def decide_once(
     source_rate: float | SourceRate | None = None,
     num_bins: int | None = None,
     in_flight: int = 0,
+    traces: Sequence[EpochTrace] = (),
 ) -> ScaleDecision:
-    """The decision DS2 would take now on the last window of ``metrics`` (a dry run).
+    """The decision DS2 would take now on the last window of ``metrics`` (a dry run), with
+    useful times from ``traces`` for the epochs they cover.
 
     No activation period applies (there is one window) and nothing is submitted: ``action``
     ``scale`` means DS2 would rescale to ``target`` workers. ``megaphone plan --ds2`` prints it.
     """
     now = max((float(m.finished or 0) for m in metrics), default=0.0)
-    return decide(last_window(metrics, policy), current, policy,
+    window = replace(last_window(metrics, policy), traces=tuple(traces))
+    return decide(window, current, policy,
                   lambda w: ds2_proposal(w, policy, source_rate), now=now, in_flight=in_flight,
                   num_bins=num_bins)
 

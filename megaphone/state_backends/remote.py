@@ -92,14 +92,16 @@ class RemoteStore:
             forget(self.local_dir)
             raise
 
-    def begin(self, epoch: int, required: int | None = None, run: str = ""
-              ) -> tuple[bool, bytes]:
+    def begin(self, epoch: int, required: int | None = None, run: str = "",
+              group_start: int | None = None) -> tuple[bool, bytes]:
         """Start this attempt of ``epoch`` in run ``run``: ``(True, b"")`` to apply it,
         ``(False, outputs)`` if this run already applied it (a retry: re-emit the stored
         outputs; an epoch another run applied is rolled back and applied again). ``required``:
         the epoch the driver committed for this worker; a store behind it is restored from its
-        durable copy first (:attr:`restored`)."""
-        fields = {"epoch": epoch, "current": epoch, "required": required, "run": run}
+        durable copy first (:attr:`restored`). ``group_start``: the first epoch of the group
+        ``epoch`` runs in (docs/groups.md); the driver's last commit is the epoch before it."""
+        fields = {"epoch": epoch, "current": epoch if group_start is None else group_start,
+                  "required": required, "run": run, "group_start": group_start}
         try:
             reply = self._call("begin", **fields)
         except StoreUnavailable:  # a service that died since the last epoch: nothing changed
@@ -147,12 +149,12 @@ class RemoteStore:
 
     def commit(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes | None],
                old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int],
-               run: str = "") -> dict[str, Any]:
+               run: str = "", group_start: int | None = None) -> dict[str, Any]:
         """The epoch's atomic write; returns its duration, the store's health figures and the
-        application's ``token`` (also in :attr:`token`)."""
+        application's ``token`` (also in :attr:`token`). ``group_start``: as in :meth:`begin`."""
         reply = self._call("commit", lease=self.lease, epoch=epoch, keys=list(keys),
                            values=list(values), old=list(old), outputs=outputs,
-                           installed=list(installed), run=run)
+                           installed=list(installed), run=run, group_start=group_start)
         self.token = reply["token"]
         return reply
 

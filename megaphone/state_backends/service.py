@@ -184,11 +184,11 @@ class StoreService:
         entry = self.entry(req, owner)
         with entry.lock:
             restored = self._catch_up(entry, req)
-            apply = entry.store.check_can_apply(req["epoch"])
+            apply = entry.store.check_can_apply(epoch := req["epoch"], req.get("group_start"))
             entry.lease += 1
             return {"lease": entry.lease, "apply": apply, "restored": restored,
-                    "outputs": b"" if apply else entry.store.stored_outputs(),
-                    "token": "" if apply else entry.store.token}
+                    "outputs": b"" if apply else entry.store.stored_outputs(epoch),
+                    "token": "" if apply else entry.store.token_of(epoch)}
 
     @staticmethod
     def _catch_up(entry: _Entry, req: dict[str, Any]) -> dict[str, Any] | None:
@@ -203,14 +203,15 @@ class StoreService:
         What the restore did, or ``None``."""
         store, current = entry.store, req.get("current")
         if current is not None and store.epoch >= current:
-            if store.epoch == current and store.run == req.get("run"):
-                return None  # this run applied it: a retry replays its outputs
-            if store.epoch > current:
+            back = store.can_roll_back_to(current - 1)  # (a group's epochs: docs/groups.md)
+            if store.run == req.get("run") and back:
+                return None  # this run applied it (or some of its group): a retry replays
+            if not back:
                 raise StoreVersionError(
-                    f"worker state at {req['path']} is at epoch {store.epoch}, more than one "
-                    f"epoch past the last commit ({current - 1}); it belongs to another run")
-            store.rollback(current)  # applied by a run that never committed it
-            log.info("rolled back epoch %d of %s (run %r)", current, req["path"], store.run)
+                    f"worker state at {req['path']} is at epoch {store.epoch}, past the last "
+                    f"commit ({current - 1}) without undo records back to it: another run's")
+            log.info("rolling back epochs %d..%d of %s", current, store.epoch, req["path"])
+            store.rollback_to(current - 1)  # applied by a run that never committed it
         if store.durable is None:
             if req.get("required") is not None and store.epoch < req["required"]:
                 store.restore(req["required"])  # raises: there is nothing to restore from
@@ -277,7 +278,8 @@ class StoreService:
         with entry.lock:
             started = time.perf_counter()
             token = entry.store.commit(req["epoch"], req["keys"], req["values"], req["old"],
-                                       req["outputs"], req["installed"], req.get("run", ""))
+                                       req["outputs"], req["installed"], req.get("run", ""),
+                                       req.get("group_start"))
             seconds = time.perf_counter() - started
             return {"seconds": seconds, "token": token, **entry.store.health()}
 

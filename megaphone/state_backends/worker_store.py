@@ -7,7 +7,11 @@ only code that knows the three metadata entries an epoch leaves in it:
 * the **stored outputs** of that epoch (Arrow IPC bytes), re-emitted when the epoch runs again
   (a Spark task retry, a re-executed micro-batch);
 * the **undo record** of that epoch (the old values of the keys it wrote and the bins it
-  installed), so an epoch applied but never committed by the driver can be rolled back.
+  installed), so an epoch applied but never committed by the driver can be rolled back;
+* inside a **group** of epochs run by one task (docs/groups.md), the undo records and outputs
+  of the group's earlier epochs too (``group``), so a crash after the driver committed only
+  some of the group's epochs rolls the rest back one by one, and a retried group task replays
+  the epochs it committed already.
 
 The lifecycle is ``open`` → per epoch ``check_can_apply`` / ``drop_bins`` / ``install`` /
 ``read`` → ``commit`` (state, outputs, marker and undo record in one atomic, synced write) →
@@ -39,6 +43,7 @@ OUTPUTS_META = "outputs"
 UNDO_META = "undo"
 RUN_META = "run"
 TOKEN_META = "token"
+GROUP_META = "group"
 
 _STALL = re.compile(r"Cumulative stall: (\d+):(\d+):([\d.]+) H:M:S")
 
@@ -99,17 +104,60 @@ class WorkerStore:
         attempt, on any host, is told apart)."""
         return (self.backend.get_meta(TOKEN_META) or b"").decode()
 
-    def stored_outputs(self) -> bytes:
-        """The outputs (Arrow IPC stream) of epoch :attr:`epoch`, empty bytes if none."""
-        return self.backend.get_meta(OUTPUTS_META) or b""
+    def stored_outputs(self, epoch: int | None = None) -> bytes:
+        """The outputs (Arrow IPC stream) of epoch :attr:`epoch` (or of ``epoch``, an earlier
+        epoch of the group the store is in), empty bytes if none."""
+        if epoch is None or epoch == self.epoch:
+            return self.backend.get_meta(OUTPUTS_META) or b""
+        return self._group()["outputs"][epoch]
 
-    def check_can_apply(self, epoch: int) -> bool:
-        """True if ``epoch`` is new here, False if it was applied already (a replay).
+    def token_of(self, epoch: int) -> str:
+        """The token of this store's application of ``epoch``: :attr:`token`, or for an earlier
+        epoch of its group the token the next epoch's undo record saved."""
+        chain = self._undo_chain()
+        for undo in chain:
+            if undo["epoch"] == epoch + 1:
+                return undo.get("token", "")
+        return self.token
 
-        Raises :class:`StoreVersionError` if the state is past ``epoch``.
+    def _group(self) -> dict[str, Any]:
+        """The group the store is in: its ``start``, and the ``undo`` records and ``outputs``
+        of its epochs before :attr:`epoch` (empty when the last commit was not in a group)."""
+        raw = self.backend.get_meta(GROUP_META)
+        group = msgpack.unpackb(raw, strict_map_key=False) if raw else None
+        return group or {"start": None, "undo": [], "outputs": {}}
+
+    def _undo_chain(self) -> list[dict[str, Any]]:
+        """Undo records this store can still apply, oldest first: its group's, then the last
+        epoch's."""
+        raw = self.backend.get_meta(UNDO_META)
+        last = msgpack.unpackb(raw) if raw else None
+        return [u for u in (*self._group()["undo"], last) if u is not None]
+
+    def can_roll_back_to(self, epoch: int) -> bool:
+        """True if every epoch after ``epoch`` up to :attr:`epoch` has its undo record here."""
+        have = {u["epoch"] for u in self._undo_chain()}
+        return all(e in have for e in range(epoch + 1, self.epoch + 1))
+
+    def rollback_to(self, epoch: int) -> None:
+        """Undo the epochs after ``epoch``, newest first (:meth:`rollback`)."""
+        if not self.can_roll_back_to(epoch):
+            raise StoreVersionError(
+                f"worker state at {self.backend.path} is at epoch {self.epoch} and cannot be "
+                f"rolled back to epoch {epoch}: undo records are missing")
+        while self.epoch > epoch:
+            self.rollback(self.epoch)
+
+    def check_can_apply(self, epoch: int, group_start: int | None = None) -> bool:
+        """True if ``epoch`` is new here, False if it was applied already (a replay): at the
+        store's epoch, or (``group_start`` given) an earlier epoch of the group it is in.
+
+        Raises :class:`StoreVersionError` if the state is past ``epoch`` otherwise.
         """
         at = self.epoch
-        if at > epoch:
+        if at > epoch and not (group_start is not None and epoch >= group_start
+                               and self._group()["start"] == group_start
+                               and epoch in self._group()["outputs"]):
             raise StoreVersionError(
                 f"worker state at {self.backend.path} is at epoch {at}, ahead of epoch {epoch}")
         self._stall_at_begin = self.stall_seconds()
@@ -170,7 +218,7 @@ class WorkerStore:
         # The marker's write is synced, and with it every write before it.
         self.backend.write_raw([], [], [], meta={
             EPOCH_META: pack_epoch(epoch), OUTPUTS_META: b"", UNDO_META: msgpack.packb(None),
-            RUN_META: b"", TOKEN_META: token.encode()})
+            RUN_META: b"", TOKEN_META: token.encode(), GROUP_META: b""})
         self.backend.flush_if_volatile()
         return rows
 
@@ -207,14 +255,16 @@ class WorkerStore:
 
     def commit(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes | None],
                old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int],
-               run: str = "") -> str:
+               run: str = "", group_start: int | None = None) -> str:
         """Write epoch ``epoch``'s state, outputs, marker and undo record in one atomic write;
         returns the new :attr:`token` of this application of the epoch.
 
         ``old`` are the values ``keys`` had before the epoch (``None`` = absent); ``installed``
         the bins the epoch installed; ``run`` the driver's run that applied it (a later run
-        rolls the epoch back instead of replaying its outputs). The write is synced: once this
-        returns the epoch is durable at this worker even if the machine loses power.
+        rolls the epoch back instead of replaying its outputs); ``group_start``: the first
+        epoch of the group ``epoch`` belongs to, whose earlier epochs' undo records and
+        outputs are kept along. The write is synced: once this returns the epoch is durable at
+        this worker even if the machine loses power.
         """
         at = self.epoch
         if at >= epoch:
@@ -231,9 +281,17 @@ class WorkerStore:
                                 itertools.chain(ingested, self._installed, [writes]), token)
         undo = msgpack.packb({"epoch": epoch, "bins": list(installed), "keys": list(keys),
                               "old": list(old), "run": self.run, "token": self.token})
+        group = b""
+        if group_start is not None and group_start <= at:  # a later epoch of a group
+            kept = self._group() if self._group()["start"] == group_start else \
+                {"start": group_start, "undo": [], "outputs": {}}
+            last = self.backend.get_meta(UNDO_META)
+            kept["undo"].append(msgpack.unpackb(last) if last else None)
+            kept["outputs"][at] = self.stored_outputs()
+            group = msgpack.packb(kept)
         self.backend.write_raw(keys, values, old, meta={
             EPOCH_META: pack_epoch(epoch), OUTPUTS_META: outputs, UNDO_META: undo,
-            RUN_META: run.encode(), TOKEN_META: token.encode()})
+            RUN_META: run.encode(), TOKEN_META: token.encode(), GROUP_META: group})
         self.backend.flush_if_volatile()
         self._installed, self._ingested = [], set()
         if self.durable is not None and self.durable.snapshot_due(epoch):
@@ -251,8 +309,9 @@ class WorkerStore:
         """Undo epoch ``epoch`` (applied here but never committed by the driver).
 
         Restores the old values of the keys it wrote (deleting keys it created), deletes the
-        bins it installed, and sets the marker back to ``epoch - 1``. Each write is idempotent
-        and the marker moves last, so a crash in here rolls back again.
+        bins it installed, and sets the marker back to ``epoch - 1``; inside a group, the
+        previous epoch's undo record and outputs become the last ones again. Each write is
+        idempotent and the marker moves last, so a crash in here rolls back again.
         """
         raw = self.backend.get_meta(UNDO_META)
         undo = msgpack.unpackb(raw) if raw else None
@@ -263,8 +322,13 @@ class WorkerStore:
         self.backend.write_raw(undo["keys"], undo["old"])
         if undo["bins"]:
             self.backend.drop_bins(undo["bins"])
+        group, outputs, before = self._group(), b"", None
+        if group["undo"] and epoch - 1 in group["outputs"]:  # the group's previous epoch
+            before, outputs = group["undo"].pop(), group["outputs"].pop(epoch - 1)
+        packed = msgpack.packb(group) if group["undo"] else b""
         self.backend.write_raw([], [], [], meta={
-            EPOCH_META: pack_epoch(epoch - 1), OUTPUTS_META: b"", UNDO_META: msgpack.packb(None),
+            EPOCH_META: pack_epoch(epoch - 1), OUTPUTS_META: outputs,
+            UNDO_META: msgpack.packb(before), GROUP_META: packed,
             RUN_META: undo.get("run", "").encode(), TOKEN_META: undo.get("token", "").encode()})
         self.backend.flush_if_volatile()
         if self.durable is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from megaphone import MigrationPlan, Move, Pipeline
 from megaphone.spark import spark_session
@@ -35,8 +36,18 @@ def main(state_dir: str, strategy: str, out: str) -> None:
             steps = [MOVES] if strategy == "all-at-once" else [[m] for m in MOVES]
             pipe.migrate(MigrationPlan.from_moves(pipe.routing, steps, strategy=strategy))
         pipe.process(spark.createDataFrame([(k,) for k in batch_keys(epoch)], "k long"))
+    write_results(pipe, out, files_in=sum(w.get("files_in") or 0 for m in pipe.metrics()
+                                          for w in m["per_worker"].values()))
+    pipe.close()
+    spark.stop()
+
+
+def write_results(pipe: Pipeline, out: str, epochs: int = EPOCHS, **extra: Any) -> None:
+    """Write what a crash test compares to ``out`` (JSON): the stored outputs of epochs 0 to
+    ``epochs - 1``, the final state, the workers, who recovery rolled back and the job attempts,
+    and ``extra``."""
     outputs = {}
-    for epoch in range(EPOCHS):
+    for epoch in range(epochs):
         table = pipe.state_dir.read_outputs(epoch)
         outputs[epoch] = dict(zip(table.column(0).to_pylist(), table.column(1).to_pylist(),
                                   strict=True))
@@ -45,10 +56,7 @@ def main(state_dir: str, strategy: str, out: str) -> None:
         json.dump({"outputs": outputs, "state": state, "workers": pipe.routing.workers(),
                    "rolled_back": pipe.recovery.workers_rolled_back,
                    "job_attempts": sum(m.get("job_attempts", 1) for m in pipe.metrics()),
-                   "files_in": sum(w.get("files_in") or 0 for m in pipe.metrics()
-                                   for w in m["per_worker"].values())}, fh)
-    pipe.close()
-    spark.stop()
+                   **extra}, fh)
 
 
 if __name__ == "__main__":
