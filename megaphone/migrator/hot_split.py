@@ -87,9 +87,11 @@ def pass_and_fold(spec: EpochSpec, batches: Iterator[pa.RecordBatch]
     the task. One pass, in the stage that reads the input: no second scan, no extra stage."""
     hot: list[pa.RecordBatch] = []
     schema = None  # the input's (Spark's Arrow types): partial rows must match it
+    split = None  # the split keys as an array of the input's key type, built once
     for batch in batches:
         schema = batch.schema
-        split = pa.array(list(spec.split_keys), batch.column(C.KEY).type)
+        if split is None:
+            split = pa.array(list(spec.split_keys), batch.column(C.KEY).type)
         mask = pc.is_in(batch.column(C.KEY), value_set=split)  # null key: false, kept cold
         n_hot = pc.sum(mask).as_py() or 0
         if n_hot < batch.num_rows:
