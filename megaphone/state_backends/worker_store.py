@@ -37,13 +37,13 @@ from megaphone.errors import MegaphoneError
 from megaphone.state_backends.base import ImportStats, StateBackend
 from megaphone.state_backends.bin_files import BinFile
 from megaphone.state_backends.durable import DurableCopy, Restored, merged_rows
+from megaphone.state_backends.group_slots import GROUP_META, GroupIndex, outputs_slot, undo_slot
 
 EPOCH_META = "epoch"
 OUTPUTS_META = "outputs"
 UNDO_META = "undo"
 RUN_META = "run"
 TOKEN_META = "token"
-GROUP_META = "group"
 
 _STALL = re.compile(r"Cumulative stall: (\d+):(\d+):([\d.]+) H:M:S")
 
@@ -109,7 +109,7 @@ class WorkerStore:
         epoch of the group the store is in), empty bytes if none."""
         if epoch is None or epoch == self.epoch:
             return self.backend.get_meta(OUTPUTS_META) or b""
-        return self._group()["outputs"][epoch]
+        return self.backend.get_meta(outputs_slot(self._group().epochs.index(epoch))) or b""
 
     def token_of(self, epoch: int) -> str:
         """The token of this store's application of ``epoch``: :attr:`token`, or for an earlier
@@ -120,19 +120,22 @@ class WorkerStore:
                 return undo.get("token", "")
         return self.token
 
-    def _group(self) -> dict[str, Any]:
-        """The group the store is in: its ``start``, and the ``undo`` records and ``outputs``
-        of its epochs before :attr:`epoch` (empty when the last commit was not in a group)."""
-        raw = self.backend.get_meta(GROUP_META)
-        group = msgpack.unpackb(raw, strict_map_key=False) if raw else None
-        return group or {"start": None, "undo": [], "outputs": {}}
+    def _group(self) -> GroupIndex:
+        """The group the store is in (an empty index when the last commit was not in one)."""
+        index = GroupIndex.unpack(self.backend.get_meta(GROUP_META))
+        if index is None:
+            raise StoreVersionError(
+                f"worker state at {self.backend.path} keeps its group's epochs in an older "
+                "format: roll it back or finish the group with the version that wrote it")
+        return index
 
     def _undo_chain(self) -> list[dict[str, Any]]:
         """Undo records this store can still apply, oldest first: its group's, then the last
         epoch's."""
-        raw = self.backend.get_meta(UNDO_META)
-        last = msgpack.unpackb(raw) if raw else None
-        return [u for u in (*self._group()["undo"], last) if u is not None]
+        raws = [self.backend.get_meta(undo_slot(i)) for i in range(len(self._group().epochs))]
+        raws.append(self.backend.get_meta(UNDO_META))
+        return [u for u in (msgpack.unpackb(raw) if raw else None for raw in raws)
+                if u is not None]
 
     def can_roll_back_to(self, epoch: int) -> bool:
         """True if every epoch after ``epoch`` up to :attr:`epoch` has its undo record here."""
@@ -156,8 +159,8 @@ class WorkerStore:
         """
         at = self.epoch
         if at > epoch and not (group_start is not None and epoch >= group_start
-                               and self._group()["start"] == group_start
-                               and epoch in self._group()["outputs"]):
+                               and self._group().start == group_start
+                               and epoch in self._group().epochs):
             raise StoreVersionError(
                 f"worker state at {self.backend.path} is at epoch {at}, ahead of epoch {epoch}")
         self._stall_at_begin = self.stall_seconds()
@@ -281,17 +284,17 @@ class WorkerStore:
                                 itertools.chain(ingested, self._installed, [writes]), token)
         undo = msgpack.packb({"epoch": epoch, "bins": list(installed), "keys": list(keys),
                               "old": list(old), "run": self.run, "token": self.token})
-        group = b""
+        meta = {EPOCH_META: pack_epoch(epoch), OUTPUTS_META: outputs, UNDO_META: undo,
+                RUN_META: run.encode(), TOKEN_META: token.encode(), GROUP_META: b""}
         if group_start is not None and group_start <= at:  # a later epoch of a group
-            kept = self._group() if self._group()["start"] == group_start else \
-                {"start": group_start, "undo": [], "outputs": {}}
-            last = self.backend.get_meta(UNDO_META)
-            kept["undo"].append(msgpack.unpackb(last) if last else None)
-            kept["outputs"][at] = self.stored_outputs()
-            group = msgpack.packb(kept)
-        self.backend.write_raw(keys, values, old, meta={
-            EPOCH_META: pack_epoch(epoch), OUTPUTS_META: outputs, UNDO_META: undo,
-            RUN_META: run.encode(), TOKEN_META: token.encode(), GROUP_META: group})
+            group = self._group()
+            if group.start != group_start:
+                group = GroupIndex(group_start, [])
+            slot = len(group.epochs)  # the previous epoch's undo record and outputs move there
+            meta[undo_slot(slot)] = self.backend.get_meta(UNDO_META) or b""
+            meta[outputs_slot(slot)] = self.stored_outputs()
+            meta[GROUP_META] = GroupIndex(group_start, [*group.epochs, at]).packed()
+        self.backend.write_raw(keys, values, old, meta=meta)
         self.backend.flush_if_volatile()
         self._installed, self._ingested = [], set()
         if self.durable is not None and self.durable.snapshot_due(epoch):
@@ -322,13 +325,15 @@ class WorkerStore:
         self.backend.write_raw(undo["keys"], undo["old"])
         if undo["bins"]:
             self.backend.drop_bins(undo["bins"])
-        group, outputs, before = self._group(), b"", None
-        if group["undo"] and epoch - 1 in group["outputs"]:  # the group's previous epoch
-            before, outputs = group["undo"].pop(), group["outputs"].pop(epoch - 1)
-        packed = msgpack.packb(group) if group["undo"] else b""
+        group, outputs, before = self._group(), b"", msgpack.packb(None)
+        if group.epochs and group.epochs[-1] == epoch - 1:  # the group's previous epoch
+            slot = len(group.epochs) - 1
+            before = self.backend.get_meta(undo_slot(slot)) or before
+            outputs = self.backend.get_meta(outputs_slot(slot)) or b""
+            group = GroupIndex(group.start, group.epochs[:-1])
         self.backend.write_raw([], [], [], meta={
-            EPOCH_META: pack_epoch(epoch - 1), OUTPUTS_META: outputs,
-            UNDO_META: msgpack.packb(before), GROUP_META: packed,
+            EPOCH_META: pack_epoch(epoch - 1), OUTPUTS_META: outputs, UNDO_META: before,
+            GROUP_META: group.packed(),
             RUN_META: undo.get("run", "").encode(), TOKEN_META: undo.get("token", "").encode()})
         self.backend.flush_if_volatile()
         if self.durable is not None:
