@@ -4,24 +4,19 @@ lives in the benchmark, on a quiet machine)."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.helpers.bench_modules import bench_module
 
 
 @pytest.fixture(scope="module")
 def backlog():
     """The ``bench/backlog.py`` module (bench/ is not a package)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("backlog")
-    finally:
-        sys.path.remove(str(BENCH))
+    with bench_module("backlog") as module:
+        yield module
 
 
 def test_smoke_run_catches_up_alike_and_writes_its_results(spark, backlog, tmp_path: Path):

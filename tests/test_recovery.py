@@ -2,7 +2,8 @@
 
 Two kinds of kill: the whole pipeline (driver, JVM, Python workers; a restart resumes it) and
 the store service that holds the workers' state (the pipeline lives on: the epoch's job runs
-again against a new service). Each kind hits every phase of :data:`PHASES`.
+again against a new service). Each kind hits every phase of :data:`PHASES`, with a hot key split
+across workers (dual mode) all along.
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def test_crash_at_every_phase_then_resume_equals_a_run_without_crash(tmp_path):
         assert got["state"] == expected_state, strategy
         assert got["workers"] == [0, 1, 2, 3], strategy
         assert (got["files_in"] > 0) == strategy.endswith("fluid"), strategy  # files or rows
+        assert got["split_records"] > 0, strategy  # the hot key was split (dual mode)
         if kind == "crash_and_resume":
             # The last crash hit the commit write: every worker had applied the epoch, so the
             # resume rolled all of them back to the last commit before running it again.

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from megaphone import MigrationPlan, Move, Pipeline
+from megaphone import MigrationPlan, Move, Pipeline, ShareThreshold
 from megaphone.spark import spark_session
 
 EPOCHS = 6
@@ -19,9 +19,13 @@ PLAN_EPOCH = 2
 MOVES = [Move(b, b % 2, 2 + b % 2) for b in (0, 5, 9, 14)]
 
 
+#: The hot key: 20 of each epoch's 50 records, so the pipeline splits it (dual mode) from epoch 1.
+HOT_KEY = 1
+
+
 def batch_keys(epoch: int) -> list[int]:
-    """The keys of epoch ``epoch``'s batch."""
-    return [(epoch * 7 + i * 3) % 40 for i in range(30)]
+    """The keys of epoch ``epoch``'s batch: 30 spread over 40 keys, and 20 of :data:`HOT_KEY`."""
+    return [(epoch * 7 + i * 3) % 40 for i in range(30)] + [HOT_KEY] * 20
 
 
 def main(state_dir: str, strategy: str, out: str) -> None:
@@ -30,6 +34,7 @@ def main(state_dir: str, strategy: str, out: str) -> None:
     pipe = Pipeline(spark, state_dir, key="k", update="count", workers=2, num_bins=16,
                     key_type="int64", pipeline_id="crash-test", keep_outputs=100,
                     transfer="files" if strategy == "fluid" else "rows")
+    pipe.split_hot_keys(ShareThreshold(share=0.2, min_records=10))  # crashes while split
     while pipe.epoch + 1 < EPOCHS:
         epoch = pipe.epoch + 1
         if epoch == PLAN_EPOCH and pipe.routing.version == 0 and not pipe.in_flight:
@@ -37,7 +42,8 @@ def main(state_dir: str, strategy: str, out: str) -> None:
             pipe.migrate(MigrationPlan.from_moves(pipe.routing, steps, strategy=strategy))
         pipe.process(spark.createDataFrame([(k,) for k in batch_keys(epoch)], "k long"))
     write_results(pipe, out, files_in=sum(w.get("files_in") or 0 for m in pipe.metrics()
-                                          for w in m["per_worker"].values()))
+                                          for w in m["per_worker"].values()),
+                  split_records=sum(m["split_records"] or 0 for m in pipe.metrics()))
     pipe.close()
     spark.stop()
 
