@@ -187,3 +187,21 @@ def test_crashes_in_a_micro_batch_are_replayed_exactly_once(tmp_path):
     # lost with the group 4..7 it ran in), the second 5..9; the last one ran none.
     ran = Counter(label for label in out["labels"] if label is not None)
     assert set(ran.values()) == {1} and set(ran) == set(labels) - {4}
+
+
+def test_a_committed_micro_batch_replayed_reads_all_its_outputs_back(spark, tmp_path):
+    # What Spark does when the driver died in the sink: the batch function runs the batch id
+    # again. Only 1 epoch's outputs are kept, yet the batch's 5 are all read back.
+    pipe = make(spark, tmp_path, "state", group_size=2, keep_outputs=1)
+    labels = [3, 4, 6, 8, 9]
+    batch = spark.createDataFrame([(k, label) for label in labels for k in label_keys(label)],
+                                  "k long, e long")
+    first, epoch = pipe._run_stream_epochs(batch, 0, "ckpt", "e")
+    again, epoch_again = pipe._run_stream_epochs(batch, 0, "ckpt", "e")
+    expected, final = reference(labels)
+    assert epoch == epoch_again == len(labels) - 1
+    assert by_label(again.collect()) == by_label(first.collect()) == expected
+    assert {row[0]: row[1] for row in pipe.state().collect()} == final
+    assert len(pipe.metrics()) == len(labels)  # nothing ran again
+    with pytest.raises(RuntimeError, match="ran by its epoch column"):
+        pipe._run_batch(batch.select("k"), 0, "ckpt")  # the same batch id, not by its labels
