@@ -5,17 +5,14 @@ Usage: ``python -m tests.helpers.stream_crash_driver STATE_DIR SOURCE CHECKPOINT
 The query reads the parquet files in SOURCE (columns ``k``, ``e``) once (``availableNow``),
 with the query checkpoint CHECKPOINT; its sink appends one JSON line per delivery to SINK
 (``{"epoch": ..., "rows": [[k, count, e], ...]}``). Groups hold 4 epochs and only 2 epochs'
-outputs are kept: a replayed micro-batch must still find all of its own. With
-``MEGAPHONE_SINK_CRASH=1`` the driver kills itself in the sink, after every epoch of the
-micro-batch committed and before Spark commits the batch. At the end the final state and the
-labels of the metrics records are written to OUT (JSON).
+outputs are kept: a replayed micro-batch must still find all of its own. At the end the final
+state and the labels of the metrics records are written to OUT (JSON).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 
 from megaphone import Pipeline
@@ -29,8 +26,6 @@ def main(state_dir: str, source: str, checkpoint: str, sink_path: str, out: str)
                     group_size=4)
 
     def sink(outputs, epoch: int) -> None:
-        if os.environ.get("MEGAPHONE_SINK_CRASH"):
-            os.killpg(os.getsid(0), signal.SIGKILL)
         rows = sorted([r["k"], r["count"], r["e"]] for r in outputs.collect())
         with open(sink_path, "a") as fh:
             fh.write(json.dumps({"epoch": epoch, "rows": rows}) + "\n")
