@@ -16,6 +16,9 @@ class Commit:
     last Structured Streaming batch id; ``plans`` are submitted plans not finished yet;
     ``tokens`` name, per worker, the attempt at the epoch whose results the driver took (a
     worker's copy of the epoch from any other attempt, on any host, is not this commit's state);
+    the ``stream`` of a micro-batch run by groups (``start(..., epoch_column=)``) also has
+    ``epochs``: the batch's epochs committed so far, as ``[first, last]`` ranges, one epoch per
+    label in label order (:func:`stream_epochs`; records without it stay readable);
     ``seq`` counts the records written (the driver's durable copy names its files by it);
     ``max_event_time``: the largest event time (us) committed, whence the next watermark;
     ``hot``: the heaviest keys of the committed epochs, smoothed (a bounded
@@ -57,3 +60,21 @@ class Commit:
     def worker_tokens(self) -> dict[int, str]:
         """``tokens`` by worker number."""
         return {int(w): t for w, t in self.tokens.items()}
+
+
+def stream_epochs(stream: dict[str, Any]) -> list[int]:
+    """The epochs a stream's micro-batch run by groups committed so far, in label order (its
+    ``epochs``: ``[first, last]`` ranges; empty for a record without them)."""
+    return [e for first, last in stream.get("epochs", ()) for e in range(first, last + 1)]
+
+
+def stream_with_epoch(stream: dict[str, Any], epoch: int) -> dict[str, Any]:
+    """``stream`` with ``epoch`` added to its micro-batch's committed epochs (extending the last
+    range when it is the next epoch: a batch's epochs are one range unless epochs without
+    records ran between two runs of it)."""
+    ranges = [list(r) for r in stream.get("epochs", ())]
+    if ranges and ranges[-1][1] == epoch - 1:
+        ranges[-1][1] = epoch
+    else:
+        ranges.append([epoch, epoch])
+    return {**stream, "epochs": ranges}

@@ -65,7 +65,8 @@ class ServerHandoff:
     """How a pipeline hands itself to a Spark Connect server for a stream and takes itself back:
     a base of :class:`~megaphone.migrator.pipeline.Pipeline`, which holds the attributes
     declared here and opens, checks and runs the pipeline (``fingerprint``, ``_open``,
-    ``_check_restore``, ``_release_stores``, ``_flush_metrics``, ``_run_batch``)."""
+    ``_check_restore``, ``_release_stores``, ``_flush_metrics``, ``_run_batch``,
+    ``_run_stream_epochs``)."""
 
     key: str
     value: str | None
@@ -82,6 +83,7 @@ class ServerHandoff:
     _lock: threading.RLock
     _metrics: collections.deque[dict[str, Any]]
     _on_server: bool
+    _group_size: int | str
 
     def _step_aside(self, location: str | None) -> dict[str, Any]:
         """Step aside for a stream over Spark Connect; the settings the batch function opens
@@ -101,18 +103,23 @@ class ServerHandoff:
                     "chunk_bytes": self.chunk_bytes, "transfer": self.transfer,
                     "keep_outputs": self.keep_outputs,
                     "checkpoint": self._settings["checkpoint"],
-                    "snapshot_every": self._settings["snapshot_every"]}
+                    "snapshot_every": self._settings["snapshot_every"],
+                    "group_size": self._group_size}
         with self._lock:  # the server opens the stores and writes the checkpoint from now on
             self._release_stores(self._state)
             self._state.unlock()
             self._on_server = True
         return settings
 
-    def _serve_batch(self, batch: DataFrame, batch_id: int, location: str
-                     ) -> tuple[DataFrame, int]:
-        """A stream's micro-batch on the Spark Connect server; its metrics go into the
-        checkpoint now, since the client reads them there."""
-        outputs, epoch = self._run_batch(batch, batch_id, location)
+    def _serve_batch(self, batch: DataFrame, batch_id: int, location: str,
+                     epoch_column: str | None = None) -> tuple[DataFrame, int]:
+        """A stream's micro-batch on the Spark Connect server (as the epochs of its
+        ``epoch_column``'s labels if given); its metrics go into the checkpoint now, since the
+        client reads them there."""
+        if epoch_column is not None:
+            outputs, epoch = self._run_stream_epochs(batch, batch_id, location, epoch_column)
+        else:
+            outputs, epoch = self._run_batch(batch, batch_id, location)
         self._flush_metrics()
         return outputs, epoch
 

@@ -17,13 +17,14 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from megaphone.migrator import columns as C
-from megaphone.migrator.commit import Commit
+from megaphone.migrator.commit import Commit, stream_with_epoch
 from megaphone.migrator.epoch import _WRITER, EpochHost, EpochRun
 from megaphone.migrator.epoch_spec import EpochSpec, with_labels
 from megaphone.migrator.inbox import take_plans
@@ -46,12 +47,18 @@ from megaphone.records import EpochMetrics, WorkerMetrics
 class GroupInput:
     """The epochs still to run from one batch: its records (``batch``), the name of its epoch
     column (``column``), the labels left in order, and per label the largest event time of
-    its records (``None`` where none, or without event time)."""
+    its records (``None`` where none, or without event time). For a stream's micro-batch,
+    ``stream`` is its stream record so far (each epoch's commit adds the epoch to its
+    ``epochs``: :func:`~megaphone.migrator.commit.stream_with_epoch`) and ``keep_from`` its
+    first epoch: the batch's kept outputs are not pruned before it is done (a replay reads
+    them)."""
 
     batch: DataFrame
     column: str
     labels: tuple[int, ...]
     max_event_times: tuple[int | None, ...]
+    stream: dict[str, Any] | None = None
+    keep_from: int | None = None
 
 
 class GroupRun(EpochRun):
@@ -116,7 +123,9 @@ class GroupRun(EpochRun):
             self._commit_all(state, queue, layout, results, labels, admitted.committed,
                              (started, finished))
         with self.phase("cleanup"):
-            state.prune_outputs(self.last - host.keep_outputs + 1)
+            keep = self.last - host.keep_outputs + 1
+            state.prune_outputs(keep if self.source.keep_from is None
+                                else min(keep, self.source.keep_from))
         if trace_enabled():  # the group's phases with its first epoch's workers' marks, for
             # `megaphone explain`; not handed to policies, which read an epoch's times from it
             state.traces.append(epoch_trace(epoch, self.spans, self._marks, layout.outgoing,
@@ -153,6 +162,7 @@ class GroupRun(EpochRun):
         Bins that moved at the first epoch stay pending drops until the next group's first
         epoch (a retried group job may export them again)."""
         host, (started, finished) = self.host, span
+        stream = self.source.stream
         for i, result in enumerate(results):
             epoch = self.epoch + i
             at = layout if i == 0 else dataclasses.replace(layout, epoch=epoch)
@@ -165,6 +175,9 @@ class GroupRun(EpochRun):
                 self._marks = marks
             record.group, record.group_size, record.label = self.epoch, self.size, labels[i]
             record.duration_s = (finished - started) / self.size
+            if stream is not None:  # a stream's micro-batch: the epoch is one of its epochs
+                stream = stream_with_epoch(stream, epoch)
+                record.batch_id = stream.get("batch_id")
             host.track_load(result.load_bins, result.load_counts)
             if self.input_end is not None and record.latency_s is None:
                 record.latency_s = finished - self.input_end
@@ -172,7 +185,8 @@ class GroupRun(EpochRun):
             try:
                 with queue.lock:
                     queue.committed(epoch, report.bytes_by_bin)
-                    commit = commit_record(at, before.stream, queue.to_list(),
+                    commit = commit_record(at, before.stream if stream is None else stream,
+                                           queue.to_list(),
                                            record.per_worker, before)
                     commit.label = labels[i]
                     state.write_commit(commit, after=kept.result)  # the epoch's commit point

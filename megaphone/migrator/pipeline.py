@@ -20,6 +20,7 @@ registry (:mod:`~megaphone.migrator.registry`).
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import uuid
 from pathlib import Path
@@ -249,13 +250,19 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff, PipelineGroups):
         sink: Sink,
         trigger: dict[str, Any] | None = None,
         checkpoint_location: str | None = None,
+        *,
+        epoch_column: str | None = None,
     ):
         """Run on Structured Streaming: each micro-batch is an epoch; ``sink(outputs, epoch)``.
 
-        ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g.
-        ``{"processingTime": "1 second"}``). Returns the ``StreamingQuery``. Restarting with the
-        same checkpoint replays uncommitted batches; a batch id already committed is not
-        applied again, only its stored outputs are handed to ``sink`` once more.
+        ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g. ``{"processingTime": "1
+        second"}``). Returns the ``StreamingQuery``. Restarting with the same checkpoint replays
+        uncommitted batches; a batch id committed is not applied again, its stored outputs are
+        handed to ``sink`` once more. ``epoch_column``: each micro-batch runs as the epochs of
+        this integer column's labels (increasing from batch to batch) in groups, one Spark job
+        per group, as ``process(..., epoch_column=)``; ``sink`` gets all the batch's outputs
+        (each row with its label) and its last epoch. A replayed batch applies only its labels
+        not committed yet; the others' outputs come from the kept outputs (docs/groups.md).
 
         Over Spark Connect, ``foreachBatch`` runs on the server: the batch function opens this
         pipeline there from its checkpoint location (``Pipeline(checkpoint=...)`` is needed, and
@@ -263,17 +270,17 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff, PipelineGroups):
         object is brought forward from the checkpoint when the query ends; meanwhile
         :meth:`process` and :meth:`migrate` are refused (submit plans before :meth:`start`).
         """
-        self._stream = Stream(self.spark, self._run_batch,
+        run_batch, step_aside = self._batch_functions(stream.schema, epoch_column)
+        self._stream = Stream(self.spark, run_batch,
                               str(StateDirPaths(self._path).stream_checkpoint),
-                              self._step_aside, _open_on_server, self._rejoin)
+                              step_aside, _open_on_server, self._rejoin)
         return self._stream.start(stream, sink, trigger, checkpoint_location)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the stream started by :meth:`start` between two epochs, not in the middle of one.
 
         Waits up to ``timeout`` seconds for the running epoch to commit so Spark does not
-        interrupt the batch function; the query's checkpoint then resumes at the next batch.
-        """
+        interrupt the batch function; the query's checkpoint then resumes at the next batch."""
         if self._stream is not None:
             self._stream.stop(timeout)
             self._stream = None
@@ -385,7 +392,9 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff, PipelineGroups):
 def _open_on_server(spark: SparkSession, state_dir: str, settings: dict[str, Any]) -> ServeBatch:
     """Open a pipeline on a Spark Connect server for a stream's batch function
     (:class:`~megaphone.migrator.connect_stream.ServerBatch`)."""
-    return Pipeline(spark, state_dir, **settings)._serve_batch
+    column = settings.get("epoch_column")  # start()'s, not the pipeline's
+    pipe = Pipeline(spark, state_dir, **{k: v for k, v in settings.items() if k != "epoch_column"})
+    return functools.partial(pipe._serve_batch, epoch_column=column)
 
 
 __all__ = ["Pipeline"]

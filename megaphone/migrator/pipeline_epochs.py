@@ -81,6 +81,10 @@ class PipelineEpochs(HotKeys):
         with self._lock:
             stream = self._commit.stream
             if stream.get("checkpoint") == location and batch_id <= stream.get("batch_id", -1):
+                if "epochs" in stream:  # its outputs are several epochs', one per label
+                    raise RuntimeError(f"micro-batch {batch_id} of the stream at {location} "
+                                       "ran by its epoch column: restart it with the same "
+                                       "start(..., epoch_column=)")
                 last = stream.get("epoch", self._commit.epoch)  # offline epochs ran since
                 epoch = last - (stream["batch_id"] - batch_id)
                 return self._read_outputs(epoch), epoch

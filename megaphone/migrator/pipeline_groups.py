@@ -6,18 +6,21 @@ Drizzle's rule when it is ``"auto"``.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from megaphone.migrator import columns as C
-from megaphone.migrator.commit import Commit
-from megaphone.migrator.epoch_labels import check_epoch_column, scan_labels
+from megaphone.migrator.commit import Commit, stream_epochs
+from megaphone.migrator.connect_stream import ServeBatch
+from megaphone.migrator.epoch_labels import EpochLabels, check_epoch_column, scan_labels
 from megaphone.migrator.group import GroupInput, GroupRun
 from megaphone.migrator.schemas import PipelineSchema
 
@@ -55,7 +58,7 @@ def drizzle_group_size(floor_s: float, work_s: float, target: float = OVERHEAD_T
 class PipelineGroups:
     """The groups of a pipeline: a base of :class:`~megaphone.migrator.pipeline.Pipeline`,
     which holds the attributes declared here and provides ``epoch``, ``streaming``,
-    ``_epoch_host`` and ``_update_for``."""
+    ``_epoch_host``, ``_update_for``, ``state_dir``, ``_run_batch`` and ``_step_aside``."""
 
     spark: SparkSession
     key: str
@@ -67,6 +70,8 @@ class PipelineGroups:
     _uncommitted: bool
     _run_id: str
     _group_size: int | str
+    _run_batch: ServeBatch
+    _step_aside: Callable[[str | None], dict[str, Any]]
     #: The last group's measured job floor and work per epoch (seconds), for ``"auto"``.
     _group_costs: tuple[float, float] | None = None
 
@@ -82,19 +87,42 @@ class PipelineGroups:
         groups; all their outputs, each row with its label in ``column``."""
         if self.streaming:
             raise RuntimeError("the pipeline is running a stream; process() is not allowed")
-        check_epoch_column(batch.schema, column, {"key": self.key, "value": self.value,
-                                                  "event time": self.event_time})
-        key_type, value_type = self._schema.batch_types(batch.schema)
-        update = self._update_for(value_type)
-        out = self._schema.outputs(key_type, update)
+        schema = self._epochs_schema(batch.schema, column)
+        with self._lock:
+            found = scan_labels(batch, column, self._event_times(batch), self._commit.label)
+        table = _concat(self._run_groups(batch, column, found, input_end), schema)
+        frame = None
+        if want_frame:
+            frame = self.spark.createDataFrame(table if table.num_rows else [], schema=schema)
+        return table, frame
+
+    def _epochs_schema(self, schema: T.StructType, column: str) -> T.StructType:
+        """The outputs' schema of a batch of ``schema`` run by its epoch ``column`` (the
+        outputs' columns and the label); a ``ValueError`` or ``TypeError`` for a bad column."""
+        check_epoch_column(schema, column, {"key": self.key, "value": self.value,
+                                            "event time": self.event_time})
+        key_type, value_type = self._schema.batch_types(schema)
+        out = self._schema.outputs(key_type, self._update_for(value_type))
         if column in out.names:
             raise ValueError(f"epoch column {column!r} would clash with the outputs' column "
                              f"of that name (outputs: {out.names})")
-        with self._lock:
-            times = self._schema.record_columns(key_type, update).get(C.EVENT_TIME)
-            found = scan_labels(batch, column, times, self._commit.label)
+        return T.StructType([*out.fields, T.StructField(column, T.LongType())])
+
+    def _event_times(self, batch: DataFrame) -> Column | None:
+        """The records' event time column of ``batch`` (microseconds), if the update has one."""
+        key_type, value_type = self._schema.batch_types(batch.schema)
+        update = self._update_for(value_type)
+        return self._schema.record_columns(key_type, update).get(C.EVENT_TIME)
+
+    def _run_groups(self, batch: DataFrame, column: str, found: EpochLabels,
+                    input_end: float | None, stream: dict[str, Any] | None = None
+                    ) -> list[pa.Table]:
+        """Run the epochs of ``found``'s labels in groups; each epoch's outputs with its label
+        in ``column``. ``stream``: the micro-batch's stream record so far (a stream's batch)."""
         tables: list[pa.Table] = []
         done = 0
+        started = stream_epochs(stream or {})  # a replayed batch's epochs committed before
+        keep_from = started[0] if started else self.epoch + 1
         while done < len(found.labels):
             # One group at a time under the lock: a plan submitted meanwhile (migrate() from
             # another thread) starts at the next group's first epoch.
@@ -102,8 +130,11 @@ class PipelineGroups:
                 if self._commit.label is not None and found.labels[done] <= self._commit.label:
                     raise RuntimeError(f"label {found.labels[done]} was overtaken: another "
                                        f"call committed label {self._commit.label} meanwhile")
+                if stream is not None:  # the record the batch's commits so far left
+                    stream = self._commit.stream if done else stream
                 source = GroupInput(batch, column, found.labels[done:],
-                                    found.max_event_times[done:])
+                                    found.max_event_times[done:], stream,
+                                    None if stream is None else keep_from)
                 run = GroupRun(self._epoch_host(), self.epoch + 1, source,
                                self._next_group_size(), input_end)
                 try:
@@ -114,17 +145,60 @@ class PipelineGroups:
                         self._run_id = uuid.uuid4().hex  # its rerun must not replay outputs
                     raise
                 self._measured(run)
-            for label, table in zip(source.labels, outputs, strict=False):
-                tables.append(table.append_column(
-                    column, pa.array([label] * table.num_rows, pa.int64())))
+            tables.extend(_labelled(table, column, label)
+                          for label, table in zip(source.labels, outputs, strict=False))
             done += run.size
-        schema = T.StructType([*out.fields, T.StructField(column, T.LongType())])
-        table = pa.concat_tables(tables).combine_chunks() if tables else \
-            pa.table({f.name: [] for f in schema.fields})
-        frame = None
-        if want_frame:
-            frame = self.spark.createDataFrame(table if table.num_rows else [], schema=schema)
-        return table, frame
+        return tables
+
+    def _run_stream_epochs(self, batch: DataFrame, batch_id: int, location: str, column: str
+                           ) -> tuple[DataFrame, int]:
+        """A stream's micro-batch (``batch_id`` of the query at ``location``) as the epochs of
+        its epoch ``column``'s labels, in groups: all their outputs (each row with its label)
+        and the batch's last epoch. A replayed batch applies only its labels not committed yet;
+        those committed are read from the kept outputs (docs/groups.md)."""
+        schema = self._epochs_schema(batch.schema, column)
+        with self._lock:
+            stream = self._commit.stream
+            last_id = stream.get("batch_id", -1) if stream.get("checkpoint") == location else -1
+            again = batch_id <= last_id
+            if again and (batch_id < last_id or "epochs" not in stream):
+                raise RuntimeError(
+                    f"micro-batch {batch_id} of the stream at {location} is replayed, but the "
+                    f"pipeline committed micro-batch {last_id}"
+                    + ("" if batch_id < last_id else " without epoch_column")
+                    + ": its epochs' outputs cannot be told apart; restart the query as it ran")
+            found = scan_labels(batch, column, self._event_times(batch),
+                                None if again else self._commit.label)
+            done = stream_epochs(stream) if again else []
+            if done and (len(done) > len(found.labels)
+                         or found.labels[len(done) - 1] != self._commit.label):
+                raise RuntimeError(
+                    f"micro-batch {batch_id} is replayed with other labels than it ran with "
+                    f"(its {len(done)} committed epochs end at label {self._commit.label}; the "
+                    f"replay holds {list(found.labels[:len(done)])[-3:]} there): the stream's "
+                    "source must replay a micro-batch alike")
+            tables = [_labelled(self.state_dir.read_outputs(e), column, label)
+                      for e, label in zip(done, found.labels, strict=False)]
+            rest = EpochLabels(found.labels[len(done):], found.max_event_times[len(done):])
+            record = stream if again else {"checkpoint": location, "batch_id": batch_id}
+        tables += self._run_groups(batch, column, rest, None, record)
+        table = _concat(tables, schema)
+        last = self.epoch if rest.labels or not done else done[-1]
+        return self.spark.createDataFrame(table if table.num_rows else [], schema=schema), last
+
+    def _batch_functions(self, schema: T.StructType, column: str | None
+                         ) -> tuple[ServeBatch, Callable[[str | None], dict[str, Any]]]:
+        """A stream's batch function and its Spark Connect hand-off (``_run_batch`` and
+        ``_step_aside``), running each micro-batch by its epoch ``column`` if given; a bad
+        ``column`` for the stream's ``schema`` is refused now, before the query starts."""
+        if column is None:
+            return self._run_batch, self._step_aside
+        self._epochs_schema(schema, column)
+
+        def step_aside(location: str | None) -> dict[str, Any]:
+            return {**self._step_aside(location), "epoch_column": column}
+
+        return functools.partial(self._run_stream_epochs, column=column), step_aside
 
     def _next_group_size(self) -> int:
         """The next group's size: the fixed one, or Drizzle's rule from the last group's
@@ -143,3 +217,15 @@ class PipelineGroups:
                    for r in run.records) + run.phases.get("commit", 0.0)
         total = sum(run.phases.values())
         self._group_costs = (max(0.0, total - work), work / max(run.size, 1))
+
+
+def _labelled(table: pa.Table, column: str, label: int) -> pa.Table:
+    """An epoch's outputs with its ``label`` in ``column``."""
+    return table.append_column(column, pa.array([label] * table.num_rows, pa.int64()))
+
+
+def _concat(tables: list[pa.Table], schema: T.StructType) -> pa.Table:
+    """Epochs' labelled outputs as one table (an empty one of ``schema`` if none)."""
+    if tables:
+        return pa.concat_tables(tables).combine_chunks()
+    return pa.table({f.name: [] for f in schema.fields})
