@@ -197,9 +197,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
                        ("calibrate-records", int)):
         p.add_argument(f"--{name}", type=kind, default=None)
     p.add_argument("--hot-share", type=float, default=0.6)
-    p.add_argument("--bins", type=int, default=64,
-                   help="bins per pipeline (64: an epoch's map side is cheap with few bins, "
-                        "so the per-record work dominates)")
+    p.add_argument("--bins", type=int, default=4096, help="bins per pipeline")
     p.add_argument("--zipf", type=float, default=1.2)
     p.add_argument("--load", type=float, default=0.9,
                    help="open-loop rate, as a fraction of the unsplit capacity")

@@ -29,8 +29,11 @@ from tests.helpers.operator_reference import join_reference, window_reference
 from tests.test_equivalence import SPARK_PHASES
 
 NUM_BINS = 16
-EPOCH0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+# Windows align to the Unix epoch, the reference's to T0: T0 is a multiple of every window
+# size and slide drawn (2..12 s: lcm 27,720 s). Midnight alone is not one of 11 s.
+EPOCH0 = dt.datetime(2026, 1, 1, 2, 6, tzinfo=dt.timezone.utc)
 T0 = int(EPOCH0.timestamp() * 1e6)  # event times: seconds after T0, in microseconds
+assert (T0 // 1_000_000) % math.lcm(*range(2, 13)) == 0
 SECOND = 1_000_000
 
 

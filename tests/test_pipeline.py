@@ -410,3 +410,25 @@ def test_bin_load_is_the_smoothed_records_per_bin(spark, tmp_path):
     expected = LOAD_SMOOTHING * per_bin * (1 + (1 - LOAD_SMOOTHING))
     assert np.allclose(pipe.bin_load(), expected) and pipe.bin_load().sum() > 0
     pipe.close()
+
+
+def test_a_pipeline_turns_off_row_by_row_projection_of_local_data_keeping_other_exclusions(
+        spark, tmp_path):
+    # Spark's ConvertToLocalRelation would compute the routing projection of a DataFrame made
+    # from local data row by row, unfolded (bench/local_input.py); a rule the user excluded stays.
+    from megaphone.spark import LOCAL_RELATION_RULE
+
+    other = "org.apache.spark.sql.catalyst.optimizer.PushFoldableIntoBranches"
+    key = "spark.sql.optimizer.excludedRules"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, other)
+    try:
+        pipe = make(spark, tmp_path, workers=2)
+        assert spark.conf.get(key).split(",") == [other, LOCAL_RELATION_RULE]
+        make(spark, tmp_path / "again", workers=2).close()  # added once, not twice
+        assert spark.conf.get(key).split(",") == [other, LOCAL_RELATION_RULE]
+        pipe.process(spark.createDataFrame([(k,) for k in (1, 2, 2)], "k long"))
+        assert counts(pipe) == {1: 1, 2: 2}
+        pipe.close()
+    finally:
+        spark.conf.set(key, before or LOCAL_RELATION_RULE)

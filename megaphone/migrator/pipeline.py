@@ -55,6 +55,7 @@ from megaphone.plans.policy import MigrationPolicy
 from megaphone.records import EpochMetrics
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
+from megaphone.spark import apply_pipeline_settings
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES, check_transfer
 from megaphone.state_backends.durable import SNAPSHOT_EVERY
 from megaphone.state_backends.remote import default_local_dir
@@ -160,8 +161,7 @@ class Pipeline(StateDirOwner, PipelineEpochs, ServerHandoff, PipelineGroups):
         # failed before its commit point) is rolled back there, never replayed.
         self._run_id = uuid.uuid4().hex
         self.recovery = RecoveryReport()  # what opening the state directory discarded
-        # Adaptive execution must not merge partitions: partition w is worker w.
-        spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
+        apply_pipeline_settings(spark)  # partition w is worker w; no row-by-row routing
         # With a checkpoint location the driver's copy there is the truth: a state directory
         # that is missing (a lost driver disk) or behind it is brought to it first.
         uri = (StateDir.open(self._path).manifest.get("checkpoint")

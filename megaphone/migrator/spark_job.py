@@ -40,7 +40,9 @@ def owner_column(owners: np.ndarray, bin_: Column) -> Column:
 
     The owners are one string literal split into an ``array<int>``, which Spark's optimizer
     folds into a constant: a lookup per record, with no broadcast join (and no extra job) per
-    epoch, and one expression however many bins there are.
+    epoch, and one expression however many bins there are. (For local input too: a pipeline
+    turns off the rule that would compute it row by row before folding,
+    :data:`~megaphone.spark.LOCAL_RELATION_RULE`.)
     """
     text = ",".join(str(int(w)) for w in owners)
     table = F.split(F.lit(text), ",").cast("array<int>")
