@@ -384,3 +384,47 @@ def test_the_cost_model_charges_a_groups_job_overhead_once():
         work = alone.duration_s - OVERHEAD_S
         assert model.replay_s(group[1], 8) == pytest.approx(work + OVERHEAD_S / size)
         assert model.replay_s(alone, 8) == pytest.approx(alone.duration_s)
+
+
+def test_a_group_runs_past_an_adaptive_plans_epoch_only_when_its_policy_moved_nothing():
+    t = table(2, 8)
+    moves = [Move(b, b % 2, 2) for b in range(4)]
+    chosen: dict[int, list[Move]] = {3: moves[:1]}  # the policy moves one bin at epoch 3 only
+    queue = PlanQueue(t)
+    queue.submit(make_plan(t, moves, "deadline", target_latency=2.0), 0,
+                 lambda v: chosen.get(v.epoch, []))
+    asked: list = []
+
+    def five(policy) -> int:
+        asked.append(policy)
+        return 5
+
+    assert queue.steps_due(0) == []
+    assert queue.group_end(0, 9) == 0  # by default the policy decides before every epoch
+    assert queue.group_end(0, 9, five) == 4 and len(asked) == 1  # nothing moved: 5 epochs
+    assert queue.group_end(0, 2, five) == 2  # at most ``end``
+    for e in range(3):
+        queue.committed(e, {})
+    assert queue.steps_due(3) == moves[:1]
+    assert queue.group_end(3, 9, five) == 3  # it moved: the policy predicted that epoch alone
+    # A fixed plan ahead of an adaptive one: when its last step applies, the adaptive plan was
+    # not asked yet (it starts at the next epoch), so the group is the epoch alone.
+    t2 = table(2, 8)
+    queue2 = PlanQueue(t2)
+    queue2.submit(make_plan(t2, [Move(0, 0, 1)], "all-at-once"), 0)
+    after = RoutingTable.from_dict(t2.to_dict())  # the version the first plan ends at
+    after.apply_step([Move(0, 0, 1)], 0)
+    queue2.submit(make_plan(after, [Move(1, 1, 0)], "deadline", target_latency=2.0), 1,
+                  lambda v: [])
+    assert queue2.steps_due(0) == [Move(0, 0, 1)]
+    assert queue2.group_end(0, 9, five) == 0
+
+
+def test_a_deadline_bounds_a_group_by_its_latency_target():
+    from megaphone.migrator.pipeline_groups import deadline_group_size
+
+    # A 2 s budget, a 0.4 s job floor and 0.1 s of work per epoch: 16 epochs fit.
+    assert deadline_group_size(2.0, 0.4, 0.1) == 16
+    assert deadline_group_size(2.0, 0.4, 0.1, most=8) == 8
+    assert deadline_group_size(0.3, 0.4, 0.1) == 1  # not even one epoch fits: alone
+    assert deadline_group_size(2.0, 0.4, 0.0) == 64 and deadline_group_size(0.2, 0.4, 0.0) == 1

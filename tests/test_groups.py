@@ -172,6 +172,48 @@ def test_bad_epoch_columns_are_refused_and_change_nothing(spark, tmp_path):
     pipe.close()
 
 
+def test_a_deadline_plan_behind_its_target_lets_a_backlog_run_in_groups(spark, tmp_path):
+    """While a deadline plan runs, a group may last past its first epoch when the policy moved
+    nothing there (here: a backlog behind the target, so the plan waits), bounded by the
+    target; once within the target the plan moves again, each epoch that moves bins a group of
+    its own. Outputs and state stay exact."""
+    import time
+
+    from megaphone.plans import make_plan
+
+    pipe = Pipeline(spark, str(tmp_path / "p"), key="k", update="count", workers=2,
+                    num_bins=NUM_BINS, key_type="int64", pipeline_id=uuid.uuid4().hex,
+                    group_size=4)
+    labels = list(range(16))
+    keys = {label: [(label * 5 + i) % 11 for i in range(6)] for label in labels}
+    frame = spark.createDataFrame([(k, label) for label in labels for k in keys[label]],
+                                  "k long, e long")
+    got = {label: {} for label in labels}
+
+    def run(where: str, **kw) -> None:
+        for row in pipe.process(frame.where(where), epoch_column="e", **kw).collect():
+            got[row["e"]][row["k"]] = row["count"]
+
+    run("e = 0")  # measures a group's floor and work
+    moves = [Move(b, b % 2, 2) for b in range(0, NUM_BINS, 3)]
+    handle = pipe.migrate(make_plan(pipe.routing, moves, "deadline", target_latency=60.0))
+    # Labels 1-9: their input ended 300 s ago, behind the 60 s target: the plan waits.
+    run("e between 1 and 9", input_end=time.time() - 300)
+    records = pipe.metric_records()
+    assert [r.group_size for r in records[1:]] == [4] * 8 + [1] and handle.progress.epochs == []
+    run("e >= 10")  # within the target: the plan moves, one epoch at a time
+    records = pipe.metric_records()
+    assert handle.progress.epochs
+    for epoch in handle.progress.epochs:
+        assert records[epoch].group == epoch and records[epoch].group_size == 1
+    counts: Counter = Counter()
+    for label in labels:
+        counts.update(keys[label])
+        assert got[label] == {k: counts[k] for k in set(keys[label])}, label
+    assert {r[0]: r[1] for r in pipe.state().collect()} == dict(counts)
+    pipe.close()
+
+
 def test_group_size_checks_and_drizzles_rule():
     assert check_group_size("auto") == "auto" and check_group_size(3) == 3
     for bad in (0, -2, 1.5, "big", True):

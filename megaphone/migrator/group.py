@@ -15,7 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ from megaphone.migrator.statedir import StateDir
 from megaphone.migrator.trace import epoch_trace, take_marks, trace_enabled
 from megaphone.migrator.updates import Update
 from megaphone.operators.process import watermark
+from megaphone.plans.policy import MigrationPolicy
 from megaphone.records import EpochMetrics, WorkerMetrics
 
 
@@ -66,10 +67,12 @@ class GroupRun(EpochRun):
     (call :meth:`run` once; :attr:`size` epochs ran, with the outputs :meth:`run` returns)."""
 
     def __init__(self, host: EpochHost, epoch: int, source: GroupInput, limit: int,
-                 input_end: float | None) -> None:
+                 input_end: float | None,
+                 adaptive: Callable[[MigrationPolicy], int] | None = None) -> None:
         super().__init__(host, epoch, source.batch, None, input_end, want_frame=False)
         self.source = source
         self.limit = max(1, min(limit, len(source.labels)))
+        self.adaptive = adaptive  # epochs a group may last while an adaptive plan runs
         #: Epochs in the group (known after ``admit``).
         self.size = 0
         #: The group's job: launched (``launch``) and run (``collect``) seconds.
@@ -95,7 +98,8 @@ class GroupRun(EpochRun):
             with queue.lock:
                 if queue.steps_due(epoch, host.policy_inputs(lag)):
                     queue.table.save(state.routing_path)
-                self.size = queue.group_end(epoch, epoch + self.limit - 1) - epoch + 1
+                self.size = queue.group_end(epoch, epoch + self.limit - 1,
+                                            self.adaptive) - epoch + 1
         labels = self.source.labels[:self.size]
         with self.phase("layout"):
             with queue.lock:

@@ -43,6 +43,16 @@ def check_group_size(group_size: Any) -> int | str:
     return group_size
 
 
+def deadline_group_size(budget_s: float, floor_s: float, work_s: float,
+                        most: int = MAX_GROUP) -> int:
+    """The largest group size ``G`` whose job (``floor_s`` plus ``G * work_s``) still fits in
+    ``budget_s`` (a deadline policy's latency target over its margin), in ``[1, most]``: while
+    a deadline plan runs, a group's first epoch waits for the whole group's job."""
+    if work_s <= 0:
+        return most if budget_s > floor_s else 1
+    return max(1, min(most, math.floor((budget_s - floor_s) / work_s + 1e-9)))
+
+
 def drizzle_group_size(floor_s: float, work_s: float, target: float = OVERHEAD_TARGET,
                        most: int = MAX_GROUP) -> int:
     """Drizzle's rule: the smallest group size ``G`` whose scheduling overhead (``floor_s`` per
@@ -136,7 +146,7 @@ class PipelineGroups:
                                     found.max_event_times[done:], stream,
                                     None if stream is None else keep_from)
                 run = GroupRun(self._epoch_host(), self.epoch + 1, source,
-                               self._next_group_size(), input_end)
+                               self._next_group_size(), input_end, self._adaptive_group_size)
                 try:
                     outputs = run.run()
                 except BaseException:
@@ -208,6 +218,16 @@ class PipelineGroups:
         if self._group_costs is None:
             return AUTO_START
         return drizzle_group_size(*self._group_costs)
+
+    def _adaptive_group_size(self, policy: Any) -> int:
+        """Epochs a group may last while ``policy``'s adaptive plan runs and it moved nothing
+        at the group's first epoch: a deadline policy's latency target bounds the group's job
+        (:func:`deadline_group_size`, from the last group's measured floor and work); any
+        other policy decides before every epoch (1)."""
+        target = getattr(policy, "target_latency_s", None)
+        if target is None or self._group_costs is None:
+            return 1
+        return deadline_group_size(target / getattr(policy, "margin", 1.0), *self._group_costs)
 
     def _measured(self, run: GroupRun) -> None:
         """Keep the job floor and work per epoch ``run`` measured: the work is the busiest

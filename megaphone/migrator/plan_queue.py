@@ -264,18 +264,25 @@ class PlanQueue:
                 break  # later plans wait until this one has applied all its steps
             return moves
 
-    def group_end(self, start: int, end: int) -> int:
+    def group_end(self, start: int, end: int,
+                  adaptive: Callable[[MigrationPolicy], int] | None = None) -> int:
         """The last epoch, at most ``end``, of a group of epochs starting at ``start`` that no
         plan step falls inside: called after :meth:`steps_due` applied ``start``'s steps. A
-        fixed plan's next step ends the group before it; a plan waiting to become active, or
-        an adaptive plan (its policy decides before every epoch), ends it at ``start``
-        (docs/groups.md)."""
+        fixed plan's next step ends the group before it; a plan waiting to become active ends
+        it at ``start``. An adaptive plan's policy decided at ``start``: if it moved bins
+        there, the group is that epoch alone (its policy predicted one epoch), else it may last
+        ``adaptive(policy)`` epochs (default 1: the policy decides before every epoch;
+        docs/groups.md)."""
         with self.lock:
             for active in self._plans:
                 if active.all_applied():
                     continue
-                if active.policy is not None or active.epochs is None:
+                if active.epochs is None:  # not active yet: it starts after ``start``
                     return start
+                if active.policy is not None:
+                    if adaptive is None or active.epochs[-1:] == [start]:
+                        return start
+                    return max(start, min(end, start + adaptive(active.policy) - 1))
                 return max(start, min(end, active.epochs[active.applied] - 1))
             return end
 
