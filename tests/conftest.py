@@ -25,14 +25,14 @@ os.environ["MEGAPHONE_LOCAL_DIR"] = _LOCAL_DIR
 # threads and the parallel collector's threads take the CPU the start-up needs: C1 only and
 # the serial collector halve a JVM's start and first job here (41 -> 23 s, measured). On top,
 # the classes a Spark driver loads are archived once per session (AppCDS: one training run of
-# a pipeline epoch, ~25 s) and every later JVM maps them instead of loading them again: a
+# a pipeline epoch, ~38 s) and every later JVM maps them instead of loading them again: a
 # driver's start and first job 12 -> 5 s here. A JVM whose class path differs (spark-submit's
 # launcher, a server) cannot use the archive and runs as before (the notice is silenced).
 # Tests only (every JVM started from this environment inherits it); what megaphone runs on is
 # untouched, and benchmarks never import this file.
 _JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 _TRAIN = """
-import sys, tempfile
+import tempfile
 from megaphone import Pipeline
 from megaphone.spark import spark_session
 spark = spark_session("local[2]", "megaphone-tests-class-archive")
