@@ -31,10 +31,10 @@ class EpochSpec:
     before any event time) and ``owned``: worker -> the bins it owns at this epoch, whose
     timers it fires. Hot keys (docs/hot-keys.md): ``split_keys`` run in dual mode (folded
     by ``lessees`` tasks, ``None``: the input's partitions), and each worker reports its
-    ``sketch_capacity`` heaviest keys (0: none).
-    timers it fires. A group's spec (docs/groups.md) also has ``labels``: the epoch labels of
-    the group's epochs in order (``epoch`` is the first's; only it installs, ships and drops
-    bins) and, for an event-time operator, ``watermarks``: each epoch's watermark.
+    ``sketch_capacity`` heaviest keys (0: none). A group's spec (docs/groups.md) also has
+    ``labels``: the epoch labels of the group's epochs in order (``epoch`` is the first's;
+    only it installs, ships and drops bins) and, for an event-time operator, ``watermarks``:
+    each epoch's watermark.
     """
 
     epoch: int

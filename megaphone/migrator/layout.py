@@ -91,12 +91,18 @@ def commit_record(layout: EpochLayout, stream: dict[str, Any], plans: list[dict[
                   hot=hot_summary(before.hot, per_worker))
 
 
+def epoch_hot_keys(per_worker: Mapping[int, WorkerMetrics]) -> HeavyHitters | None:
+    """The epoch's heaviest keys: the workers' summaries merged (``None`` if no worker
+    reported one: hot keys are not watched)."""
+    sketches = [HeavyHitters.from_json(m.hot) for m in per_worker.values() if m.hot]
+    return HeavyHitters.merge(sketches) if sketches else None
+
+
 def hot_summary(before: dict[str, Any], per_worker: Mapping[int, WorkerMetrics]
                 ) -> dict[str, Any]:
     """The committed hot-key summary after an epoch: ``before``'s moved toward the workers'
-    summaries of the epoch (merged), or ``before`` unchanged if no worker reported one."""
-    sketches = [HeavyHitters.from_json(m.hot) for m in per_worker.values() if m.hot]
-    if not sketches:
+    summaries of the epoch (:func:`epoch_hot_keys`), or ``before`` unchanged if none."""
+    epoch = epoch_hot_keys(per_worker)
+    if epoch is None:
         return before
-    epoch = HeavyHitters.merge(sketches)
     return (HeavyHitters.from_json(before).smoothed(epoch) if before else epoch).to_json()

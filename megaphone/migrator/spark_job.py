@@ -27,10 +27,9 @@ from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 from megaphone.migrator import columns as C
 from megaphone.migrator.epoch_spec import EpochSpec
 from megaphone.migrator.hot_split import fold_partials, pass_and_fold
-from megaphone.migrator.layout import EpochLayout
+from megaphone.migrator.layout import EpochLayout, epoch_hot_keys
 from megaphone.migrator.worker import apply_worker, export_worker, result_schema
 from megaphone.migrator.worker_group import apply_group
-from megaphone.plans.hot_keys import HeavyHitters
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column
 
@@ -257,7 +256,7 @@ def epoch_metrics(layout: EpochLayout, started: float, finished: float,
     record.late_records = int(record.total("late_records"))
     record.keys_moved = int(record.total("keys_in"))
     record.split_records = int(record.total("split_records"))
-    sketches = [HeavyHitters.from_json(m.hot) for m in per_worker.values() if m.hot]
-    if sketches:
-        record.hot_keys = [list(c) for c in HeavyHitters.merge(sketches).counters]
+    hot = epoch_hot_keys(per_worker)
+    if hot is not None:
+        record.hot_keys = [list(c) for c in hot.counters]
     return EpochReport(record, bytes_by_bin)
