@@ -7,11 +7,18 @@ import logging
 import os
 import re
 import sys
+from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-#: Settings megaphone relies on: Python workers use this interpreter, Arrow is on, and
-#: adaptive execution may not merge the per-worker partitions of an epoch.
+from megaphone._version import __version__
+from megaphone.errors import MegaphoneError
+
+#: Settings megaphone relies on: Python workers use the driver's interpreter (unless the user
+#: names another, see :func:`spark_session`), Arrow is on, and adaptive execution may not merge
+#: the per-worker partitions of an epoch.
 SESSION_CONF: dict[str, str] = {
     "spark.pyspark.python": sys.executable,
     "spark.pyspark.driver.python": sys.executable,
@@ -52,7 +59,14 @@ def spark_session(
     master: str = "local[*]", app_name: str = "megaphone", conf: dict[str, str] | None = None
 ) -> SparkSession:
     """Return a SparkSession with megaphone's settings; ``master`` may name any cluster, or a
-    Spark Connect server (``sc://host:port``: only the per-session settings are applied)."""
+    Spark Connect server (``sc://host:port``: only the per-session settings are applied).
+
+    Python workers run on the interpreter the user chose -- ``spark.pyspark.python`` in
+    ``conf``, else the ``PYSPARK_PYTHON`` environment variable -- and otherwise on this
+    driver's own (``sys.executable``), not on whatever ``python3`` is first on ``PATH``: a
+    SparkContext started from Python takes its workers' interpreter from ``PYSPARK_PYTHON``
+    alone, so that variable is set for the process when no SparkContext runs yet.
+    """
     if master.startswith("sc://"):
         session = SparkSession.builder.remote(master).getOrCreate()
         for key, value in {**{k: SESSION_CONF[k] for k in RUNTIME_CONF}, **(conf or {})}.items():
@@ -61,8 +75,12 @@ def spark_session(
     # Embedded Spark binds to loopback: no traffic leaves the machine, no hostname warning.
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    settings = {**SESSION_CONF, **(conf or {})}
+    if SparkContext._active_spark_context is None:
+        python = (conf or {}).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+        settings["spark.pyspark.python"] = os.environ["PYSPARK_PYTHON"] = python or sys.executable
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**SESSION_CONF, **(conf or {})}.items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
@@ -101,3 +119,79 @@ def task_slots(spark: SparkSession) -> int:
     log.info("task slots of the Spark Connect server unknown (master %r); assuming 2: set "
              "spark.default.parallelism to tell", master)
     return 2
+
+
+class WorkerPythonError(MegaphoneError, RuntimeError):
+    """Spark's Python workers cannot run megaphone: another Python version, megaphone missing
+    or of another version there. Raised before a pipeline's first epoch changes anything."""
+
+
+# The probe runs in Spark's Python workers, where megaphone may be missing: it is compiled here
+# into a module of its own that no worker can import, so cloudpickle ships it by value.
+_PROBE_SOURCE = '''
+def probe(_):
+    import sys
+    try:
+        import megaphone
+        found = "megaphone " + megaphone.__version__
+    except BaseException as error:
+        lines = str(error).strip().splitlines()
+        found = "no megaphone (" + type(error).__name__ + (": " + lines[0] if lines else "") + ")"
+    return "%s|%d.%d.%d|%s" % ((sys.executable,) + tuple(sys.version_info[:3]) + (found,))
+'''
+_checked: set[str] = set()
+
+
+def _probe_function() -> Any:
+    namespace: dict[str, Any] = {"__name__": "_megaphone_worker_probe"}
+    exec(compile(_PROBE_SOURCE, "<megaphone worker probe>", "exec"), namespace)
+    return namespace["probe"]
+
+
+def _failure_reason(error: BaseException) -> str:
+    """The one line of a failed probe job that says why: a version mismatch, or the last
+    Python error the worker printed."""
+    text = str(error)
+    if m := re.search(r"different version:?\s*(\d+\.\d+)\s+than that in driver:?\s*(\d+\.\d+)",
+                      text):
+        return f"which runs Python {m.group(1)} where the driver runs {m.group(2)}"
+    found = re.findall(r"^\s*((?:\w+\.)*\w+(?:Error|Exception): .+)$", text, re.M)
+    line = found[-1] if found else (text.strip().splitlines() or ["unknown error"])[0]
+    return f"which failed: {line.strip()[:300]}"
+
+
+def check_python_workers(spark: SparkSession) -> None:
+    """Fail with one clear line, once per Spark application, when its Python workers cannot
+    run megaphone: what interpreter the driver and the workers run, which Python version, and
+    whether megaphone imports there -- instead of a Spark stack trace from inside a task.
+
+    A tiny job probes as many tasks as the cluster runs at once. Raises
+    :class:`WorkerPythonError`.
+    """
+    key = (f"connect:{id(spark)}" if is_connect(spark)
+           else f"app:{spark.sparkContext.applicationId}")
+    if key in _checked:
+        return
+    driver = (f"driver {sys.executable} (Python {'.'.join(map(str, sys.version_info[:3]))}, "
+              f"megaphone {__version__})")
+    workers = ("workers: the Connect server's PYSPARK_PYTHON" if is_connect(spark)
+               else f"workers: {spark.sparkContext.pythonExec}")
+    advice = (f"set PYSPARK_PYTHON (or spark.pyspark.python) to a Python "
+              f"{sys.version_info[0]}.{sys.version_info[1]} with megaphone {__version__} "
+              f"installed, on every worker host")
+    slots = max(1, task_slots(spark))
+    probe = F.udf(_probe_function(), "string")
+    try:
+        rows = spark.range(0, slots, 1, slots).select(probe("id").alias("p")).distinct().collect()
+    except Exception as error:
+        raise WorkerPythonError(f"Spark's Python workers cannot run megaphone: {driver}; "
+                                f"{workers}, {_failure_reason(error)}; {advice}") from None
+    bad = []
+    for row in rows:
+        executable, version, found = row["p"].split("|", 2)
+        if found != f"megaphone {__version__}":
+            bad.append(f"{executable} (Python {version}), {found}")
+    if bad:
+        raise WorkerPythonError(f"Spark's Python workers cannot run megaphone: {driver}; "
+                                f"{workers}, running {'; '.join(sorted(bad))}; {advice}")
+    _checked.add(key)

@@ -8,8 +8,8 @@ import sys
 import time
 import uuid
 
-import cloudpickle
 import pytest
+from pyspark import cloudpickle
 
 from megaphone.cli import main
 from megaphone.migrator import trace as trace_mod

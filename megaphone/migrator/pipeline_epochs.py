@@ -28,7 +28,7 @@ from megaphone.migrator.updates import Update
 from megaphone.operators.process import watermark
 from megaphone.records import EpochMetrics
 from megaphone.snailtrail import EpochTrace
-from megaphone.spark import task_slots
+from megaphone.spark import check_python_workers, task_slots
 
 #: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
 LOAD_SMOOTHING = 0.3
@@ -170,7 +170,9 @@ class PipelineEpochs(HotKeys):
         return items[-last:] if last else items
 
     def _epoch_host(self) -> EpochHost:
-        """What an epoch sees of this pipeline (:class:`~megaphone.migrator.epoch.EpochHost`)."""
+        """What an epoch sees of this pipeline (:class:`~megaphone.migrator.epoch.EpochHost`);
+        before the first, whether the session's Python workers can run megaphone at all."""
+        check_python_workers(self.spark)
         def committed(commit: Commit) -> None:
             self._commit = commit
 
