@@ -17,9 +17,9 @@ import pytest
 
 from megaphone import migrate_cmd, rescale
 from megaphone.cli import main
-from megaphone.migrator.pipeline import Pipeline
-from megaphone.migrator.registry import running_pipeline
-from megaphone.migrator.statedir import StateDir
+from megaphone.migrator.pipeline.facade import Pipeline
+from megaphone.migrator.statedir.directory import StateDir
+from megaphone.migrator.statedir.registry import running_pipeline
 from megaphone.plans.plan import MigrationPlan, PlanError, PlanStep
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move

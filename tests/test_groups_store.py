@@ -67,10 +67,10 @@ def test_a_group_task_applies_each_epoch_in_order_and_a_retry_replays(tmp_path):
 
     import pyarrow as pa
 
-    from megaphone.migrator import columns as C
-    from megaphone.migrator.epoch_spec import with_labels
-    from megaphone.migrator.spark_job import split_group_results
-    from megaphone.migrator.worker_group import apply_group
+    from megaphone.migrator.epoch.spark_job import split_group_results
+    from megaphone.migrator.task import columns as C
+    from megaphone.migrator.task.group_operator import apply_group
+    from megaphone.migrator.task.spec import with_labels
     from tests.test_worker import SCHEMA, records, spec
 
     labelled = with_labels(SCHEMA)
