@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from megaphone.migrator.epoch.driver import LOAD_SMOOTHING
+from megaphone.migrator.epoch.run import LOAD_SMOOTHING
 from megaphone.migrator.statedir.commit import Commit
 from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.task.state_operator import bin_counts

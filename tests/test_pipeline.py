@@ -398,7 +398,7 @@ def test_deadline_plan_probes_then_moves_what_fits(spark, tmp_path):
 
 
 def test_bin_load_is_the_smoothed_records_per_bin(spark, tmp_path):
-    from megaphone.migrator.epoch.driver import LOAD_SMOOTHING
+    from megaphone.migrator.epoch.run import LOAD_SMOOTHING
     from megaphone.routing.bins import bin_of
 
     pipe = make(spark, tmp_path, workers=2)

@@ -54,7 +54,8 @@ class MigrationHandle:
         self.plan = plan
         self.policy = policy
         self._progress = Progress(
-            steps_total=0 if plan.empty else len(plan.steps),
+            # an adaptive plan's steps are counted as its policy starts them
+            steps_total=0 if plan.empty or policy is not None else len(plan.steps),
             bins_total=sum(len(s.moves) for s in plan.steps),
         )
         self._done = threading.Event()
@@ -62,6 +63,22 @@ class MigrationHandle:
         self.error: BaseException | None = None
         if plan.empty:
             self._done.set()
+
+    @classmethod
+    def adaptive(cls, plan: MigrationPlan, policy: MigrationPolicy | None = None
+                 ) -> MigrationHandle:
+        """The handle of ``plan`` as submitted: ``policy`` (a callable) makes it adaptive with
+        that policy (its spec, or ``custom``, recorded in the plan); an adaptive plan without
+        one gets the policy its spec names (:func:`~megaphone.plans.policy.policy_from_spec`)."""
+        if policy is not None:
+            if not callable(policy):
+                raise PlanError(f"policy must be callable, got {policy!r}")
+            spec = getattr(policy, "spec", None)
+            plan = dataclasses.replace(
+                plan, policy=dict(spec) if isinstance(spec, dict) else {"name": "custom"})
+        elif plan.adaptive:
+            policy = policy_from_spec(plan.policy)
+        return cls(plan, policy)
 
     @property
     def done(self) -> bool:
@@ -187,44 +204,37 @@ class PlanQueue:
         checked alike (from either version) but never queued: its handle is done at once and
         the plans in flight are not disturbed.
         """
-        if policy is not None:
-            if not callable(policy):
-                raise PlanError(f"policy must be callable, got {policy!r}")
-            spec = getattr(policy, "spec", None)
-            plan = dataclasses.replace(
-                plan, policy=dict(spec) if isinstance(spec, dict) else {"name": "custom"})
-        elif plan.adaptive:
-            policy = policy_from_spec(plan.policy)
         with self.lock:
-            if plan.empty:
-                plan.validate(self._table_for_empty(plan), next_epoch)
-                return MigrationHandle(plan, policy)
-            if any(a.handle.plan.adaptive for a in self._plans):
-                raise PlanError("an adaptive plan is in flight and its last routing version is "
-                                "not known yet; submit this plan once it is done")
-            if not self._plans:
-                plan.validate(self.table, next_epoch)
-            else:
-                end = self.end_version()
-                if plan.base_version != end:
-                    raise PlanError(
-                        f"stale plan: it starts from routing version {plan.base_version}, but "
-                        f"the plans in flight end at version {end}; resubmit it from {end}"
-                    )
-                plan.validate(self._table_after_queue(), next_epoch)
-            active = _Active(MigrationHandle(plan, policy), policy=policy)
-            if policy is not None:
-                active.handle._progress.steps_total = 0
-            self._plans.append(active)
-            return active.handle
+            table = self._table_for(plan)
+            handle = MigrationHandle.adaptive(plan, policy)
+            handle.plan.validate(table, next_epoch)
+            if not plan.empty:
+                self._plans.append(_Active(handle, policy=handle.policy))
+            return handle
 
-    def _table_for_empty(self, plan: MigrationPlan) -> RoutingTable:
-        """What an empty plan is checked against: the table in force, or the table once the
-        plans in flight have run when it starts where they end (unknown behind an adaptive
-        plan, so then only the table in force)."""
-        if plan.base_version == self.table.version or not self._plans or \
-                any(a.handle.plan.adaptive for a in self._plans):
+    def _table_for(self, plan: MigrationPlan) -> RoutingTable:
+        """What ``plan`` is checked against. An empty plan: the table in force, or the table
+        once the plans in flight have run when it starts where they end (unknown behind an
+        adaptive plan, so then only the table in force). Any other plan: the table in force
+        with nothing in flight, else the table once the plans in flight have run, which it
+        must start from (a ``PlanError`` if it is stale, or if an adaptive plan is in flight,
+        whose last version is not known yet)."""
+        adaptive = any(a.handle.plan.adaptive for a in self._plans)
+        if plan.empty:
+            if plan.base_version == self.table.version or not self._plans or adaptive:
+                return self.table
+            return self._table_after_queue()
+        if adaptive:
+            raise PlanError("an adaptive plan is in flight and its last routing version is "
+                            "not known yet; submit this plan once it is done")
+        if not self._plans:
             return self.table
+        end = self.end_version()
+        if plan.base_version != end:
+            raise PlanError(
+                f"stale plan: it starts from routing version {plan.base_version}, but "
+                f"the plans in flight end at version {end}; resubmit it from {end}"
+            )
         return self._table_after_queue()
 
     def _table_after_queue(self) -> RoutingTable:

@@ -53,7 +53,6 @@ def migrate_offline(
     empty plan (nothing to move) runs no epoch: its handle is done at once.
     ``on_step(step_index, bytes_moved)`` is called after each committed step (progress bars).
     """
-    plan_policy(plan)  # the policy does not run offline, but its spec must be valid
     state = StateDir.open(state_dir)
     if state.manifest.get("checkpoint") is not None:
         raise PlanError(f"{state_dir} keeps a durable copy at {state.manifest['checkpoint']}; "
@@ -80,20 +79,22 @@ def _migrate_locked(
     check_and_recover(state, commit)  # a crashed run's leftovers are discarded first
     table = state.load_routing()
     check_offline_plan(state, commit, table, plan)
-    handle = MigrationHandle(plan)
-    if plan.empty:
-        return handle  # done at once: no epoch runs, the state stays as it is
-    epochs = _OfflineEpochs(state, table, chunk_bytes, local_dir)
-    for i, step in enumerate(plan.steps):
-        table.apply_step(step.moves, commit.epoch + 1)
-        table.save(state.routing_path)  # before the epoch, as a live epoch's admit does
-        commit, moved = epochs.run(commit)
-        handle.step_committed(commit.epoch, len(step.moves), moved)
-        if on_step is not None:
-            on_step(i, moved)
-    live = set(table.workers())
-    if commit.pending_drops or any(w not in live for w in state.worker_ids()):
-        commit, _ = epochs.run(commit)  # drops what left the old owners, releases the idle
+    steps: list[tuple[int, int, int]] = []  # each committed step's epoch, bins and bytes
+    if not plan.empty:  # an empty plan runs no epoch: the state stays as it is
+        epochs = _OfflineEpochs(state, table, chunk_bytes, local_dir)
+        for i, step in enumerate(plan.steps):
+            table.apply_step(step.moves, commit.epoch + 1)
+            table.save(state.routing_path)  # before the epoch, as a live epoch's admit does
+            commit, moved = epochs.run(commit)
+            steps.append((commit.epoch, len(step.moves), moved))
+            if on_step is not None:
+                on_step(i, moved)
+        live = set(table.workers())
+        if commit.pending_drops or any(w not in live for w in state.worker_ids()):
+            commit, _ = epochs.run(commit)  # drops what left the old owners, releases the idle
+    handle = MigrationHandle(plan)  # the plan ran to its end here: its handle tells how
+    for done in steps:
+        handle.step_committed(*done)
     return handle
 
 
@@ -101,7 +102,7 @@ def check_offline_plan(state: StateDir, commit: Commit, table: RoutingTable,
                        plan: MigrationPlan) -> None:
     """Raise ``PlanError`` unless ``plan`` can be applied offline to ``state`` at ``commit``
     (routing ``table``): no plan of a running pipeline in flight, every routing version
-    applied to the state, and the plan valid from the next epoch on."""
+    applied to the state, and the plan (and its policy's spec) valid from the next epoch on."""
     if commit.plans:
         raise PlanError(
             f"{state.path} has a plan in flight from a running pipeline; open the pipeline to "
@@ -113,6 +114,7 @@ def check_offline_plan(state: StateDir, commit: Commit, table: RoutingTable,
             f"({commit.state_version} < {table.version}); open the pipeline to finish them"
         )
     plan.validate(table, commit.epoch + 1)
+    plan_policy(plan)  # the policy does not run offline, but its spec must be valid
 
 
 class _OfflineEpochs:

@@ -54,9 +54,23 @@ class PipelineConfig:
 
     def check(self) -> None:
         """Raise ``ValueError`` for arguments that cannot work, before anything opens."""
-        check_arguments(key=self.key, value=self.value, update=self.update,
-                        workers=self.workers, num_bins=self.num_bins, backend=self.backend,
-                        snapshot_every=self.snapshot_every)
+        validate_num_bins(self.num_bins)
+        if self.snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1, got {self.snapshot_every}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; expected one of {BACKENDS}")
+        update = self.update
+        if isinstance(update, str) and update not in AGGREGATIONS:
+            raise ValueError(f"update must be one of {AGGREGATIONS} or a callable, got "
+                             f"{update!r}")
+        if update in ("sum", "min", "max") and self.value is None:
+            raise ValueError(f"update {update!r} needs a value column")
+        if not self.workers >= 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        check_group_size(self.group_size)
+        if self.key in RESULT_COLUMNS:
+            raise ValueError(f"the key column may not be called {self.key!r} (megaphone's "
+                             "column of reports in an epoch's results)")
 
     def manifest_settings(self) -> dict[str, Any]:
         """The settings a new state directory's manifest keeps (and later opens check)."""
@@ -65,23 +79,13 @@ class PipelineConfig:
                 "checkpoint": self.checkpoint, "snapshot_every": self.snapshot_every}
 
 
-def check_arguments(*, key: str, value: str | None, update: str | UpdateFn, workers: int,
-                    num_bins: int, backend: str, snapshot_every: int) -> None:
-    """Raise ``ValueError`` for a pipeline's arguments that cannot work, before anything opens."""
-    validate_num_bins(num_bins)
-    if snapshot_every < 1:
-        raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
-    if isinstance(update, str) and update not in AGGREGATIONS:
-        raise ValueError(f"update must be one of {AGGREGATIONS} or a callable, got {update!r}")
-    if update in ("sum", "min", "max") and value is None:
-        raise ValueError(f"update {update!r} needs a value column")
-    if not workers >= 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if key in RESULT_COLUMNS:
-        raise ValueError(f"the key column may not be called {key!r} (megaphone's column of "
-                         "reports in an epoch's results)")
+def check_group_size(group_size: Any) -> int | str:
+    """``group_size`` if valid: a positive ``int`` or ``"auto"``; else a ``ValueError``."""
+    if group_size == AUTO:
+        return AUTO
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive int or 'auto', got {group_size!r}")
+    return group_size
 
 
 def update_setting(update: str | UpdateFn | ProcessFunction, event_time: str | None) -> str:

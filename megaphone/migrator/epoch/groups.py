@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from megaphone.migrator.epoch.config import AUTO
@@ -21,15 +22,6 @@ OVERHEAD_TARGET = 0.10
 MAX_GROUP = 64
 #: The first group's size in ``"auto"`` mode when nothing was measured yet.
 AUTO_START = 4
-
-
-def check_group_size(group_size: Any) -> int | str:
-    """``group_size`` if valid: a positive ``int`` or ``"auto"``; else a ``ValueError``."""
-    if group_size == AUTO:
-        return AUTO
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be a positive int or 'auto', got {group_size!r}")
-    return group_size
 
 
 def deadline_group_size(budget_s: float, floor_s: float, work_s: float,
@@ -59,7 +51,7 @@ class GroupSizes:
     rule from the last group's measured job floor and work per epoch (:meth:`measured`)."""
 
     def __init__(self, group_size: int | str) -> None:
-        self.group_size = check_group_size(group_size)
+        self.group_size = group_size
         #: The last group's measured job floor and work per epoch (seconds).
         self.costs: tuple[float, float] | None = None
 
@@ -103,3 +95,9 @@ def concat(tables: list[pa.Table], schema: T.StructType) -> pa.Table:
     if tables:
         return pa.concat_tables(tables).combine_chunks()
     return pa.table({f.name: [] for f in schema.fields})
+
+
+def frame(spark: SparkSession, table: pa.Table, schema: T.StructType) -> DataFrame:
+    """Outputs collected on the driver as a DataFrame of ``schema``. No rows: from an empty
+    list (PySpark cannot convert an empty Arrow table with timestamps inside structs)."""
+    return spark.createDataFrame(table if table.num_rows else [], schema=schema)

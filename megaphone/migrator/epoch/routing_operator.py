@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from megaphone.migrator.statedir.commit import Commit
+from megaphone.migrator.statedir.commit import Commit, StreamPosition
 from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.plans.hot_keys import HeavyHitters
@@ -81,7 +81,7 @@ def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: Rout
         key_type=fp.key_type, num_bins=fp.num_bins, pipeline_id=fp.pipeline_id, **fields)
 
 
-def commit_record(layout: EpochLayout, stream: dict[str, Any], plans: list[dict[str, Any]],
+def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[str, Any]],
                   per_worker: Mapping[int, WorkerMetrics], before: Commit) -> Commit:
     """The driver's commit record of the epoch: its routing version, the bins its old owners
     drop next, the stream's position, the plans in flight, each worker's attempt token, the

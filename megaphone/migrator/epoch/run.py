@@ -23,37 +23,49 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import logging
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from megaphone.migrator.epoch.routing_operator import EpochLayout, commit_record, epoch_layout
+from megaphone.migrator.epoch.routing_operator import (
+    EpochLayout,
+    commit_record,
+    epoch_layout,
+    epoch_spec,
+)
+from megaphone.migrator.epoch.schemas import arrow_type
 from megaphone.migrator.epoch.spark_job import (
     EpochResults,
     epoch_job,
     epoch_metrics,
+    run_job,
     split_group_results,
     split_results,
 )
-from megaphone.migrator.statedir.commit import StreamPosition
+from megaphone.migrator.epoch.state_holder import POLICY_HISTORY
+from megaphone.migrator.statedir.commit import Commit, StreamPosition
+from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.statedir.faults import crash_point
 from megaphone.migrator.statedir.inbox import take_plans
 from megaphone.migrator.task.columns import LABEL
-from megaphone.migrator.task.updates import UpdateError
+from megaphone.migrator.task.spec import EpochSpec, shuffle_schema, with_labels
+from megaphone.migrator.task.updates import Update
 from megaphone.migrator.trace import epoch_trace, take_marks, trace_enabled
-from megaphone.plans.policy import MigrationPolicy
+from megaphone.operators.process import watermark
+from megaphone.plans.plan_queue import PlanQueue, PolicyInputs
 from megaphone.records import EpochMetrics, WorkerMetrics
+from megaphone.spark import task_slots
 
 if TYPE_CHECKING:
-    from megaphone.migrator.epoch.driver import Admission, EpochDriver
-
-log = logging.getLogger("megaphone.epoch")
+    from megaphone.migrator.epoch.driver import EpochDriver
 
 #: The driver's phases of an epoch, in order.
 DRIVER_PHASES = ("admit", "layout", "submit", "collect", "commit", "cleanup")
@@ -61,24 +73,24 @@ DRIVER_PHASES = ("admit", "layout", "submit", "collect", "commit", "cleanup")
 WORKER_PHASES = ("export", "receive", "install", "apply")
 #: Every phase name: crash points and timings use these.
 PHASES = DRIVER_PHASES + WORKER_PHASES
-#: Runs of an epoch's job before its error is raised, when it failed for a reason in
-#: :data:`RETRYABLE`.
-JOB_ATTEMPTS = 3
-#: Failures an epoch's job is run again for (it is idempotent: workers that committed replay
-#: their outputs, the others apply): the store service failed, or Spark lost an executor after
-#: some result tasks had finished and cannot rerun only the lost part of a Python map stage
-#: ("indeterminate output").
-RETRYABLE = ("StoreUnavailable", "LeaseLost", "A shuffle map stage with indeterminate output")
-
-
-def retryable(error_text: str) -> bool:
-    """Whether a failed epoch job (its Spark error's text) is run again."""
-    return any(mark in error_text for mark in RETRYABLE)
-
+#: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
+LOAD_SMOOTHING = 0.3
 
 #: Writes an epoch's outputs file while the driver writes its commit record.
 _WRITER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="megaphone-outputs")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A batch admitted to an epoch: its record columns and update, and the pipeline's state
+    directory, plan queue and last commit (the state directory is created on first use)."""
+
+    columns: dict[str, Column]
+    update: Update
+    state: StateDir
+    queue: PlanQueue
+    committed: Commit
 
 
 @dataclass(frozen=True)
@@ -104,29 +116,28 @@ class EpochSource:
 
 
 class EpochRun:
-    """Runs the next group of at most ``limit`` epochs of ``source`` from epoch ``epoch``
-    through :data:`DRIVER_PHASES` for ``driver`` (call :meth:`run` once; :attr:`size` epochs
-    ran). ``adaptive(policy)``: epochs a group may last while an adaptive plan runs."""
+    """Runs the next group of at most ``limit`` epochs of ``source`` after the last commit of
+    ``driver``'s pipeline through :data:`DRIVER_PHASES` (call :meth:`run` once; :attr:`size`
+    epochs ran). The run does the work of its epochs itself (admission, task spec, commits,
+    metrics) and reads of its driver only what epochs keep from one to the next."""
 
-    def __init__(self, driver: EpochDriver, epoch: int, source: EpochSource, limit: int,
-                 input_end: float | None,
-                 adaptive: Callable[[MigrationPolicy], int] | None = None) -> None:
+    def __init__(self, driver: EpochDriver, source: EpochSource, limit: int,
+                 input_end: float | None) -> None:
         self.driver = driver
-        self.epoch = epoch
+        self.holder = driver.holder
+        self.epoch = self.holder.epoch + 1
         self.source = source
         self.limit = max(1, min(limit, source.count))
-        self.adaptive = adaptive
         self.input_end = input_end
         #: Epochs in the group (known after ``admit``).
         self.size = 0
         self.phases: dict[str, float] = {}
         #: Each phase's wall-clock ``(start, end)``, for the trace.
         self.spans: dict[str, tuple[float, float]] = {}
+        #: Runs of the group's job (more than one when it failed for a retryable reason).
         self.attempts = 0
         #: The metrics records of the group's epochs, once committed.
         self.records: list[EpochMetrics] = []
-        #: The first epoch's outputs (the whole batch's without an epoch column), collected.
-        self.outputs: list[pa.Table] = []
         self._marks: dict[int, WorkerMetrics] = {}
 
     @property
@@ -147,31 +158,39 @@ class EpochRun:
         self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - started
         self.spans[name] = (self.spans.get(name, (wall, 0.0))[0], time.time())
         if name != "commit":  # the commit's crash point is inside its write (before rename)
-            crash_point(name, self.epoch, self.driver.local_dir)
+            crash_point(name, self.epoch, self.holder.local_dir)
 
     def run(self, before_commit: Callable[[pa.Table], None] | None = None) -> list[pa.Table]:
         """Run the group end to end; each epoch's outputs, in order. ``before_commit(outputs)``
         is called with the first epoch's outputs before any commit point (where a JVM call
-        may still fail and leave nothing committed)."""
-        driver, epoch = self.driver, self.epoch
+        may still fail and leave nothing committed). A failure before the group's last commit
+        point leaves the holder to roll its workers back."""
+        try:
+            return self._run(before_commit)
+        except BaseException:
+            self.holder.failed(self.last)
+            raise
+
+    def _run(self, before_commit: Callable[[pa.Table], None] | None) -> list[pa.Table]:
+        driver, holder, epoch = self.driver, self.holder, self.epoch
         started = time.time()
         with self.phase("admit"):
-            admitted = driver.admit(self.source.batch)  # creates the state dir on first use
+            admitted = self._admit()  # creates the state dir on first use
             state, queue = admitted.state, admitted.queue
-            take_plans(state, driver.holder.submit)  # plans posted by `megaphone migrate`
+            take_plans(state, holder.submit_plan)  # plans posted by `megaphone migrate`
             lag = max(0.0, started - self.input_end) if self.input_end is not None else 0.0
             with queue.lock:
                 # saved before the job, so a re-run routes alike
-                if queue.steps_due(epoch, driver.policy_inputs(lag)):
+                if queue.steps_due(epoch, self._policy_inputs(lag)):
                     queue.table.save(state.routing_path)
                 self.size = queue.group_end(epoch, epoch + self.limit - 1,
-                                            self.adaptive) - epoch + 1
+                                            driver.groups.adaptive) - epoch + 1
         labels = self.source.labels[:self.size]
         with self.phase("layout"):
             with queue.lock:
                 layout = epoch_layout(queue.table, admitted.committed, epoch,
-                                      driver.holder.stateful_workers())
-            spec = driver.spec(self.source, admitted, layout, labels)
+                                      holder.stateful_workers())
+            spec = self._spec(admitted, layout, labels)
         with self.phase("submit"):
             columns, rows = admitted.columns, self.source.batch
             if self.source.column is not None:
@@ -180,13 +199,11 @@ class EpochRun:
                 rows = rows.where(label.between(labels[0], labels[-1]))
             map_side = driver.map_sides.get(layout.version, columns, spec,
                                             lambda: queue.table.owners(epoch))
-
-            def job() -> DataFrame:
-                return epoch_job(driver.spark, rows, map_side, spec, layout.partitions)
-
+            job = functools.partial(epoch_job, driver.spark, rows, map_side, spec,
+                                    layout.partitions)
             first = job()
         with self.phase("collect"):
-            table = self._collect(first, job)
+            table, self.attempts = run_job(first, job, epoch)
             results = split_group_results(table, range(epoch, epoch + self.size)) \
                 if self.grouped else [split_results(table)]
             if before_commit is not None:
@@ -195,7 +212,7 @@ class EpochRun:
         with self.phase("commit"):
             self._commit_all(admitted, layout, results, labels, (started, finished))
         with self.phase("cleanup"):
-            keep = self.last - driver.keep_outputs + 1
+            keep = self.last - holder.config.keep_outputs + 1
             state.prune_outputs(keep if self.source.keep_from is None
                                 else min(keep, self.source.keep_from))
         trace = epoch_trace(epoch, self.spans, self._marks, layout.outgoing, layout.incoming) \
@@ -207,10 +224,104 @@ class EpochRun:
             record.job_attempts = self.attempts
             record.phases_s = dict(share)
             state.append_metrics(record.to_dict())  # a crash before it loses the line only
-            # a group's trace is for `megaphone explain`, not for policies, which read an
-            # epoch's times from it
-            driver.recorded(record, None if self.grouped else trace)
+            holder.metrics.append(record)
+            if trace is not None and not self.grouped:  # a group's trace is for `megaphone
+                holder.traces.append(trace)  # explain`, not policies (they read an epoch's)
         return [r.outputs for r in results]
+
+    def _admit(self) -> Admission:
+        """Check the batch against the pipeline: its record columns (``key``, and ``value``
+        and ``_t`` where used) and update; creates the state dir on first use."""
+        holder, schema, batch = self.holder, self.driver.schema, self.source.batch
+        key_type, value_type = schema.batch_types(batch.schema)
+        update = schema.update(holder.manifest, value_type)
+        columns = schema.record_columns(key_type, update)
+        if holder.state is None:
+            if holder.key_type not in (None, key_type):
+                raise TypeError(f"key column {schema.key!r} is {key_type}, expected "
+                                f"{holder.key_type}")
+            holder.create(key_type)
+        elif key_type != holder.key_type:
+            raise TypeError(f"key column {schema.key!r} holds {key_type} keys but the "
+                            f"pipeline's keys are {holder.key_type}")
+        state = holder.state_dir
+        if value_type is not None and update.is_builtin and \
+                state.manifest.get("value_kind") is None:
+            state.set_manifest("value_kind", update.value_kind)  # fixed from now on
+        if update.is_process and value_type is not None:
+            stored = state.manifest.get("value_type")
+            if stored is None:
+                state.set_manifest("value_type", value_type.json())
+            elif T._parse_datatype_json_string(stored) != value_type:
+                theirs = T._parse_datatype_json_string(stored).simpleString()
+                raise TypeError(f"value column {schema.value!r} is "
+                                f"{value_type.simpleString()} but the pipeline's are {theirs}")
+        return Admission(columns, update, state, holder.plans, holder.commit)
+
+    def _policy_inputs(self, lag_s: float) -> PolicyInputs:
+        """What adaptive plans' policies see before the group (metadata only)."""
+        driver, holder = self.driver, self.holder
+        load = driver.bin_load
+
+        def sizes() -> dict[int, int]:
+            return dict(enumerate(holder.bin_sizes().bytes.tolist()))
+
+        def records() -> dict[int, float]:
+            hot = np.flatnonzero(load)
+            return dict(zip(hot.tolist(), load[hot].tolist(), strict=True))
+
+        if driver.task_slots is None:  # asked once
+            driver.task_slots = task_slots(driver.spark)
+        metrics, traces = holder.metrics, holder.traces
+        return PolicyInputs(
+            history=lambda: list(metrics)[-POLICY_HISTORY:], bin_bytes=sizes,
+            bin_records=records, lag_s=lag_s, parallelism=driver.task_slots,
+            traces=lambda: tuple(traces))
+
+    def _spec(self, admitted: Admission, layout: EpochLayout, labels: tuple[int, ...]
+              ) -> EpochSpec:
+        """The metadata every task of the group gets (built by
+        :func:`~megaphone.migrator.epoch.routing_operator.epoch_spec`): for a group by labels
+        its labels, its shuffle's label column and, for an event-time operator, each epoch's
+        watermark (from the largest event time committed and those of the group's earlier
+        epochs: exactly what one job per epoch would use)."""
+        holder, schema, update = self.holder, self.driver.schema, admitted.update
+        config, committed = holder.config, admitted.committed
+        assert holder.key_type is not None  # the batch was admitted
+        key_arrow, value_arrow = schema.arrow_types(holder.key_type, update,
+                                                    self.source.batch.schema)
+        out = schema.outputs(holder.key_type, schema.update(holder.manifest, None))
+        output_schema = pa.schema([(f.name, arrow_type(f.dataType)) for f in out])
+        shuffle = shuffle_schema(key_arrow, value_arrow, config.event_time is not None)
+        fields: dict[str, Any] = {}
+        if update.is_process:
+            owners = holder.routing.owners(layout.epoch)
+            marks, high = [], committed.max_event_time
+            for top in self.source.max_event_times[:len(labels)]:
+                marks.append(watermark(high, update.fn.lateness_us))
+                if top is not None and (high is None or top > high):
+                    high = top
+            fields = {"watermark": watermark(committed.max_event_time, update.fn.lateness_us),
+                      "owned": {int(w): tuple(np.flatnonzero(owners == w).tolist())
+                                for w in np.unique(owners)},
+                      "watermarks": tuple(marks)}
+        if self.grouped:
+            fields.update(labels=tuple(labels), shuffle_schema=with_labels(shuffle))
+        return epoch_spec(
+            holder.state_dir, layout, committed, holder.routing,
+            update=update,
+            output_schema=output_schema,
+            chunk_bytes=config.chunk_bytes,
+            transfer=config.transfer,
+            has_event_time=config.event_time is not None,
+            shuffle_schema=fields.pop("shuffle_schema", shuffle),
+            local_dir=holder.local_dir,
+            run_id=holder.run_id,
+            checkpoint=config.checkpoint,
+            snapshot_every=config.snapshot_every,
+            **fields,
+            **self.driver.hot.spec_fields(update, layout, self.driver.task_slots or 1),
+        )
 
     def _commit_all(self, admitted: Admission, layout: EpochLayout, results: list[EpochResults],
                     labels: tuple[int, ...], span: tuple[float, float]) -> None:
@@ -218,8 +329,9 @@ class EpochRun:
         with its commit record: their fsyncs overlap), then its commit record. Bins that moved
         at the first epoch stay pending drops until the next group's first epoch (a retried
         group job may export them again)."""
-        driver, (started, finished) = self.driver, span
+        started, finished = span
         state, queue, before = admitted.state, admitted.queue, admitted.committed
+        load = self.driver.bin_load
         stream = self.source.stream
         for i, result in enumerate(results):
             epoch = self.epoch + i
@@ -237,7 +349,10 @@ class EpochRun:
             if self.grouped:
                 record.group, record.group_size, record.label = self.epoch, self.size, labels[i]
             record.duration_s = (finished - started) / self.size
-            driver.track_load(result.load_bins, result.load_counts)
+            counts = np.bincount(result.load_bins, weights=result.load_counts,
+                                 minlength=len(load))  # the driver's smoothed per-bin load
+            load *= 1.0 - LOAD_SMOOTHING
+            load += LOAD_SMOOTHING * counts
             if self.input_end is not None and record.latency_s is None:
                 record.latency_s = finished - self.input_end
             kept = _WRITER.submit(state.write_outputs, epoch, result.outputs)
@@ -249,30 +364,8 @@ class EpochRun:
                     if self.grouped:
                         commit.label = labels[i]
                     state.write_commit(commit, after=kept.result)  # the epoch's commit point
-                    driver.holder.committed(commit)
+                    self.holder.commit = commit
             finally:
                 concurrent.futures.wait([kept])
             before = commit
             self.records.append(record)
-
-    def _collect(self, job: DataFrame, rebuild: Callable[[], DataFrame]) -> pa.Table:
-        """Run the job; again if it failed for a :data:`RETRYABLE` reason (the epoch is idempotent:
-        workers that committed replay their outputs, the others apply). A rerun is a new
-        DataFrame: adaptive execution keeps a failed stage's error in the old one's plan. A
-        general update that failed on a key is raised as its :class:`UpdateError`, not as the
-        Spark error that carried it (kept in its ``__context__``)."""
-        while True:
-            self.attempts += 1
-            if self.attempts > 1:
-                job = rebuild()
-            try:
-                return job.toArrow()
-            except Exception as exc:
-                text = str(exc)
-                failed = UpdateError.from_text(text)
-                if failed is not None:
-                    raise failed from None
-                if self.attempts >= JOB_ATTEMPTS or not retryable(text):
-                    raise
-                log.warning("epoch %d: its job failed (%s); running it again (attempt %d)",
-                            self.epoch, text.splitlines()[0][:200], self.attempts + 1)

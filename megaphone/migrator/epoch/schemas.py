@@ -3,6 +3,9 @@ record columns an epoch's job reads from a batch."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import pyarrow as pa
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -54,10 +57,14 @@ class PipelineSchema:
         # Built once: every Column costs the driver a dozen JVM calls, and they are reusable.
         self._columns: tuple[tuple[str, str | None], dict[str, Column]] | None = None
 
-    def update(self, kind: str | None, value_type: T.DataType | None) -> Update:
-        """The update, its value kind from ``value_type`` (a batch's) or ``kind`` (the
-        manifest's, ``None`` before the first batch with values); an operator's output type
-        from ``value_type``."""
+    def update(self, manifest: Mapping[str, Any], value_type: T.DataType | None) -> Update:
+        """The update, its value kind from ``value_type`` (a batch's) or from the state
+        directory's ``manifest`` (``value_kind``: none before the first batch with values; it
+        also keeps an operator's value type, from its first batch); an operator's output type
+        from the value type."""
+        if value_type is None and manifest.get("value_type"):
+            value_type = T._parse_datatype_json_string(manifest["value_type"])
+        kind = manifest.get("value_kind")
         if isinstance(self.update_arg, ProcessFunction):
             arrow = arrow_type(value_type) if value_type is not None else None
             return make_update(self.update_arg, None, self.update_arg.output_type(arrow))

@@ -13,6 +13,7 @@ through a shared filesystem.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -36,12 +37,28 @@ from megaphone.migrator.task.columns import (
     RESULT_COLUMNS,
     WORKER,
 )
-from megaphone.migrator.task.group_operator import apply_group
 from megaphone.migrator.task.hot_split import fold_partials, pass_and_fold
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.migrator.task.state_operator import apply_worker, export_worker, result_schema
+from megaphone.migrator.task.updates import UpdateError
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column
+
+log = logging.getLogger("megaphone.epoch")
+
+#: Runs of an epoch's job before its error is raised, when it failed for a reason in
+#: :data:`RETRYABLE`.
+JOB_ATTEMPTS = 3
+#: Failures an epoch's job is run again for (it is idempotent: workers that committed replay
+#: their outputs, the others apply): the store service failed, or Spark lost an executor after
+#: some result tasks had finished and cannot rerun only the lost part of a Python map stage
+#: ("indeterminate output").
+RETRYABLE = ("StoreUnavailable", "LeaseLost", "A shuffle map stage with indeterminate output")
+
+
+def retryable(error_text: str) -> bool:
+    """Whether a failed epoch job (its Spark error's text) is run again."""
+    return any(mark in error_text for mark in RETRYABLE)
 
 
 def owner_column(owners: np.ndarray, bin_: Column) -> Column:
@@ -122,7 +139,7 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: Ep
     routed = batch.select(*map_side.select)
     spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
                                   for f in shuffle])
-    if spec.split_keys and not spec.grouped:  # a group's epochs each keep their own records
+    if spec.split_keys:  # in a group, per key and epoch label
         routed = split_hot(routed, spec, spark_shuffle)
     senders = sorted(spec.outgoing)
     if senders:
@@ -176,8 +193,33 @@ def _pass_fold_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]
 def _apply_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """A worker's task: partition ``w`` of the shuffle is worker ``w``."""
     worker = TaskContext.get().partitionId()
-    apply = apply_group if spec.grouped else apply_worker  # a group's job: docs/groups.md
-    yield from apply(spec, worker, _checked(batches, worker))
+    yield from apply_worker(spec, worker, _checked(batches, worker))
+
+
+def run_job(job: DataFrame, rebuild: Callable[[], DataFrame], epoch: int
+            ) -> tuple[pa.Table, int]:
+    """Run an epoch's ``job`` (the first of ``epoch``'s group): its results and how many runs
+    it took; run again (``rebuild()``: a rerun is a new DataFrame, as adaptive execution keeps
+    a failed stage's error in the old one's plan) if it failed for a :data:`RETRYABLE` reason
+    (the epoch is idempotent: workers that committed replay their outputs, the others apply).
+    A general update that failed on a key is raised as its :class:`UpdateError`, not as the
+    Spark error that carried it (kept in its ``__context__``)."""
+    attempts = 0
+    while True:
+        attempts += 1
+        if attempts > 1:
+            job = rebuild()
+        try:
+            return job.toArrow(), attempts
+        except Exception as exc:
+            text = str(exc)
+            failed = UpdateError.from_text(text)
+            if failed is not None:
+                raise failed from None
+            if attempts >= JOB_ATTEMPTS or not retryable(text):
+                raise
+            log.warning("epoch %d: its job failed (%s); running it again (attempt %d)",
+                        epoch, text.splitlines()[0][:200], attempts + 1)
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,11 @@ class StateHolder:
         return self.commit.epoch
 
     @property
+    def manifest(self) -> dict[str, Any]:
+        """The state directory's manifest (empty before there is one)."""
+        return self.state.manifest if self.state is not None else {}
+
+    @property
     def key_type(self) -> str | None:
         """The keys' type, once known (given, or from the first batch)."""
         return self.config.key_type
@@ -212,10 +217,6 @@ class StateHolder:
 
     # -- commits -------------------------------------------------------------------------
 
-    def committed(self, commit: Commit) -> None:
-        """Take ``commit``, just written: an epoch's commit point passed."""
-        self.commit = commit
-
     def failed(self, last: int) -> None:
         """An epoch run that would have committed up to ``last`` failed: if it did not, its
         workers may have applied past the commit (rolled back by :meth:`undo_uncommitted` or
@@ -235,8 +236,8 @@ class StateHolder:
             self.routing.save(self.state_dir.routing_path)  # recovery truncated it
             self.uncommitted = False
 
-    def submit(self, plan: MigrationPlan, policy: MigrationPolicy | None = None
-               ) -> MigrationHandle:
+    def submit_plan(self, plan: MigrationPlan, policy: MigrationPolicy | None = None
+                    ) -> MigrationHandle:
         """Queue ``plan`` from the next epoch on and make it durable in the commit record
         (between epochs); an empty plan is done at once, never queued."""
         with self.lock:

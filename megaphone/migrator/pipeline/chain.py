@@ -68,7 +68,7 @@ class Chain:
         data = batch
         for i, stage in enumerate(self.stages):
             if stage.epoch >= epoch:
-                data = stage._read_outputs(epoch)
+                data = stage._driver.read_outputs(epoch)
             else:
                 data = stage.process(data, input_end=input_end)
             link = self.links[i] if i < len(self.links) else None

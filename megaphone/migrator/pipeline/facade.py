@@ -32,13 +32,10 @@ from pyspark.sql import types as T
 from megaphone.migrator.control.ds2_controller import DS2Controller
 from megaphone.migrator.epoch.config import AUTO, PipelineConfig
 from megaphone.migrator.epoch.driver import EpochDriver
-from megaphone.migrator.epoch.groups import check_group_size
 from megaphone.migrator.epoch.schemas import PipelineSchema
 from megaphone.migrator.epoch.state_holder import StateHolder
 from megaphone.migrator.epoch.state_reader import read_state
-from megaphone.migrator.pipeline.connect import ServeBatch
-from megaphone.migrator.pipeline.stream_runner import StreamRunner
-from megaphone.migrator.pipeline.streaming import Sink
+from megaphone.migrator.pipeline.stream_runner import ServeBatch, Sink, StreamRunner
 from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.statedir.recovery import RecoveryReport
 from megaphone.migrator.task.updates import UpdateArg
@@ -129,21 +126,25 @@ class Pipeline:
     def _setup(self, spark: SparkSession, state_dir: str, config: PipelineConfig) -> None:
         """Check ``config``, build the collaborators and open (or restore) the state dir."""
         config.check()
-        check_group_size(config.group_size)
-        check_transfer(config.transfer)
         config = dataclasses.replace(
             config, keep_outputs=max(1, config.keep_outputs),
+            transfer=check_transfer(config.transfer),
             local_dir=str(Path(config.local_dir or default_local_dir()).absolute()))
         self.spark = spark
+        #: The pipeline's arguments, as given (:attr:`config`: as the state directory fixes them).
+        self.key, self.value, self.event_time = config.key, config.value, config.event_time
+        self.chunk_bytes, self.transfer = config.chunk_bytes, config.transfer
+        self.keep_outputs, self.local_dir = config.keep_outputs, config.local_dir
         # The output type parsed once: it asks the JVM.
         schema = PipelineSchema(config.key, config.value, config.event_time, config.update,
                                 T._parse_datatype_string(config.output_type))
         path = Path(state_dir)
-        self._holder = StateHolder(spark, path, config, self)
-        self._driver = EpochDriver(spark, self._holder, schema, config)
-        self._runner = StreamRunner(spark, self._holder, self._driver,
+        self._holder: StateHolder = StateHolder(spark, path, config, self)
+        self._driver: EpochDriver = EpochDriver(spark, self._holder, schema, config)
+        self._runner: StreamRunner = StreamRunner(spark, self._holder, self._driver,
                                     str(StateDirPaths(path).stream_checkpoint), _open_on_server)
         self._autoscaler: DS2Controller | None = None
+        self._lock = self._holder.lock  # one epoch at a time; the DS2 controller plans under it
         apply_pipeline_settings(spark)  # partition w is worker w; no row-by-row routing
         # With a checkpoint location the driver's copy there is the truth: a state directory
         # that is missing (a lost driver disk) or behind it is brought to it first.
@@ -155,41 +156,6 @@ class Pipeline:
     def config(self) -> PipelineConfig:
         """The pipeline's configuration, as its state directory fixes it once open."""
         return self._holder.config
-
-    @property
-    def key(self) -> str:
-        """The key column."""
-        return self.config.key
-
-    @property
-    def value(self) -> str | None:
-        """The value column, if the update reads one."""
-        return self.config.value
-
-    @property
-    def event_time(self) -> str | None:
-        """The event time column, if any."""
-        return self.config.event_time
-
-    @property
-    def chunk_bytes(self) -> int:
-        """The largest shuffle row of moving state."""
-        return self.config.chunk_bytes
-
-    @property
-    def transfer(self) -> str:
-        """How moving bins travel: ``"auto"``, ``"files"`` or ``"rows"``."""
-        return self.config.transfer
-
-    @property
-    def keep_outputs(self) -> int:
-        """Committed epochs whose outputs are kept for replay."""
-        return self.config.keep_outputs
-
-    @property
-    def local_dir(self) -> str:
-        """The host-local directory of the store service."""
-        return self._holder.local_dir
 
     @property
     def recovery(self) -> RecoveryReport:
@@ -321,7 +287,7 @@ class Pipeline:
         if self._runner.on_server:
             raise RuntimeError("the pipeline's stream runs it on the Spark Connect server: "
                                "submit plans before start(), or stop() the stream first")
-        return self._holder.submit(plan, policy)  # durable once this returns
+        return self._holder.submit_plan(plan, policy)  # durable once this returns
 
     def autoscale(self, policy: Any = None, **kw: Any) -> Any:
         """Turn on DS2 autoscaling: a started controller that rescales this pipeline live.
@@ -410,7 +376,7 @@ class Pipeline:
 def _open_on_server(spark: SparkSession, state_dir: str, config: PipelineConfig,
                     epoch_column: str | None) -> ServeBatch:
     """Open a pipeline on a Spark Connect server for a stream's batch function
-    (:class:`~megaphone.migrator.pipeline.connect.ServerBatch`)."""
+    (:class:`~megaphone.migrator.pipeline.stream_runner.ServerBatch`)."""
     pipe = Pipeline.from_config(spark, state_dir, config)
     return functools.partial(pipe._runner.serve_batch, epoch_column=epoch_column)
 

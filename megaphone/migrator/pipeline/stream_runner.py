@@ -1,25 +1,82 @@
 """A pipeline's stream runner (:class:`StreamRunner`): its Structured Streaming query, each
-micro-batch run as an epoch (or as the epochs of its epoch column) with the replay of a batch
-committed before, and over Spark Connect the hand-off of the pipeline to the server and back.
+micro-batch run as an epoch by ``foreachBatch`` (or as the epochs of its epoch column) with the
+replay of a batch committed before, and over Spark Connect the hand-off of the pipeline to the
+server and back.
+
+Locally the batch function runs the pipeline's epoch in this process. Over Spark Connect,
+``foreachBatch`` runs its function in a Python process on the server, away from the client that
+holds the pipeline. So that function (:class:`ServerBatch`) carries the pipeline's
+configuration (:class:`~megaphone.migrator.epoch.config.PipelineConfig`), not the pipeline: at
+its first batch it opens the pipeline on the server from the checkpoint location (the driver's
+copy, :mod:`megaphone.migrator.statedir.driver_copy`), in a state directory of its own, and keeps
+it for the query's life. The client's pipeline steps aside while the query runs, and is brought
+forward from the checkpoint when it stops.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import types as T
 
 from megaphone.migrator.epoch.config import PipelineConfig
 from megaphone.migrator.epoch.driver import EpochDriver
-from megaphone.migrator.epoch.groups import concat, labelled
+from megaphone.migrator.epoch.groups import concat, frame, labelled
 from megaphone.migrator.epoch.labels import EpochLabels, scan_labels
 from megaphone.migrator.epoch.state_holder import StateHolder
-from megaphone.migrator.pipeline.connect import BatchOpener, ServeBatch
-from megaphone.migrator.pipeline.streaming import Sink, Stream
 from megaphone.migrator.statedir.commit import StreamPosition
+from megaphone.paths import driver_state_path
+from megaphone.spark import is_connect
+from megaphone.state_backends.remote import default_local_dir
+
+log = logging.getLogger("megaphone.pipeline")
+
+#: ``sink(outputs, epoch)``: what a stream does with each epoch's outputs.
+Sink = Callable[[DataFrame, int], None]
+#: ``run(batch, batch_id, location) -> (outputs, epoch)``: one micro-batch run as an epoch of
+#: a pipeline (the client's own, or on a Connect server the one opened there, whose metrics are
+#: in the checkpoint when it returns).
+ServeBatch = Callable[[DataFrame, int, str], tuple[DataFrame, int]]
+#: ``open(spark, state_dir, config, epoch_column) -> serve``: opens the pipeline of ``config``
+#: in ``state_dir`` on the server, to run each micro-batch by ``epoch_column`` if not ``None``.
+BatchOpener = Callable[[SparkSession, str, PipelineConfig, str | None], ServeBatch]
+
+#: Pipelines opened by batch functions in this (server-side) process, by query run.
+_OPEN: dict[str, ServeBatch] = {}
+
+
+@dataclass(frozen=True)
+class ServerBatch:
+    """The ``foreachBatch`` function of a pipeline's stream over Spark Connect: runs each
+    micro-batch as an epoch of the pipeline opened on the server by ``open``, then
+    ``sink(outputs, epoch)`` there. ``config`` is the pipeline's configuration, ``epoch_column``
+    start()'s; ``location`` is the query's checkpoint location (a batch id committed before is
+    not applied again)."""
+
+    config: PipelineConfig
+    epoch_column: str | None
+    location: str
+    sink: Callable[[DataFrame, int], None]
+    open: BatchOpener
+    run: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        serve = _OPEN.get(self.run)
+        if serve is None:  # a state directory per query run: an earlier run's may be locked
+            state_dir = driver_state_path(default_local_dir(), self.config.pipeline_id or "",
+                                          self.run)
+            serve = _OPEN[self.run] = self.open(batch.sparkSession, str(state_dir), self.config,
+                                                self.epoch_column)
+        outputs, epoch = serve(batch, batch_id, self.location)
+        self.sink(outputs, epoch)
 
 
 class StreamRunner:
@@ -35,33 +92,82 @@ class StreamRunner:
         self.driver = driver
         self.local_location = local_location
         self.open_on_server = open_on_server
-        self.stream: Stream | None = None  # the query started by start()
-        #: A stream runs this pipeline on a Spark Connect server.
+        #: True while a query started by :meth:`start` is running.
+        self.running = False
+        #: The running query runs this pipeline on a Spark Connect server.
         self.on_server = False
-
-    @property
-    def running(self) -> bool:
-        """True while a query started by :meth:`start` is running."""
-        return self.stream is not None and self.stream.running
+        self._query: Any = None
+        self._watcher: threading.Thread | None = None
 
     def start(self, stream: DataFrame, sink: Sink, trigger: dict[str, Any] | None,
               checkpoint_location: str | None, epoch_column: str | None) -> Any:
-        """Start the query (:meth:`Pipeline.start`); a bad ``epoch_column`` for the stream's
-        schema is refused now, before the query starts."""
+        """Start the query (:meth:`Pipeline.start`); returns the ``StreamingQuery``. A bad
+        ``epoch_column`` for the stream's schema is refused now, before the query starts."""
         if epoch_column is None:
             run_batch: ServeBatch = self.run_batch
         else:
             self.driver.labelled_schema(stream.schema, epoch_column)
             run_batch = functools.partial(self.run_stream_epochs, column=epoch_column)
-        self.stream = Stream(self.spark, run_batch, self.local_location, self.step_aside,
-                             self.open_on_server, self.rejoin, epoch_column)
-        return self.stream.start(stream, sink, trigger, checkpoint_location)
+        if is_connect(self.spark):
+            location = checkpoint_location
+            config = self.step_aside(location)  # refuses a query without a location
+            assert location is not None
+            on_batch: Sink = ServerBatch(config, epoch_column, location, sink,
+                                         self.open_on_server)
+        else:
+            location = checkpoint_location or self.local_location
+
+            def on_batch(batch_df: DataFrame, batch_id: int) -> None:
+                outputs, epoch = run_batch(batch_df, batch_id, location)
+                sink(outputs, epoch)
+
+        writer = stream.writeStream.foreachBatch(on_batch).option(
+            "checkpointLocation", location
+        )
+        if trigger:
+            writer = writer.trigger(**trigger)
+        self.running = True
+        try:
+            query = writer.start()
+        except BaseException:
+            self.running = False
+            if self.on_server:
+                self.rejoin()
+            raise
+        self._query = query
+        self._watcher = threading.Thread(target=self._watch, args=(query,), daemon=True)
+        self._watcher.start()
+        return query
 
     def stop(self, timeout: float) -> None:
-        """Stop the query between two epochs (:meth:`Pipeline.stop`)."""
-        if self.stream is not None:
-            self.stream.stop(timeout)
-            self.stream = None
+        """Stop the query between two epochs (:meth:`Pipeline.stop`): waits up to ``timeout``
+        seconds for the running epoch to commit so Spark does not interrupt it."""
+        query = self._query
+        if query is None:
+            return
+        deadline = time.time() + timeout
+        while query.isActive and query.status.get("isTriggerActive") and time.time() < deadline:
+            time.sleep(0.05)
+        query.stop()
+        self._query = None
+        if self._watcher is not None:  # over Spark Connect it brings the pipeline forward
+            self._watcher.join()
+            self._watcher = None
+
+    def _watch(self, query: Any) -> None:
+        try:
+            query.awaitTermination()
+        except Exception:  # the query's error is the user's to see; we only clear the flag
+            pass
+        finally:
+            try:
+                if self.on_server:
+                    self.rejoin()
+            except Exception:
+                log.exception("the pipeline could not be brought forward from its checkpoint "
+                              "after its stream on the Spark Connect server ended")
+            finally:
+                self.running = False
 
     def run_batch(self, batch: DataFrame, batch_id: int, location: str
                   ) -> tuple[DataFrame, int]:
@@ -118,16 +224,13 @@ class StreamRunner:
         tables += driver.run_groups(batch, column, rest, None, position)
         table = concat(tables, schema)
         last = holder.epoch if rest.labels or not done else done[-1]
-        return self._frame(table, schema), last
-
-    def _frame(self, table: Any, schema: T.StructType) -> DataFrame:
-        return self.spark.createDataFrame(table if table.num_rows else [], schema=schema)
+        return frame(self.spark, table, schema), last
 
     # -- Spark Connect -------------------------------------------------------------------
 
     def step_aside(self, location: str | None) -> PipelineConfig:
         """Step aside for a stream over Spark Connect; the configuration the batch function
-        opens the pipeline with on the server (:mod:`megaphone.migrator.pipeline.connect`):
+        opens the pipeline with on the server (:class:`ServerBatch`):
         the state directory's, with the server's own ``local_dir``."""
         config = self.holder.config
         if config.checkpoint is None or location is None:

@@ -6,7 +6,7 @@ pipeline: driver, JVM, Python workers) or ``<phase>:<epoch>:store`` (SIGKILL the
 that hold the workers' state, once; the pipeline lives on and must recover by itself).
 
 Phases are those of :data:`megaphone.migrator.epoch.run.PHASES`: the driver's ``admit``,
-``layout``, ``launch``, ``collect`` (after every worker committed, before the driver's commit),
+``layout``, ``submit``, ``collect`` (after every worker committed, before the driver's commit),
 ``commit`` (in the middle of the commit record's write) and ``cleanup``, and the workers'
 ``export`` (mid-export), ``receive`` (once the first moving state reached its new owner),
 ``install`` (after installing arriving bins) and ``apply`` (after

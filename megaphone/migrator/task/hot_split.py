@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from megaphone.migrator.task.columns import BIN, EVENT_TIME, KEY, PARTIAL, VALUE, WORKER
+from megaphone.migrator.task.columns import BIN, EVENT_TIME, KEY, LABEL, PARTIAL, VALUE, WORKER
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.migrator.task.transfer import rows
 from megaphone.migrator.task.updates import (
@@ -50,14 +50,26 @@ def splittable(update: Update) -> bool:
 def fold_partials(spec: EpochSpec, batches: Iterator[pa.RecordBatch],
                   schema: pa.Schema | None = None) -> Iterator[pa.RecordBatch]:
     """A lessee task: its records of the split keys, one partial row per key (shuffle rows of
-    ``schema``, default ``spec.shuffle_schema``, bound for the key's owner). All of the task's
-    records of a key go into one partial; a built-in's partial is its aggregate, a
-    combiner's its ``fold``."""
+    ``schema``, default ``spec.shuffle_schema``, bound for the key's owner); in a group's job
+    one per key and epoch label, each carrying its label. All of the task's records of a key
+    (at an epoch) go into one partial; a built-in's partial is its aggregate, a combiner's its
+    ``fold``."""
     got = [b for b in batches if b.num_rows]
     if not got:
         return
     schema = schema or spec.shuffle_schema
     table = pa.Table.from_batches(got)
+    if LABEL not in table.column_names:
+        yield _fold(spec, table, schema, None)
+        return
+    labels = table.column(LABEL)
+    for label in pc.unique(labels).to_pylist():
+        yield _fold(spec, table.filter(pc.equal(labels, label)), schema, label)
+
+
+def _fold(spec: EpochSpec, table: pa.Table, schema: pa.Schema, label: int | None
+          ) -> pa.RecordBatch:
+    """The partial rows of ``table``'s records (all of one epoch, of ``label`` in a group)."""
     counts = table.group_by([KEY, BIN, WORKER], use_threads=False).aggregate(
         [([], "count_all")])
     where = {k: (b, w, n) for k, b, w, n in zip(*(counts.column(i).to_pylist()
@@ -72,12 +84,14 @@ def fold_partials(spec: EpochSpec, batches: Iterator[pa.RecordBatch],
         WORKER: pa.array([where[k][1] for k in keys], pa.int32()),
         PARTIAL: pa.array([packb([where[k][2], partials[k]]) for k in keys], pa.binary()),
     }
+    if label is not None:
+        columns[LABEL] = pa.array([label] * len(keys), pa.int64())
     if spec.has_event_time:  # the latest event time of the key's records, for latency
         latest = table.group_by([KEY], use_threads=False).aggregate([(EVENT_TIME, "max")])
         by_key = dict(zip(*(latest.column(i).to_pylist() for i in range(2)), strict=True))
         columns[EVENT_TIME] = pa.array([by_key[k] for k in keys], pa.int64())
-    yield rows(schema, len(keys), {name: column.cast(schema.field(name).type)
-                                   for name, column in columns.items()})
+    return rows(schema, len(keys), {name: column.cast(schema.field(name).type)
+                                    for name, column in columns.items()})
 
 
 def pass_and_fold(spec: EpochSpec, batches: Iterator[pa.RecordBatch]

@@ -1,4 +1,5 @@
-"""The state operator S of one worker for one epoch: install moved state, then apply records.
+"""The state operator S of one worker for a group of G >= 1 epochs (one epoch is a group of
+one): install moved state, then apply each epoch's records and commit it.
 
 Engine-agnostic: the Spark runtime calls :func:`export_worker` in the tasks that ship state
 out of old owners and :func:`apply_worker` in the task of each worker (one partition per
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -30,12 +31,13 @@ from megaphone.migrator.statedir.faults import crash_point
 from megaphone.migrator.task.columns import (
     BIN,
     EVENT_TIME,
-    EXPORT_REPORT,
     KEY,
+    LABEL,
     LOAD_BINS,
     LOAD_COUNTS,
     OUT_EPOCH,
     REPORT,
+    STATE_VALUE,
     VALUE,
 )
 from megaphone.migrator.task.hot_split import (
@@ -47,7 +49,7 @@ from megaphone.migrator.task.hot_split import (
 )
 from megaphone.migrator.task.process_step import apply_process
 from megaphone.migrator.task.spec import EpochSpec
-from megaphone.migrator.task.transfer import Arrivals, export_rows, rows
+from megaphone.migrator.task.transfer import Arrivals, TimedInput, export_rows, rows
 from megaphone.migrator.task.updates import (
     apply_builtin,
     custom_outputs,
@@ -85,32 +87,6 @@ def bin_counts(bins: np.ndarray, weights: np.ndarray | None = None
     counts = np.bincount(bins, weights=weights).astype(np.int64)
     hot = np.flatnonzero(counts)
     return hot.astype(np.int32), counts[hot].astype(np.int32)
-
-
-class TimedInput:
-    """Wrap the task's input: time spent waiting for it is excluded from useful time, and the
-    exporters' reports are set aside (:attr:`export_reports`) from records and state."""
-
-    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
-        self._it = iter(batches)
-        self.waiting = 0.0
-        self.export_reports: list[str] = []
-
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(self._it)
-            except StopIteration:
-                self.waiting += time.perf_counter() - t0
-                return
-            self.waiting += time.perf_counter() - t0
-            marks = batch.column(EXPORT_REPORT)
-            if marks.null_count < batch.num_rows:
-                has = pc.is_valid(marks)
-                self.export_reports += batch.filter(has).column(EXPORT_REPORT).to_pylist()
-                batch = batch.filter(pc.invert(has))
-            yield batch
 
 
 #: ``(state_dir, pipeline_id)`` pairs this Python worker has found on its host.
@@ -172,20 +148,24 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
 def apply_worker(
     spec: EpochSpec, worker: int, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """Run ``worker``'s part of an epoch: drop departed bins, install arrivals, apply records.
+    """Run ``worker``'s part of a group of G >= 1 epochs (one epoch is a group of one): drop
+    departed bins and install arrivals at the first epoch, then apply and commit each epoch's
+    records in order (a group's records carry their epoch's label,
+    :data:`~megaphone.migrator.task.columns.LABEL`; docs/groups.md).
 
-    Yields the worker's outputs, then its report and those of the exporters that shipped bins
-    to it (rows of :func:`result_schema`). The input mixes state chunks and records in any
-    order; state is installed as it streams in, records are applied after the last chunk. The
-    store's version decides: an epoch applied already (a retry) re-emits its stored outputs and
-    changes nothing.
+    Yields, per epoch, the worker's outputs, then its report and (at the first epoch) those of
+    the exporters that shipped bins to it (rows of :func:`result_schema`; in a group each row
+    names its epoch). The input mixes state chunks and records in any order; state is
+    installed as it streams in, records are applied after the last chunk. The store's version
+    decides: an epoch applied already (a retry) re-emits its stored outputs and changes
+    nothing. In a group the store keeps the undo records and outputs of the group's earlier
+    epochs (its start is passed to it), and only the first epoch moves bins.
     """
     started = time.perf_counter()
-    marks = {"task": time.time()}
     check_state_dir(spec)
     timed = TimedInput(batches)
+    schema = result_schema(spec.output_schema, spec.grouped)
     incoming = spec.incoming.get(worker, ())
-    drops = spec.drops.get(worker, ())
     if worker not in spec.live and not incoming:
         for _ in timed:  # no records can be routed to a worker without bins
             pass
@@ -193,43 +173,99 @@ def apply_worker(
             # Scale in: its last bins left in an earlier, committed epoch; release its storage.
             open_store(spec, worker).destroy()
         if timed.export_reports:
-            yield report_rows(result_schema(spec.output_schema), timed.export_reports)
+            yield _tagged(spec, report_rows(schema, timed.export_reports), spec.epoch)
         return
     store = open_store(spec, worker)
-    metrics = WorkerMetrics(records_in=0, records_out=0, bins_in=len(incoming), keys_in=0,
-                            bytes_in=0, replayed=False, marks=marks)
-    load: tuple[np.ndarray, np.ndarray] | None = None  # records applied per bin
+    group_start = spec.epoch if spec.grouped else None
+    metrics = _new_metrics(len(incoming))
+    marks = metrics.marks
+    assert marks is not None
     t0 = time.perf_counter()
-    apply, stored = store.begin(spec.epoch, spec.required_epoch(worker), spec.run_id)
+    apply, stored = store.begin(spec.epoch, spec.required_epoch(worker), spec.run_id,
+                                group_start=group_start)
     metrics.begin_s = time.perf_counter() - t0
     marks["begun"] = time.time()
     metrics.restored = store.restored
-    if not apply:
-        metrics.max_event_time = replayed_max_event_time(spec, timed)
-        metrics.replayed = True
-        outputs = pa.ipc.open_stream(stored).read_all() if stored else \
-            spec.output_schema.empty_table()
-    else:
-        store.drop_bins(sorted(set(drops) | set(incoming)))
-        arrivals = Arrivals(spec, worker, store.path, metrics)
+    if apply:
+        store.drop_bins(sorted(set(spec.drops.get(worker, ())) | set(incoming)))
+        first = spec.for_epoch(0)
+        arrivals = Arrivals(first, worker, store.path, metrics)
         t0, waited = time.perf_counter(), timed.waiting
         metrics.install_method = arrivals.install(store, timed, incoming)
         metrics.install_s = time.perf_counter() - t0 - (timed.waiting - waited)
         marks["installed"], marks["install_wait"] = time.time(), timed.waiting - waited
         crash_point("install", spec.epoch, spec.local_dir)
         records = arrivals.records
-        table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
-        outputs, load = apply_epoch(spec, store, table, worker, metrics, incoming)
+    else:  # replayed: the state rows that came again are not installed
+        records = [_records_only(b) for b in timed]
+    table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
+    for i, (sub, part) in enumerate(_epochs(spec, table)):
+        if i:  # a group's later epoch: its own metrics, its store's own begin
+            metrics, started = _new_metrics(), time.perf_counter()
+            t0 = time.perf_counter()
+            apply, stored = store.begin(sub.epoch, sub.required_epoch(worker), spec.run_id,
+                                        group_start=group_start)
+            metrics.begin_s = time.perf_counter() - t0
+        load = yield from _epoch_rows(sub, store, part, worker, metrics, schema, apply, stored,
+                                      incoming if i == 0 else (), group_start)
+        metrics.useful_s = time.perf_counter() - started - (timed.waiting if i == 0 else 0.0)
+        if metrics.marks is not None:
+            metrics.marks["end"] = time.time()
+        own = WorkerReport(worker, metrics).to_json()
+        extra = timed.export_reports if i == 0 else []
+        yield _tagged(spec, report_rows(schema, [own, *extra], load), sub.epoch)
+
+
+def _epochs(spec: EpochSpec, table: pa.Table) -> Iterator[tuple[EpochSpec, pa.Table]]:
+    """The epochs of ``spec`` in order, each with its spec and records: the whole ``table`` for
+    one epoch, a group's epochs by their label."""
+    if not spec.grouped:
+        yield spec, table
+        return
+    labels = table.column(LABEL)
+    for i, label in enumerate(spec.labels):
+        yield spec.for_epoch(i), table.filter(pc.equal(labels, pa.scalar(label, pa.int64())))
+
+
+def _epoch_rows(spec: EpochSpec, store: RemoteStore, part: pa.Table, worker: int,
+                metrics: WorkerMetrics, schema: pa.Schema, apply: bool, stored: bytes,
+                incoming: tuple[int, ...], group_start: int | None
+                ) -> Generator[pa.RecordBatch, None, tuple[np.ndarray, np.ndarray] | None]:
+    """One epoch at ``worker``: applied and committed (or, committed already by this run,
+    replayed); yields its output rows and returns the records it applied per bin (``None`` on
+    a replay) for its report row."""
+    load = None
+    if apply:
+        outputs, load = apply_epoch(spec, store, part, worker, metrics, incoming, group_start)
+    else:
+        metrics.max_event_time = replayed_max_event_time(spec, part.to_batches())
+        metrics.replayed = True
+        outputs = pa.ipc.open_stream(stored).read_all() if stored else \
+            spec.output_schema.empty_table()
     metrics.token = store.token  # the driver's commit names the attempt it took
     metrics.records_out = outputs.num_rows
-    schema = result_schema(spec.output_schema)
     for batch in outputs.cast(spec.output_schema).to_batches():
-        yield rows(schema, batch.num_rows, dict(zip(batch.schema.names, batch.columns,
-                                                     strict=True)))
-    metrics.useful_s = time.perf_counter() - started - timed.waiting
-    marks["end"] = time.time()
-    own = WorkerReport(worker, metrics).to_json()
-    yield report_rows(schema, [own, *timed.export_reports], load)
+        yield _tagged(spec, rows(schema, batch.num_rows, dict(zip(
+            batch.schema.names, batch.columns, strict=True))), spec.epoch)
+    return load
+
+
+def _new_metrics(bins_in: int = 0) -> WorkerMetrics:
+    return WorkerMetrics(records_in=0, records_out=0, bins_in=bins_in, keys_in=0, bytes_in=0,
+                         replayed=False, marks={"task": time.time()})
+
+
+def _records_only(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The records among shuffle rows (state rows of a replayed first epoch set aside)."""
+    return batch.filter(pc.invert(pc.is_valid(batch.column(STATE_VALUE))))
+
+
+def _tagged(spec: EpochSpec, batch: pa.RecordBatch, epoch: int) -> pa.RecordBatch:
+    """``batch`` (rows of a task's results) with, in a group's job, its epoch column set."""
+    if not spec.grouped:
+        return batch
+    i = batch.schema.get_field_index(OUT_EPOCH)
+    return batch.set_column(i, OUT_EPOCH, pa.array([epoch] * batch.num_rows, pa.int64()))
 
 
 def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int,

@@ -200,3 +200,29 @@ class Arrivals:
         self.metrics.bytes_in += reply["bytes"]
         self.metrics.files_in = len(files)
         return reply["method"]
+
+
+class TimedInput:
+    """Wrap the task's input: time spent waiting for it is excluded from useful time, and the
+    exporters' reports are set aside (:attr:`export_reports`) from records and state."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self._it = iter(batches)
+        self.waiting = 0.0
+        self.export_reports: list[str] = []
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                self.waiting += time.perf_counter() - t0
+                return
+            self.waiting += time.perf_counter() - t0
+            marks = batch.column(EXPORT_REPORT)
+            if marks.null_count < batch.num_rows:
+                has = pc.is_valid(marks)
+                self.export_reports += batch.filter(has).column(EXPORT_REPORT).to_pylist()
+                batch = batch.filter(pc.invert(has))
+            yield batch
