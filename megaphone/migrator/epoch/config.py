@@ -68,6 +68,7 @@ class PipelineConfig:
         if not self.workers >= 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         check_group_size(self.group_size)
+        update_setting(update, self.event_time)  # an event-time operator needs its column
         if self.key in RESULT_COLUMNS:
             raise ValueError(f"the key column may not be called {self.key!r} (megaphone's "
                              "column of reports in an epoch's results)")
