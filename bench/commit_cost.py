@@ -23,10 +23,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from megaphone.migrator.commit import Commit
-from megaphone.migrator.pipeline_epochs import LOAD_SMOOTHING
-from megaphone.migrator.statedir import StateDir
-from megaphone.migrator.worker import bin_counts
+from megaphone.migrator.epoch.run import LOAD_SMOOTHING
+from megaphone.migrator.statedir.commit import Commit
+from megaphone.migrator.statedir.directory import StateDir
+from megaphone.migrator.task.state_operator import bin_counts
 from megaphone.routing.bins import bin_of
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.state_backends import open_backend

@@ -19,10 +19,10 @@ would; Spark runs ``local[8]`` so up to 8 worker tasks run at once on the 2 core
 
 Two policies run on the same input, each from a fresh pipeline with ``--workers`` workers:
 
-* ``ds2`` -- :class:`megaphone.migrator.autoscale.DS2Controller` via ``pipe.autoscale()``;
-* ``threshold`` -- a classic rule on the same policy loop: add one worker when the latency is
-  above ``--up-latency`` and grew over the window; remove one when the busiest worker was
-  useful less than ``--idle`` of the window and latency is low.
+* ``ds2`` -- :class:`megaphone.migrator.control.ds2_controller.DS2Controller` via
+``pipe.autoscale()``; * ``threshold`` -- a classic rule on the same policy loop: add one worker
+  when the latency is above ``--up-latency`` and grew over the window; remove one when the busiest
+  worker was useful less than ``--idle`` of the window and latency is low.
 
 Both use the same policy interval, warm-up, activation period and plans (``rescale`` with
 ``balance="load"``, ``--strategy``). After each run the counts in the state must add up to the
@@ -62,7 +62,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from megaphone import Pipeline
-from megaphone.migrator.autoscale import Autoscaler
+from megaphone.migrator.control.ds2_controller import Autoscaler
 from megaphone.plans.autoscale import Policy, Proposal, Window, input_span
 from megaphone.plans.scale_decision import ScaleDecision
 from megaphone.spark import spark_session

@@ -122,7 +122,7 @@ from run_setup import (
 )
 
 from megaphone import Pipeline, rescale
-from megaphone.migrator.offline import migrate_offline
+from megaphone.migrator.control.offline import migrate_offline
 from megaphone.paths import StateDirPaths
 from megaphone.state_backends import open_backend
 

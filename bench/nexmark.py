@@ -190,7 +190,7 @@ def resolve(args: argparse.Namespace) -> BenchConfig:
 def stateful_stages(query: NexmarkQuery) -> list[int]:
     """The stages that keep state (Q5's and Q7's top-of-window stage keeps none)."""
     return [i for i, s in enumerate(query.stages)
-            if not isinstance(s._update_arg, TopOfWindow)]
+            if not isinstance(s.config.update, TopOfWindow)]
 
 
 def final(name: str, rows: list) -> Counter:

@@ -260,7 +260,7 @@ def config_from(raw: dict[str, Any]) -> Config:
 def migrate_step(path: str, target: Any) -> dict[str, int]:
     """Plan (all-at-once, from the stopped state directory) and apply one move offline."""
     from megaphone import rescale
-    from megaphone.migrator.offline import migrate_offline
+    from megaphone.migrator.control.offline import migrate_offline
 
     goal = {"workers": target} if isinstance(target, int) else \
         {"target": {int(b): int(w) for b, w in target}}

@@ -100,7 +100,7 @@ class Driver:
 
     def __init__(self, run: Path) -> None:
         from bench.ds2_scenario import slow_count
-        from megaphone.migrator.pipeline import Pipeline
+        from megaphone.migrator.pipeline.facade import Pipeline
         from megaphone.spark import spark_session
 
         self.run = run

@@ -3,7 +3,7 @@
 One RocksDB worker holds ``--keys`` int64 keys (4096 bins). Each run reads all of it into
 Arrow ``(key, state)`` batches twice, side by side: the way ``pipe.state()`` reads it now
 (export chunks, int keys and msgpack integers decoded with numpy, no Python object per key;
-``megaphone.migrator.state_reader``) and the way it read it before (``backend.items()``, one
+``megaphone.migrator.epoch.state_reader``) and the way it read it before (``backend.items()``, one
 decoded Python tuple per key, then ``pa.array``). States are counts (msgpack integers) and,
 as a second case, float sums (no vectorized decoder: values go per key in both paths, keys
 stay vectorized). Prints keys/s per path and the speed-up, medians of ``--repeats``.
@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from megaphone.migrator.state_reader import _batch
+from megaphone.migrator.epoch.state_reader import _batch
 from megaphone.routing.bins import bin_of
 from megaphone.state_backends import open_backend
 from megaphone.state_backends.encoding import encode_keys, pack_values

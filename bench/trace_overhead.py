@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from megaphone.migrator import trace as trace_mod
-from megaphone.migrator.pipeline import Pipeline
+from megaphone.migrator.pipeline.facade import Pipeline
 from megaphone.spark import spark_session
 
 #: The acceptance target: traced median epoch over untraced, at most.
@@ -55,7 +55,7 @@ class _Timed:
             finally:
                 self.seconds += time.perf_counter() - t0
 
-        import megaphone.migrator.epoch as epoch_mod
+        import megaphone.migrator.epoch.run as epoch_mod
         epoch_mod.epoch_trace = timed_build  # the name the epoch calls
         trace_mod.TraceLog.append = timed_append  # type: ignore[method-assign]
 

@@ -12,12 +12,11 @@ function that failed on a key).
 """
 
 from megaphone._version import __version__
-from megaphone.migrator.api import migrate, rescale
-from megaphone.migrator.chain import Chain
-from megaphone.migrator.join_input import join_input
-from megaphone.migrator.pipeline import Pipeline
-from megaphone.migrator.plan_queue import MigrationHandle
-from megaphone.migrator.updates import UpdateError
+from megaphone.migrator.pipeline.api import migrate, rescale
+from megaphone.migrator.pipeline.chain import Chain
+from megaphone.migrator.pipeline.facade import Pipeline
+from megaphone.migrator.pipeline.join_input import join_input
+from megaphone.migrator.task.updates import UpdateError
 from megaphone.operators import (
     Combiner,
     Context,
@@ -28,6 +27,7 @@ from megaphone.operators import (
 )
 from megaphone.plans.hot_keys import HotSplit, ShareThreshold
 from megaphone.plans.plan import MigrationPlan, PlanError, PlanStep
+from megaphone.plans.plan_queue import MigrationHandle
 from megaphone.routing.bins import bin_column, bin_of
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move, RoutingTable

@@ -23,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def describe(state_dir: str) -> dict[str, Any]:
     """Everything ``inspect`` shows, as a JSON-ready dict (the ``--json`` output)."""
-    from megaphone.migrator.planning import bin_sizes
-    from megaphone.migrator.statedir import StateDir
+    from megaphone.migrator.epoch.state_reader import bin_sizes
+    from megaphone.migrator.statedir.directory import StateDir
     from megaphone.plans.planner import per_worker_table
 
     state = StateDir.open(state_dir)

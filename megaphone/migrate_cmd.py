@@ -20,8 +20,8 @@ from megaphone.plans.report import human_bytes, table
 if TYPE_CHECKING:
     import numpy as np
 
-    from megaphone.migrator.pipeline import Pipeline
-    from megaphone.migrator.statedir import StateDir
+    from megaphone.migrator.pipeline.facade import Pipeline
+    from megaphone.migrator.statedir.directory import StateDir
     from megaphone.plans.plan import MigrationPlan
     from megaphone.routing.table import Move
 
@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Apply the plan and print what moved; user errors raise ``ValueError`` (exit 2)."""
-    from megaphone.migrator.registry import running_pipeline
-    from megaphone.migrator.statedir import StateDir, StateDirLocked
+    from megaphone.migrator.statedir.directory import StateDir, StateDirLocked
+    from megaphone.migrator.statedir.registry import running_pipeline
     from megaphone.plans.plan import MigrationPlan
     from megaphone.plans.policy import plan_policy
 
@@ -64,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
 def _offline(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from megaphone.migrator.offline import check_offline_plan, migrate_offline
-    from megaphone.migrator.planning import bin_sizes, committed_table
+    from megaphone.migrator.control.offline import check_offline_plan, migrate_offline
+    from megaphone.migrator.control.plan_inputs import committed_table
+    from megaphone.migrator.epoch.state_reader import bin_sizes
 
     commit = state.read_commit()
     # The checks migrate_offline makes (after discarding what a crash left past the commit),
@@ -127,7 +128,7 @@ def _live(pipeline: Pipeline, plan: MigrationPlan, args: argparse.Namespace) -> 
 def _remote(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from megaphone.migrator.inbox import committed_version, post_plan, wait_status
+    from megaphone.migrator.statedir.inbox import committed_version, post_plan, wait_status
     from megaphone.plans.plan import MigrationPlan, PlanError
 
     if plan.empty:  # nothing for the pipeline to do: checked against its commit, not posted

@@ -128,7 +128,7 @@ def summary(meta: dict[str, Any], pipeline_id: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, print the summary (or the plan as JSON) and write the plan; exit 0."""
-    from megaphone.migrator.api import rescale
+    from megaphone.migrator.pipeline.api import rescale
     from megaphone.plans.plan import PlanError
 
     if args.ds2:
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_ds2(args: argparse.Namespace) -> int:
     """``plan --ds2``: print DS2's decision on the last window; with ``-o`` write its plan."""
-    from megaphone.migrator.planning import plan_from, state_dir_source
+    from megaphone.migrator.control.plan_inputs import plan_from, state_dir_source
     from megaphone.plans.autoscale import Policy
     from megaphone.plans.plan import PlanError
     from megaphone.plans.scale_decision import decide_once, explain

@@ -89,9 +89,9 @@ class WorkerMetrics(_Record):
     files_out: int | None = None
     export_s: float | None = None
     #: The apply task's wall-clock marks (``time.time()``, one per phase, see
-    #: :data:`~megaphone.migrator.worker.MARKS`) and its seconds waiting for the shuffle
-    #: during install (``install_wait``): the driver's trace is built from them, and they are
-    #: taken out of the record before it is stored.
+    #: :data:`~megaphone.migrator.task.state_operator.MARKS`) and its seconds waiting for the
+    #: shuffle during install (``install_wait``): the driver's trace is built from them, and they
+    #: are taken out of the record before it is stored.
     marks: dict[str, float] | None = None
     #: An exporter's ``[bin, start, end]`` per bin it shipped (wall clock), for the trace.
     export_spans: list[list[float]] | None = None

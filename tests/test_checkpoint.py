@@ -14,8 +14,8 @@ import pytest
 
 import megaphone
 from megaphone import MigrationPlan, Move, Pipeline, PlanError
-from megaphone.migrator.driver_copy import DriverCopy
-from megaphone.migrator.offline import migrate_offline
+from megaphone.migrator.control.offline import migrate_offline
+from megaphone.migrator.statedir.driver_copy import DriverCopy
 from megaphone.paths import (
     COMMIT,
     COMMIT_RECORD_SUFFIX,
@@ -223,7 +223,7 @@ def test_bin_sizes_read_between_epochs_while_a_stream_would_commit(spark, tmp_pa
     past the commit the size job reads (an epoch committed meanwhile used to fail it)."""
     import threading
 
-    import megaphone.migrator.pipeline as pipeline_module
+    import megaphone.migrator.epoch.state_holder as pipeline_module
 
     pipe = Pipeline(spark, str(tmp_path / "state"), key="k", update="count", workers=2,
                     num_bins=16, key_type="int64", pipeline_id=uuid.uuid4().hex,

@@ -17,9 +17,10 @@ import pytest
 
 from megaphone import migrate_cmd, rescale
 from megaphone.cli import main
-from megaphone.migrator.pipeline import Pipeline
-from megaphone.migrator.registry import running_pipeline
-from megaphone.migrator.statedir import StateDir
+from megaphone.migrator.pipeline.facade import Pipeline
+from megaphone.migrator.statedir.commit import StreamPosition
+from megaphone.migrator.statedir.directory import StateDir
+from megaphone.migrator.statedir.registry import running_pipeline
 from megaphone.plans.plan import MigrationPlan, PlanError, PlanStep
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move
@@ -283,7 +284,7 @@ def test_offline_scale_in_runs_epochs_that_release_the_idle_workers(state_dir, t
     state = StateDir.open(copy)
     commit = state.read_commit()
     epoch = commit.epoch
-    commit.stream = {"checkpoint": "/elsewhere", "batch_id": 7}  # as if a stream ran last
+    commit.stream = StreamPosition("/elsewhere", 7)  # as if a stream ran last
     state.write_commit(commit)
     plan = rescale(copy, workers=1, strategy="batched")
     plan.save(tmp_path / "in.json")
@@ -297,7 +298,7 @@ def test_offline_scale_in_runs_epochs_that_release_the_idle_workers(state_dir, t
     assert commit.pending_drops == [] and commit.state_version == plan.end_version
     assert commit.epoch == epoch + len(plan.steps) + 1  # one epoch per step, then the drops
     # the stream's last batch still maps to the epoch that ran it, for its replay
-    assert commit.stream == {"checkpoint": "/elsewhere", "batch_id": 7, "epoch": epoch}
+    assert commit.stream == StreamPosition("/elsewhere", 7, epoch)
     assert state.output_epochs() == StateDir.open(state_dir).output_epochs()  # none written
     assert read_state(copy) == before
 

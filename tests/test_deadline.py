@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megaphone.migrator.plan_queue import PlanQueue, PolicyInputs
 from megaphone.plans import MigrationPlan, PlanError, PlanStep, make_plan, schedule
 from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, stages_s
 from megaphone.plans.deadline import DeadlinePolicy
+from megaphone.plans.plan_queue import PlanQueue, PolicyInputs
 from megaphone.plans.policy import (
     _FACTORIES,
     AllAtOnce,
@@ -421,7 +421,7 @@ def test_a_group_runs_past_an_adaptive_plans_epoch_only_when_its_policy_moved_no
 
 
 def test_a_deadline_bounds_a_group_by_its_latency_target():
-    from megaphone.migrator.pipeline_groups import deadline_group_size
+    from megaphone.migrator.epoch.groups import deadline_group_size
 
     # A 2 s budget, a 0.4 s job floor and 0.1 s of work per epoch: 16 epochs fit.
     assert deadline_group_size(2.0, 0.4, 0.1) == 16

@@ -11,7 +11,7 @@ import pytest
 import megaphone
 from megaphone import MigrationPlan, Move, Pipeline, PlanError, PlanStep
 from megaphone.cli import main
-from megaphone.migrator.plan_queue import PlanQueue
+from megaphone.plans.plan_queue import PlanQueue
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
 

@@ -183,7 +183,7 @@ def run_scenario(spark, scenario, custom=custom_update, prepare=None):
         for batch, submitted, expected in zip(
             scenario["batches"], scenario["plans"], expected_outputs, strict=True
         ):
-            base = pipe._queue.end_version()
+            base = pipe._holder.plans.end_version()
             for steps in submitted:
                 plan = MigrationPlan(
                     pipe.fingerprint, base,

@@ -63,7 +63,7 @@ def plans_for(draw, epochs: int, workers: int):
 
 def submit(pipe: Pipeline, steps: list) -> None:
     if steps:
-        plan = MigrationPlan(pipe.fingerprint, pipe._queue.end_version(),
+        plan = MigrationPlan(pipe.fingerprint, pipe._holder.plans.end_version(),
                              tuple(PlanStep(e, tuple(Move(*m) for m in ms)) for e, ms in steps))
         pipe.migrate(plan)
 

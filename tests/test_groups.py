@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from megaphone import MigrationPlan, Move, Pipeline, PlanStep, WindowAggregate
 from megaphone.inspect_cmd import describe, render
-from megaphone.migrator.pipeline_groups import check_group_size, drizzle_group_size
+from megaphone.migrator.epoch.config import check_group_size
+from megaphone.migrator.epoch.groups import drizzle_group_size
 from tests.test_equivalence import SPARK_PHASES, custom_update, reference
 
 NUM_BINS = 16

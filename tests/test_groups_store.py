@@ -67,10 +67,10 @@ def test_a_group_task_applies_each_epoch_in_order_and_a_retry_replays(tmp_path):
 
     import pyarrow as pa
 
-    from megaphone.migrator import columns as C
-    from megaphone.migrator.epoch_spec import with_labels
-    from megaphone.migrator.spark_job import split_group_results
-    from megaphone.migrator.worker_group import apply_group
+    from megaphone.migrator.epoch.spark_job import split_group_results
+    from megaphone.migrator.task import columns as C
+    from megaphone.migrator.task.spec import with_labels
+    from megaphone.migrator.task.state_operator import apply_worker
     from tests.test_worker import SCHEMA, records, spec
 
     labelled = with_labels(SCHEMA)
@@ -85,7 +85,7 @@ def test_a_group_task_applies_each_epoch_in_order_and_a_retry_replays(tmp_path):
     inputs = [batch([1, 2], 10), batch([2], 11), batch([1, 1, 3], 12)]
 
     def run(s):
-        table = pa.Table.from_batches(list(apply_group(s, 0, iter(inputs))))
+        table = pa.Table.from_batches(list(apply_worker(s, 0, iter(inputs))))
         results = split_group_results(table, range(3))
         outs = [{r["k"]: r["count"] for r in e.outputs.to_pylist()} for e in results]
         return outs, [e.reports[0].metrics.replayed for e in results]
@@ -94,7 +94,7 @@ def test_a_group_task_applies_each_epoch_in_order_and_a_retry_replays(tmp_path):
     assert run(group) == (expected, [False, False, False])
     assert run(group) == (expected, [True, True, True])  # a task retry: replayed
     assert C.OUT_EPOCH not in split_group_results(
-        pa.Table.from_batches(list(apply_group(group, 0, iter(inputs)))), range(3))[0] \
+        pa.Table.from_batches(list(apply_worker(group, 0, iter(inputs)))), range(3))[0] \
         .outputs.column_names
     other = dataclasses.replace(group, run_id="b")  # the driver never committed the group
     assert run(other) == (expected, [False, False, False])

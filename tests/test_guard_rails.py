@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from megaphone import Pipeline
-from megaphone.migrator.statedir import NotAStateDir, StateDirLocked
+from megaphone.migrator.statedir.directory import NotAStateDir, StateDirLocked
 from megaphone.routing.fingerprint import FingerprintMismatch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def test_another_pipeline_configuration_is_refused(spark, copy, kw, message):
 def test_the_lock_holder_removes_half_written_files_a_killed_driver_left(copy):
     """A driver killed inside an atomic write leaves its temporary file behind; the next lock
     holder deletes it (nothing else writes there) and keeps every real file."""
-    from megaphone.migrator.statedir import StateDir
+    from megaphone.migrator.statedir.directory import StateDir
 
     before = snapshot(copy)
     torn = [copy / ".commit.json.k1l2e3d4.tmp", copy / "outputs" / ".e000000001.arrow.x9.tmp"]
@@ -86,7 +86,7 @@ def test_a_second_opener_is_refused_in_process_and_from_another_process(spark, c
     try:
         with pytest.raises(StateDirLocked, match="in use by another pipeline"):
             open_pipe(spark, copy)
-        probe = ("from megaphone.migrator.statedir import StateDir; import sys; "
+        probe = ("from megaphone.migrator.statedir.directory import StateDir; import sys; "
                  f"StateDir.open({str(copy)!r}).lock()")
         result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
                                 text=True, timeout=60)
@@ -126,7 +126,7 @@ def test_damage_is_reported_precisely_and_not_repaired(spark, copy, damage, erro
 
 def test_not_a_state_dir(spark, tmp_path):
     with pytest.raises(NotAStateDir, match=r"has no megaphone\.json"):
-        from megaphone.migrator.statedir import StateDir
+        from megaphone.migrator.statedir.directory import StateDir
 
         StateDir.open(tmp_path)
 

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megaphone.migrator import columns as C
-from megaphone.migrator.epoch_spec import EpochSpec, shuffle_schema
-from megaphone.migrator.hot_split import fold_partials, pass_and_fold, take_partials
-from megaphone.migrator.spark_job import split_results
-from megaphone.migrator.transfer import rows
-from megaphone.migrator.updates import UpdateError, make_update
-from megaphone.migrator.worker import apply_worker
+from megaphone.migrator.epoch.spark_job import split_results
+from megaphone.migrator.task import columns as C
+from megaphone.migrator.task.hot_split import fold_partials, pass_and_fold, take_partials
+from megaphone.migrator.task.spec import EpochSpec, shuffle_schema
+from megaphone.migrator.task.state_operator import apply_worker
+from megaphone.migrator.task.transfer import rows
+from megaphone.migrator.task.updates import UpdateError, make_update
 from megaphone.operators.combiner import Combiner
 from megaphone.paths import StateDirPaths
 from megaphone.plans.hot_keys import HeavyHitters, HotKeyView, HotSplit, ShareThreshold

@@ -152,3 +152,28 @@ def test_updates_that_may_depend_on_order_are_refused(spark):
             pipe.process(spark.createDataFrame([(1,)], "k long"))
         assert pipe.epoch == -1  # nothing ran
         pipe.close()
+
+
+@pytest.mark.parametrize("lessees", [None, 2])
+def test_a_group_splits_its_epochs_hot_keys_with_the_same_results(spark, tmp_path, lessees):
+    """An epoch is a group of one: a group of epochs splits hot keys too, each epoch's
+    partials carrying its label, and its outputs and state are those of a run without split."""
+    batches = [[(1, 1)] * 6 + [(2, 2), (3, None)], [(1, 2)] * 5 + [(4, 1)], [(2, 5), (1, 1)]]
+    labels = [10, 11, 13]
+    pipe = Pipeline(spark, str(tmp_path / "state"), key="k", value="v", update="sum",
+                    workers=2, num_bins=16, key_type="int64", group_size=3)
+    pipe.split_hot_keys(lambda view: HotSplit((1,), lessees))
+    rows = [(k, v, label) for batch, label in zip(batches, labels, strict=True)
+            for k, v in batch]
+    got: dict[int, dict] = {label: {} for label in labels}
+    frame = spark.createDataFrame(rows, "k long, v long, e long")
+    for row in pipe.process(frame, epoch_column="e").collect():
+        got[row[2]][row[0]] = row[1]
+    expected, state = reference("sum", batches)
+    assert [got[label] for label in labels] == expected
+    records = pipe.metric_records()
+    assert [r.group for r in records] == [0, 0, 0]
+    assert [sum(m.split_records or 0 for m in r.per_worker.values()) for r in records] == \
+        [6, 5, 1]
+    assert {r[0]: r[1] for r in pipe.state().collect()} == state
+    pipe.close()

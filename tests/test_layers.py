@@ -92,3 +92,28 @@ def test_an_import_of_a_module_that_is_gone_is_found(tmp_path):
     assert check_layers.problems(root) == [
         "missing: megaphone.migrator.a imports megaphone.migrator.gone, which is not a module "
         "of the tree"]
+
+
+def test_a_lower_room_of_the_migrator_may_not_import_a_higher_one(tmp_path):
+    root = _tree(tmp_path, {
+        "migrator/task/s.py": """
+            from typing import TYPE_CHECKING
+            if TYPE_CHECKING:
+                from megaphone.migrator.pipeline.facade import Pipeline
+            """,
+        "migrator/pipeline/facade.py": "from megaphone.migrator.task import s\n",
+        "migrator/kitchen/k.py": "",
+    })
+    assert check_layers.problems(root) == [
+        "room: migrator/kitchen is not one of the rooms "
+        "('statedir', 'task', 'epoch', 'control', 'pipeline')",
+        "room: megaphone.migrator.task.s imports megaphone.migrator.pipeline.facade "
+        "(a lower room may not import a higher one)"]
+
+
+def test_a_module_over_the_guideline_needs_one_idea_and_stays_under_the_hard_cap(tmp_path):
+    long = "x = 1\n" * (check_layers.MAX_LINES + 1)
+    root = _tree(tmp_path, {"migrator/pipeline/facade.py": long, "routing/big.py": long})
+    assert check_layers.problems(root) == [
+        f"size: megaphone/routing/big.py has {check_layers.MAX_LINES + 1} lines "
+        f"(limit {check_layers.MAX_LINES})"]

@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from megaphone.migrator.driver_copy import FOLD_COMMITS, KEEP_COMMITS, KEEP_FOLDS, DriverCopy
-from megaphone.migrator.statedir import METRICS_CHUNK, StateDir
+from megaphone.migrator.statedir.directory import METRICS_CHUNK, StateDir
+from megaphone.migrator.statedir.driver_copy import (
+    FOLD_COMMITS,
+    KEEP_COMMITS,
+    KEEP_FOLDS,
+    DriverCopy,
+)
 
 
 def commit(copy: DriverCopy, seq: int, routing: Path) -> None:

@@ -68,8 +68,8 @@ def test_a_retried_batch_id_applies_nothing_and_returns_the_same_outputs(spark, 
     batch = spark.createDataFrame([(1,), (2,), (1,)], "k long")
     plan = MigrationPlan.from_moves(pipe.routing, [[Move(3, 1, 0)]])
     handle = pipe.migrate(plan)
-    first, epoch = pipe._run_batch(batch, 7, "ckpt")
-    again, epoch_again = pipe._run_batch(batch, 7, "ckpt")
+    first, epoch = pipe._runner.run_batch(batch, 7, "ckpt")
+    again, epoch_again = pipe._runner.run_batch(batch, 7, "ckpt")
     assert epoch == epoch_again == 0
     assert sorted(again.collect()) == sorted(first.collect())
     assert counts(pipe) == {1: 2, 2: 1}
@@ -315,7 +315,7 @@ def test_reopening_a_state_dir_resumes_and_checks_settings(spark, tmp_path):
 
 
 def test_a_plan_posted_to_the_inbox_is_taken_between_epochs(spark, tmp_path):
-    from megaphone.migrator.inbox import post_plan, wait_status
+    from megaphone.migrator.statedir.inbox import post_plan, wait_status
 
     pipe = make(spark, tmp_path)
     good = MigrationPlan.from_moves(pipe.routing, [[Move(1, 1, 2)]])
@@ -398,7 +398,7 @@ def test_deadline_plan_probes_then_moves_what_fits(spark, tmp_path):
 
 
 def test_bin_load_is_the_smoothed_records_per_bin(spark, tmp_path):
-    from megaphone.migrator.pipeline_epochs import LOAD_SMOOTHING
+    from megaphone.migrator.epoch.run import LOAD_SMOOTHING
     from megaphone.routing.bins import bin_of
 
     pipe = make(spark, tmp_path, workers=2)

@@ -17,7 +17,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from megaphone.migrator.epoch import PHASES
+from megaphone.migrator.epoch.run import PHASES
 from megaphone.state_backends.remote import service_pids
 from megaphone.state_backends.service import IDLE_EXIT_S
 from tests.helpers.crash_driver import EPOCHS, batch_keys
@@ -59,7 +59,7 @@ def local_dir(state_dir: Path) -> str:
 # install) are killed in both, as rows and as files, the others once, split so the chains
 # (side by side) take about as long: each restart costs a JVM start.
 CHAINS = {
-    "all-at-once": ["admit:2", "launch:2", "export:2", "install:2", "collect:2", "commit:2"],
+    "all-at-once": ["admit:2", "submit:2", "export:2", "install:2", "collect:2", "commit:2"],
     "fluid": ["export:2", "receive:2", "layout:3", "install:3", "apply:4", "cleanup:4",
               "commit:5"],
 }
@@ -67,10 +67,10 @@ CHAINS = {
 # fails, runs again, and the result must still equal a run without them. At most two kills
 # fall inside one epoch's job, so its retries are not used up.
 STORE_KILLS = {
-    "all-at-once": ["admit:1", "export:2", "install:2", "layout:3", "apply:3", "launch:4",
+    "all-at-once": ["admit:1", "export:2", "install:2", "layout:3", "apply:3", "submit:4",
                     "collect:4", "commit:5", "cleanup:5"],
     "fluid": ["export:2", "receive:2", "layout:2", "install:3", "admit:3", "apply:4",
-              "collect:4", "launch:5", "commit:5", "cleanup:1"],
+              "collect:4", "submit:5", "commit:5", "cleanup:1"],
 }
 
 

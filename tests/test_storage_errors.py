@@ -53,7 +53,7 @@ def test_every_error_defined_in_the_package_has_the_root(package: str) -> None:
 def test_an_epoch_job_is_rerun_after_a_lost_store_or_a_lost_executor_only():
     """The soak found Spark failing an epoch's job after an executor loss ("indeterminate
     output": some result tasks had finished); the epoch is idempotent, so it runs again."""
-    from megaphone.migrator.epoch import retryable
+    from megaphone.migrator.epoch.spark_job import retryable
 
     lost_executor = ("Job aborted due to stage failure: A shuffle map stage with indeterminate "
                      "output was failed and retried. However, Spark cannot rollback the "

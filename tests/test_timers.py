@@ -202,7 +202,7 @@ def test_the_memory_backend_finds_its_timers_after_a_reopen(tmp_path):
 
 
 def test_the_state_reader_leaves_timer_keys_out():
-    from megaphone.migrator.state_reader import _batch
+    from megaphone.migrator.epoch.state_reader import _batch
 
     for key_type, keys, arrow in (("int64", [*FE_KEYS, None], pa.int64()),
                                   ("str", ["a", "", None], pa.string())):

@@ -18,8 +18,8 @@ from pyspark import cloudpickle
 
 from megaphone import MigrationPlan, Move, Pipeline, UpdateError, bin_of
 from megaphone.errors import MegaphoneError
-from megaphone.migrator import columns as C
-from megaphone.migrator.updates import apply_custom, custom_outputs, make_update
+from megaphone.migrator.task import columns as C
+from megaphone.migrator.task.updates import apply_custom, custom_outputs, make_update
 from megaphone.state_backends.encoding import unpack_value
 
 # Python workers cannot import this test module: ship the update function by value.
@@ -101,7 +101,7 @@ def test_an_output_that_does_not_convert_names_its_key():
 def test_the_driver_finds_the_error_in_the_text_spark_carried_it_in():
     text = ("org.apache.spark.SparkException: Job aborted ...\nTraceback (most recent call "
             "last):\n  File ...\nValueError: boom\n\nThe above exception was the direct cause"
-            "\nmegaphone.migrator.updates.UpdateError: update function failed on key 'a b' at "
+            "\nmegaphone.migrator.task.updates.UpdateError: update function failed on key 'a b' at "
             "epoch 12 on worker 0: it raised: ValueError: boom\n\tat org.apache...")
     error = UpdateError.from_text(text)
     assert str(error) == ("update function failed on key 'a b' at epoch 12 on worker 0: it "
@@ -230,7 +230,7 @@ def test_state_of_a_failing_key_is_the_last_committed_one(spark, tmp_path):
     (-(2**62), [-(2**62), -(2**62)]),
 ])
 def test_an_int64_sum_that_overflows_names_its_key_instead_of_wrapping(stored, values):
-    from megaphone.migrator.updates import apply_builtin, partial_aggregates
+    from megaphone.migrator.task.updates import apply_builtin, partial_aggregates
 
     update = make_update("sum", "int")
     records = pa.table({C.KEY: pa.array([7] * len(values) + [8], pa.int64()),

@@ -9,13 +9,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from megaphone.migrator import columns as C
-from megaphone.migrator.epoch_spec import EpochSpec, shuffle_schema
-from megaphone.migrator.spark_job import split_results
-from megaphone.migrator.statedir import MANIFEST_FORMAT
-from megaphone.migrator.transfer import rows
-from megaphone.migrator.updates import make_update
-from megaphone.migrator.worker import apply_worker, export_worker
+from megaphone.migrator.epoch.spark_job import split_results
+from megaphone.migrator.statedir.directory import MANIFEST_FORMAT
+from megaphone.migrator.task import columns as C
+from megaphone.migrator.task.spec import EpochSpec, shuffle_schema
+from megaphone.migrator.task.state_operator import apply_worker, export_worker
+from megaphone.migrator.task.transfer import rows
+from megaphone.migrator.task.updates import make_update
 from megaphone.paths import StateDirPaths
 from megaphone.routing.bins import bin_of
 from megaphone.state_backends import open_backend

@@ -2,9 +2,9 @@
 the driver from timings the epoch takes anyway, and kept in the state directory.
 
 Nothing is timed per record: the driver notes the wall clock at each of its phases
-(:data:`~megaphone.migrator.epoch.DRIVER_PHASES`), every apply task at each of its phase
-boundaries (:data:`~megaphone.migrator.worker.MARKS`) and every exporter around each bin it
-ships. :func:`epoch_trace` turns these into activities and dependencies:
+(:data:`~megaphone.migrator.epoch.run.DRIVER_PHASES`), every apply task at each of its phase
+boundaries (:data:`~megaphone.migrator.task.state_operator.MARKS`) and every exporter around each
+bin it ships. :func:`epoch_trace` turns these into activities and dependencies:
 
 * the driver (worker None, lane 0): ``admit``, ``layout``, ``submit`` (building the job),
   ``wait`` (the job running: ``collect``), ``commit``, ``cleanup``;
@@ -39,7 +39,7 @@ from megaphone.snailtrail import Activity, Dependency, EpochTrace
 #: Epochs per traces file; the state directory keeps the current file and the one before.
 TRACE_CHUNK = 250
 #: The driver's phases and the activity kind each becomes.
-DRIVER_KINDS = {"admit": "admit", "layout": "layout", "launch": "submit", "collect": "wait",
+DRIVER_KINDS = {"admit": "admit", "layout": "layout", "submit": "submit", "collect": "wait",
                 "commit": "commit", "cleanup": "cleanup"}
 
 
@@ -127,7 +127,7 @@ def epoch_trace(epoch: int, driver: Mapping[str, tuple[float, float]],
         if phase in driver:
             start, end = driver[phase]
             phases[phase] = b.add(kind, None, start, end)
-    submit = phases.get("launch")
+    submit = phases.get("submit")
     submitted = submit.end if submit is not None else min(
         (m.marks["task"] for m in workers.values() if m.marks), default=0.0)
     installs: dict[int, Activity | None] = {}

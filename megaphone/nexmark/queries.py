@@ -27,9 +27,9 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from megaphone.migrator.chain import Chain, Link
-from megaphone.migrator.join_input import join_input
-from megaphone.migrator.pipeline import Pipeline
+from megaphone.migrator.pipeline.chain import Chain, Link
+from megaphone.migrator.pipeline.facade import Pipeline
+from megaphone.migrator.pipeline.join_input import join_input
 from megaphone.nexmark import definitions as D
 from megaphone.nexmark.functions import (
     RUNNING_AVERAGE_TYPE,

@@ -1,0 +1,160 @@
+"""Offline migration: apply a plan to the state directory of a stopped pipeline.
+
+This is the CLI's path and the pause-and-restart baseline. Each step is an epoch without
+records, run in this process through the live epoch's code: :func:`epoch_layout` says who
+ships, installs and drops what, the workers' tasks (:mod:`megaphone.migrator.task.local_epoch`) move
+the state, and the commit record is the step's commit point. A last such epoch lets the old
+owners drop what left them and releases the storage of workers left without bins. A crash
+leaves what a crashed live epoch leaves, and recovery discards it the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import uuid
+from collections.abc import Callable
+
+import pyarrow as pa
+
+from megaphone.migrator.epoch.routing_operator import (
+    EpochLayout,
+    commit_record,
+    epoch_layout,
+    epoch_spec,
+)
+from megaphone.migrator.statedir.commit import Commit, StreamPosition
+from megaphone.migrator.statedir.directory import StateDir
+from megaphone.migrator.statedir.recovery import check_and_recover
+from megaphone.migrator.task.local_epoch import run_epoch_tasks
+from megaphone.migrator.task.spec import EpochSpec, shuffle_schema
+from megaphone.migrator.task.updates import make_update
+from megaphone.plans.plan import MigrationPlan, PlanError
+from megaphone.plans.plan_queue import MigrationHandle
+from megaphone.plans.policy import plan_policy
+from megaphone.routing.keys import KEY_ARROW_TYPES
+from megaphone.routing.table import RoutingTable
+from megaphone.state_backends import DEFAULT_CHUNK_BYTES
+from megaphone.state_backends.remote import default_local_dir, release_stores
+
+#: The update an epoch without records carries: it never runs.
+_NO_RECORDS = make_update("count", None)
+
+
+def migrate_offline(
+    state_dir: str,
+    plan: MigrationPlan,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    on_step: Callable[[int, int], None] | None = None,
+) -> MigrationHandle:
+    """Apply ``plan`` to a stopped pipeline's ``state_dir``, committing step by step.
+
+    The plan is validated first: a bad plan raises ``PlanError`` and nothing changes. An
+    empty plan (nothing to move) runs no epoch: its handle is done at once.
+    ``on_step(step_index, bytes_moved)`` is called after each committed step (progress bars).
+    """
+    state = StateDir.open(state_dir)
+    if state.manifest.get("checkpoint") is not None:
+        raise PlanError(f"{state_dir} keeps a durable copy at {state.manifest['checkpoint']}; "
+                        "offline migration does not write it yet: migrate it live "
+                        "(Pipeline.migrate) instead")
+    state.lock()
+    local_dir = default_local_dir()
+    release_stores(local_dir, str(state.path))  # a crashed pipeline's, if still open
+    try:
+        return _migrate_locked(state, plan, chunk_bytes, on_step, local_dir)
+    finally:
+        release_stores(local_dir, str(state.path))  # left closed, as a stopped pipeline's
+        state.unlock()
+
+
+def _migrate_locked(
+    state: StateDir,
+    plan: MigrationPlan,
+    chunk_bytes: int,
+    on_step: Callable[[int, int], None] | None,
+    local_dir: str,
+) -> MigrationHandle:
+    commit = state.read_commit()
+    check_and_recover(state, commit)  # a crashed run's leftovers are discarded first
+    table = state.load_routing()
+    check_offline_plan(state, commit, table, plan)
+    steps: list[tuple[int, int, int]] = []  # each committed step's epoch, bins and bytes
+    if not plan.empty:  # an empty plan runs no epoch: the state stays as it is
+        epochs = _OfflineEpochs(state, table, chunk_bytes, local_dir)
+        for i, step in enumerate(plan.steps):
+            table.apply_step(step.moves, commit.epoch + 1)
+            table.save(state.routing_path)  # before the epoch, as a live epoch's admit does
+            commit, moved = epochs.run(commit)
+            steps.append((commit.epoch, len(step.moves), moved))
+            if on_step is not None:
+                on_step(i, moved)
+        live = set(table.workers())
+        if commit.pending_drops or any(w not in live for w in state.worker_ids()):
+            commit, _ = epochs.run(commit)  # drops what left the old owners, releases the idle
+    handle = MigrationHandle(plan)  # the plan ran to its end here: its handle tells how
+    for done in steps:
+        handle.step_committed(*done)
+    return handle
+
+
+def check_offline_plan(state: StateDir, commit: Commit, table: RoutingTable,
+                       plan: MigrationPlan) -> None:
+    """Raise ``PlanError`` unless ``plan`` can be applied offline to ``state`` at ``commit``
+    (routing ``table``): no plan of a running pipeline in flight, every routing version
+    applied to the state, and the plan (and its policy's spec) valid from the next epoch on."""
+    if commit.plans:
+        raise PlanError(
+            f"{state.path} has a plan in flight from a running pipeline; open the pipeline to "
+            "finish it first"
+        )
+    if commit.state_version != table.version:
+        raise PlanError(
+            f"{state.path} has routing versions not applied to its state yet "
+            f"({commit.state_version} < {table.version}); open the pipeline to finish them"
+        )
+    plan.validate(table, commit.epoch + 1)
+    plan_policy(plan)  # the policy does not run offline, but its spec must be valid
+
+
+class _OfflineEpochs:
+    """Runs epochs without records on a locked state directory, one commit each."""
+
+    def __init__(self, state: StateDir, table: RoutingTable, chunk_bytes: int,
+                 local_dir: str) -> None:
+        self.state = state
+        self.table = table
+        self.chunk_bytes = chunk_bytes
+        self.local_dir = local_dir
+        self.run_id = uuid.uuid4().hex
+
+    def run(self, commit: Commit) -> tuple[Commit, int]:
+        """Run the epoch after ``commit`` and commit it; return its commit and bytes moved."""
+        layout = epoch_layout(self.table, commit, commit.epoch + 1, self.state.worker_ids())
+        with tempfile.TemporaryDirectory(prefix="megaphone-offline-") as spill:
+            reports = run_epoch_tasks(self._spec(layout, commit), layout.partitions, spill)
+        done = commit_record(layout, _stream_after(commit), [],
+                             {r.worker: r.metrics for r in reports if r.metrics.token}, commit)
+        self.state.write_commit(done)  # the epoch's commit point
+        return done, sum(r.metrics.bytes_out or 0 for r in reports)
+
+    def _spec(self, layout: EpochLayout, commit: Commit) -> EpochSpec:
+        key = KEY_ARROW_TYPES[self.state.fingerprint.key_type]
+        return epoch_spec(
+            self.state, layout, commit, self.table,
+            update=_NO_RECORDS,
+            output_schema=pa.schema([("key", key)]),
+            chunk_bytes=self.chunk_bytes,
+            shuffle_schema=shuffle_schema(key, None, False),
+            local_dir=self.local_dir,
+            run_id=self.run_id,
+        )
+
+
+def _stream_after(commit: Commit) -> StreamPosition:
+    """The stream position an epoch without a batch keeps: the last batch stays mapped to the
+    epoch that ran it (``epoch``), so a stream that re-executes it replays that epoch."""
+    stream = commit.stream
+    if stream.batch_id is not None and stream.epoch is None:
+        return dataclasses.replace(stream, epoch=commit.epoch)
+    return stream

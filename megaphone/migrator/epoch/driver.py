@@ -1,0 +1,136 @@
+"""The epoch driver of a pipeline (:class:`EpochDriver`): what its epochs keep from one to the
+next (the map side of the job, the per-bin load, hot keys, group sizes) and the runs of a batch
+as one epoch or as the epochs of its epoch column, in groups of G >= 1 epochs
+(:class:`~megaphone.migrator.epoch.run.EpochRun`; one epoch is a group of one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from megaphone.migrator.epoch.config import PipelineConfig
+from megaphone.migrator.epoch.groups import GroupSizes, concat, frame, labelled
+from megaphone.migrator.epoch.hot_keys import HotKeys
+from megaphone.migrator.epoch.labels import EpochLabels, check_epoch_column, scan_labels
+from megaphone.migrator.epoch.run import EpochRun, EpochSource
+from megaphone.migrator.epoch.schemas import PipelineSchema
+from megaphone.migrator.epoch.spark_job import MapSides
+from megaphone.migrator.epoch.state_holder import StateHolder
+from megaphone.migrator.statedir.commit import StreamPosition
+from megaphone.migrator.task.columns import EVENT_TIME
+from megaphone.migrator.task.updates import Update
+
+
+class EpochDriver:
+    """Runs a pipeline's epochs on its state directory (``holder``): one at a time, in groups
+    of one or more, each group one Spark job. ``schema`` is the pipeline's record and output
+    types, ``config`` its configuration as given (the holder's is the one the state directory
+    fixed). What an epoch run reads of it are attributes: the run does the work."""
+
+    def __init__(self, spark: SparkSession, holder: StateHolder, schema: PipelineSchema,
+                 config: PipelineConfig) -> None:
+        self.spark = spark
+        self.holder = holder
+        self.schema = schema
+        self.hot = HotKeys(schema, holder)
+        self.groups = GroupSizes(config.group_size)
+        self.map_sides = MapSides()  # the epoch job's map side, kept while it holds
+        self.bin_load = np.zeros(config.num_bins)  # records per bin per epoch, smoothed
+        #: Spark's task slots, asked once (the hot-key and adaptive policies' parallelism).
+        self.task_slots: int | None = None
+
+    # -- outputs -------------------------------------------------------------------------
+
+    def update_for(self, value_type: T.DataType | None) -> Update:
+        """The update, its value kind from ``value_type`` (a batch's) or the manifest's."""
+        return self.schema.update(self.holder.manifest, value_type)
+
+    def outputs_frame(self, outputs: pa.Table) -> DataFrame:
+        """An epoch's outputs (collected from its job) as a DataFrame (:func:`frame`)."""
+        return frame(self.spark, outputs,
+                     self.schema.outputs(self.holder.key_type, self.update_for(None)))
+
+    def read_outputs(self, epoch: int) -> DataFrame:
+        """The kept outputs of a committed ``epoch`` as a DataFrame."""
+        return self.outputs_frame(self.holder.state_dir.read_outputs(epoch))
+
+    # -- running epochs ------------------------------------------------------------------
+
+    def run_one(self, batch: DataFrame, stream: StreamPosition | None,
+                input_end: float | None = None, *,
+                want_frame: bool) -> tuple[pa.Table, DataFrame | None]:
+        """Run ``batch`` as one epoch (a group of one): its outputs, and as a DataFrame too
+        when ``want_frame`` (built before the commit point: after it, no JVM call may fail and
+        leave a committed epoch the caller was told had failed). ``stream``: the micro-batch's
+        stream position, for a stream's batch."""
+        frames: list[DataFrame] = []
+
+        def keep(outputs: pa.Table) -> None:
+            if want_frame:
+                frames.append(self.outputs_frame(outputs))
+
+        with self.holder.lock:
+            outputs = EpochRun(self, EpochSource(batch, stream=stream), 1, input_end).run(keep)
+        return outputs[0], (frames[0] if frames else None)
+
+    def run_labelled(self, batch: DataFrame, column: str, input_end: float | None, *,
+                     want_frame: bool) -> tuple[pa.Table, DataFrame | None]:
+        """Run every epoch of ``batch`` (one per label of its epoch ``column``, in order) in
+        groups; all their outputs, each row with its label in ``column``."""
+        schema = self.labelled_schema(batch.schema, column)
+        with self.holder.lock:
+            found = scan_labels(batch, column, self.event_times(batch), self.holder.commit.label)
+        table = concat(self.run_groups(batch, column, found, input_end), schema)
+        return table, frame(self.spark, table, schema) if want_frame else None
+
+    def run_groups(self, batch: DataFrame, column: str, found: EpochLabels,
+                   input_end: float | None, stream: StreamPosition | None = None
+                   ) -> list[pa.Table]:
+        """Run the epochs of ``found``'s labels in groups; each epoch's outputs with its label
+        in ``column``. ``stream``: the micro-batch's stream position so far (a stream's batch)."""
+        holder = self.holder
+        tables: list[pa.Table] = []
+        done = 0
+        started = stream.epoch_list() if stream is not None else []
+        keep_from = started[0] if started else holder.epoch + 1
+        while done < len(found.labels):
+            # One group at a time under the lock: a plan submitted meanwhile (migrate() from
+            # another thread) starts at the next group's first epoch.
+            with holder.lock:
+                label = holder.commit.label
+                if label is not None and found.labels[done] <= label:
+                    raise RuntimeError(f"label {found.labels[done]} was overtaken: another "
+                                       f"call committed label {label} meanwhile")
+                if stream is not None and done:  # the position the batch's commits left
+                    stream = holder.commit.stream
+                source = EpochSource(batch, column, found.labels[done:],
+                                     found.max_event_times[done:], stream,
+                                     None if stream is None else keep_from)
+                run = EpochRun(self, source, self.groups.next(), input_end)
+                outputs = run.run()
+                self.groups.measured(run.records, run.phases, run.size)
+            tables.extend(labelled(table, column, label)
+                          for label, table in zip(source.labels, outputs, strict=False))
+            done += run.size
+        return tables
+
+    def labelled_schema(self, schema: T.StructType, column: str) -> T.StructType:
+        """The outputs' schema of a batch of ``schema`` run by its epoch ``column`` (the
+        outputs' columns and the label); a ``ValueError`` or ``TypeError`` for a bad column."""
+        check_epoch_column(schema, column, {"key": self.schema.key, "value": self.schema.value,
+                                            "event time": self.schema.event_time})
+        key_type, value_type = self.schema.batch_types(schema)
+        out = self.schema.outputs(key_type, self.update_for(value_type))
+        if column in out.names:
+            raise ValueError(f"epoch column {column!r} would clash with the outputs' column "
+                             f"of that name (outputs: {out.names})")
+        return T.StructType([*out.fields, T.StructField(column, T.LongType())])
+
+    def event_times(self, batch: DataFrame) -> Column | None:
+        """The records' event time column of ``batch`` (microseconds), if the update has one."""
+        key_type, value_type = self.schema.batch_types(batch.schema)
+        update = self.update_for(value_type)
+        return self.schema.record_columns(key_type, update).get(EVENT_TIME)

@@ -1,0 +1,97 @@
+"""Hot keys of a pipeline: watching them (a bounded
+summary per worker and epoch, merged into the commit record) and splitting them (dual mode:
+lessees fold a hot key's records, its owner consolidates; docs/hot-keys.md).
+
+The split of an epoch is decided on the driver before the epoch, by the split policy, from the
+committed summary alone (``Commit.hot``): a re-run of the epoch (a failed job, a crash before
+its commit point) sees the same summary and, with a deterministic policy, splits alike. Split
+or not, outputs and state are the same (the partials consolidate exactly), so even a policy
+that changes its mind changes only where the work runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from megaphone.migrator.epoch.routing_operator import EpochLayout
+from megaphone.migrator.epoch.schemas import PipelineSchema
+from megaphone.migrator.epoch.state_holder import StateHolder
+from megaphone.migrator.task.hot_split import splittable
+from megaphone.migrator.task.updates import AGGREGATIONS, Update
+from megaphone.operators.combiner import Combiner
+from megaphone.plans.hot_keys import (
+    DEFAULT_CAPACITY,
+    HeavyHitters,
+    HotKeyView,
+    ShareThreshold,
+    SplitPolicy,
+    no_split,
+)
+
+
+class HotKeys:
+    """The hot-key side of a pipeline's epochs: off until :meth:`watch_hot_keys` or
+    :meth:`split_hot_keys` turns it on for this process (like a policy callable, the setting
+    is not stored: a reopened pipeline starts unwatched, its committed summary kept).
+    ``schema`` is the pipeline's, ``holder`` its state directory (the committed summary)."""
+
+    def __init__(self, schema: PipelineSchema, holder: StateHolder) -> None:
+        self._schema = schema
+        self._holder = holder
+        self._hot_setting: tuple[SplitPolicy, int] | None = None
+
+    def watch_hot_keys(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        """Detect hot keys: each worker reports its ``capacity`` heaviest keys per epoch
+        (metrics ``hot_keys``, ``megaphone inspect``, :meth:`hot_keys`); no key is split."""
+        self._hot_setting = (no_split, _capacity(capacity))
+
+    def split_hot_keys(self, policy: SplitPolicy | None = None,
+                       capacity: int = DEFAULT_CAPACITY) -> None:
+        """Detect hot keys and split them (dual mode) as ``policy`` says before every epoch
+        (default :class:`~megaphone.plans.hot_keys.ShareThreshold`: keys with >= 20% of the
+        records). Only updates that are commutative and associative can be split: the
+        built-in aggregations and :class:`~megaphone.operators.combiner.Combiner` updates;
+        any other raises ``ValueError`` (its keys stay at their owner: use
+        :meth:`watch_hot_keys`)."""
+        update = self._schema.update_arg
+        if not (update in AGGREGATIONS or isinstance(update, Combiner)):
+            raise ValueError(
+                f"cannot split the hot keys of update {_name(update)}: it may depend on the "
+                "order of its records (sequential mode keeps a key at its owner). Give a "
+                "megaphone.Combiner (fold, combine, outputs) to split, or use "
+                "watch_hot_keys() to only detect them")
+        self._hot_setting = (policy or ShareThreshold(), _capacity(capacity))
+
+    def hot_keys(self) -> HeavyHitters:
+        """The heaviest keys of the committed epochs (smoothed, per epoch), as committed."""
+        return HeavyHitters.from_json(self._holder.commit.hot)
+
+    def spec_fields(self, update: Update, layout: EpochLayout, parallelism: int
+                    ) -> dict[str, Any]:
+        """The epoch spec's hot-key fields: the policy's split, checked (a ``ValueError``
+        before the epoch runs for a split the update or the keys cannot take)."""
+        if self._hot_setting is None:
+            return {}
+        policy, capacity = self._hot_setting
+        view = HotKeyView(layout.epoch, self.hot_keys(), len(layout.live), parallelism,
+                          splittable(update))
+        split = policy(view).checked(self._holder.key_type)
+        if split.keys and not view.splittable:
+            raise ValueError(f"the split policy chose keys to split, but update "
+                             f"{_name(update.fn)} cannot be split (it is not a Combiner)")
+        return {"split_keys": split.keys, "lessees": split.lessees,
+                "sketch_capacity": capacity}
+
+
+def _capacity(capacity: int) -> int:
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
+    return capacity
+
+
+def _name(update: Any) -> str:
+    return repr(update) if isinstance(update, str) else getattr(
+        update, "__name__", type(update).__name__)
+
+
+__all__ = ["HotKeys"]

@@ -1,0 +1,116 @@
+"""The routing operator F of an epoch: who owns what, and which state moves where.
+
+Engine-agnostic: from the routing table and the last commit it derives, for epoch ``e``, the
+bins each worker installs, the bins each old owner ships and to whom, the bins left behind
+by the previous epoch's moves that their old owners now delete, and the workers that run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from megaphone.migrator.statedir.commit import Commit, StreamPosition
+from megaphone.migrator.statedir.directory import StateDir
+from megaphone.migrator.task.spec import EpochSpec
+from megaphone.plans.hot_keys import HeavyHitters
+from megaphone.records import WorkerMetrics
+from megaphone.routing.table import Move, RoutingTable
+
+
+@dataclass(frozen=True)
+class EpochLayout:
+    """Where state is and goes at one epoch (see the module docstring)."""
+
+    epoch: int
+    version: int
+    moves: tuple[Move, ...]
+    live: frozenset[int]
+    incoming: dict[int, tuple[int, ...]]
+    outgoing: dict[int, tuple[tuple[int, int], ...]]
+    drops: dict[int, tuple[int, ...]]
+    partitions: int
+
+
+def epoch_layout(
+    table: RoutingTable, commit: Commit, epoch: int, existing_workers: Iterable[int]
+) -> EpochLayout:
+    """The layout of ``epoch``: moves from the committed state version to the one in force.
+
+    ``existing_workers`` are the workers that have state on disk: they get a partition too, so
+    a worker left without bins can release its storage.
+    """
+    version = table.version_at(epoch)
+    moves = tuple(table.moves_between(commit.state_version, version))
+    live = frozenset(int(w) for w in set(table.owners(epoch).tolist()))
+    incoming: dict[int, list[int]] = {}
+    outgoing: dict[int, list[tuple[int, int]]] = {}
+    for m in moves:
+        incoming.setdefault(m.dst, []).append(m.bin)
+        outgoing.setdefault(m.src, []).append((m.bin, m.dst))
+    drops: dict[int, list[int]] = {}
+    for b, w in commit.pending_drops:
+        drops.setdefault(w, []).append(b)
+    involved = set(live) | set(incoming) | set(outgoing) | set(drops) | set(existing_workers)
+    return EpochLayout(
+        epoch=epoch,
+        version=version,
+        moves=moves,
+        live=live,
+        incoming={w: tuple(b) for w, b in incoming.items()},
+        outgoing={w: tuple(p) for w, p in outgoing.items()},
+        drops={w: tuple(b) for w, b in drops.items()},
+        partitions=max(involved) + 1,
+    )
+
+
+def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: RoutingTable,
+               **fields: Any) -> EpochSpec:
+    """The one builder of an epoch's task spec, live and offline: what the layout and the
+    last commit decide (what each worker installs, ships and drops, what the commit left
+    behind), the state directory's identity, and the caller's ``fields`` (the update, the
+    shuffle, a group's labels...)."""
+    fp = state.fingerprint
+    return EpochSpec(
+        epoch=layout.epoch, incoming=layout.incoming, outgoing=layout.outgoing,
+        drops=layout.drops, live=layout.live, committed_tokens=commit.worker_tokens(),
+        committed_owners=frozenset(table.workers(commit.epoch)) if commit.epoch >= 0
+        else frozenset(),
+        state_dir=str(state.path.absolute()), backend=state.manifest["backend"],
+        key_type=fp.key_type, num_bins=fp.num_bins, pipeline_id=fp.pipeline_id, **fields)
+
+
+def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[str, Any]],
+                  per_worker: Mapping[int, WorkerMetrics], before: Commit) -> Commit:
+    """The driver's commit record of the epoch: its routing version, the bins its old owners
+    drop next, the stream's position, the plans in flight, each worker's attempt token, the
+    largest event time so far (``before``'s, or a larger one the workers saw), the last
+    epoch label (``before``'s; a group sets its epochs' own) and the hot keys so far
+    (:func:`hot_summary`)."""
+    times = [m.max_event_time for m in per_worker.values() if m.max_event_time is not None]
+    if before.max_event_time is not None:
+        times.append(before.max_event_time)
+    return Commit(epoch=layout.epoch, state_version=layout.version,
+                  pending_drops=[[m.bin, m.src] for m in layout.moves], stream=stream,
+                  plans=plans, tokens={str(w): m.token for w, m in per_worker.items()
+                                       if m.token},
+                  max_event_time=max(times) if times else None, label=before.label,
+                  hot=hot_summary(before.hot, per_worker))
+
+
+def epoch_hot_keys(per_worker: Mapping[int, WorkerMetrics]) -> HeavyHitters | None:
+    """The epoch's heaviest keys: the workers' summaries merged (``None`` if no worker
+    reported one: hot keys are not watched)."""
+    sketches = [HeavyHitters.from_json(m.hot) for m in per_worker.values() if m.hot]
+    return HeavyHitters.merge(sketches) if sketches else None
+
+
+def hot_summary(before: dict[str, Any], per_worker: Mapping[int, WorkerMetrics]
+                ) -> dict[str, Any]:
+    """The committed hot-key summary after an epoch: ``before``'s moved toward the workers'
+    summaries of the epoch (:func:`epoch_hot_keys`), or ``before`` unchanged if none."""
+    epoch = epoch_hot_keys(per_worker)
+    if epoch is None:
+        return before
+    return (HeavyHitters.from_json(before).smoothed(epoch) if before else epoch).to_json()

@@ -1,0 +1,374 @@
+"""A run of G >= 1 consecutive epochs as one Spark job, in named phases that are timed and can
+be crash-tested. One epoch is a group of one (G = 1); a batch run by its epoch column runs its
+labels in groups (Drizzle's group scheduling; docs/groups.md).
+
+``admit`` (take plans handed over, ask adaptive policies, save the routing; the steps due at
+the group's first epoch may end the group early:
+:meth:`~megaphone.plans.plan_queue.PlanQueue.group_end`) → ``layout`` (the routing operator F:
+who owns, ships and installs what; only the first epoch moves bins) → ``submit`` (build the
+job over the records of every epoch, each carrying its label in a group) → ``collect`` (run it:
+exports, shuffle, every worker's install, then each epoch applied and committed in order; the
+outputs and metrics come back in the job's results; the job is run again if the store service
+died under it) → ``commit`` (per epoch, in order: its outputs kept for replay, then the
+driver's commit record, the epoch's commit point; a crash between two leaves the driver at
+the last one written, and recovery rolls workers back to it) → ``cleanup`` (old outputs).
+The workers' phases ``export``, ``install`` and ``apply`` run inside ``collect``. Each phase's
+seconds go to the epochs' metrics (``phases_s``, shared evenly in a group), its wall-clock span
+to the SnailTrail trace (:mod:`megaphone.migrator.trace`, with the workers' marks), and each
+phase is a crash-injection point of the same name (:mod:`megaphone.migrator.statedir.faults`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from megaphone.migrator.epoch.routing_operator import (
+    EpochLayout,
+    commit_record,
+    epoch_layout,
+    epoch_spec,
+)
+from megaphone.migrator.epoch.schemas import arrow_type
+from megaphone.migrator.epoch.spark_job import (
+    EpochResults,
+    epoch_job,
+    epoch_metrics,
+    run_job,
+    split_group_results,
+    split_results,
+)
+from megaphone.migrator.epoch.state_holder import POLICY_HISTORY
+from megaphone.migrator.statedir.commit import Commit, StreamPosition
+from megaphone.migrator.statedir.directory import StateDir
+from megaphone.migrator.statedir.faults import crash_point
+from megaphone.migrator.statedir.inbox import take_plans
+from megaphone.migrator.task.columns import LABEL
+from megaphone.migrator.task.spec import EpochSpec, shuffle_schema, with_labels
+from megaphone.migrator.task.updates import Update
+from megaphone.migrator.trace import epoch_trace, take_marks, trace_enabled
+from megaphone.operators.process import watermark
+from megaphone.plans.plan_queue import PlanQueue, PolicyInputs
+from megaphone.records import EpochMetrics, WorkerMetrics
+from megaphone.spark import check_python_workers, task_slots
+
+if TYPE_CHECKING:
+    from megaphone.migrator.epoch.driver import EpochDriver
+
+#: The driver's phases of an epoch, in order.
+DRIVER_PHASES = ("admit", "layout", "submit", "collect", "commit", "cleanup")
+#: The workers' phases, inside ``collect``.
+WORKER_PHASES = ("export", "receive", "install", "apply")
+#: Every phase name: crash points and timings use these.
+PHASES = DRIVER_PHASES + WORKER_PHASES
+#: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
+LOAD_SMOOTHING = 0.3
+
+#: Writes an epoch's outputs file while the driver writes its commit record.
+_WRITER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix="megaphone-outputs")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A batch admitted to an epoch: its record columns and update, and the pipeline's state
+    directory, plan queue and last commit (the state directory is created on first use)."""
+
+    columns: dict[str, Column]
+    update: Update
+    state: StateDir
+    queue: PlanQueue
+    committed: Commit
+
+
+@dataclass(frozen=True)
+class EpochSource:
+    """The epochs still to run from one batch. Without an epoch ``column``: one epoch of the
+    whole ``batch``. With one: the ``labels`` left in order and, per label, the largest event
+    time of its records (``None`` where none, or without event time). ``stream`` is the
+    micro-batch's stream position so far, for a stream's batch (each epoch's commit adds
+    itself to it), and ``keep_from`` the batch's first epoch: its kept outputs are not pruned
+    before the batch is done (a replay reads them)."""
+
+    batch: DataFrame
+    column: str | None = None
+    labels: tuple[int, ...] = ()
+    max_event_times: tuple[int | None, ...] = ()
+    stream: StreamPosition | None = None
+    keep_from: int | None = None
+
+    @property
+    def count(self) -> int:
+        """Epochs left in the source."""
+        return len(self.labels) if self.column is not None else 1
+
+
+class EpochRun:
+    """Runs the next group of at most ``limit`` epochs of ``source`` after the last commit of
+    ``driver``'s pipeline through :data:`DRIVER_PHASES` (call :meth:`run` once; :attr:`size`
+    epochs ran). The run does the work of its epochs itself (admission, task spec, commits,
+    metrics) and reads of its driver only what epochs keep from one to the next."""
+
+    def __init__(self, driver: EpochDriver, source: EpochSource, limit: int,
+                 input_end: float | None) -> None:
+        self.driver = driver
+        self.holder = driver.holder
+        self.epoch = self.holder.epoch + 1
+        self.source = source
+        self.limit = max(1, min(limit, source.count))
+        self.input_end = input_end
+        #: Epochs in the group (known after ``admit``).
+        self.size = 0
+        self.phases: dict[str, float] = {}
+        #: Each phase's wall-clock ``(start, end)``, for the trace.
+        self.spans: dict[str, tuple[float, float]] = {}
+        #: Runs of the group's job (more than one when it failed for a retryable reason).
+        self.attempts = 0
+        #: The metrics records of the group's epochs, once committed.
+        self.records: list[EpochMetrics] = []
+        self._marks: dict[int, WorkerMetrics] = {}
+
+    @property
+    def last(self) -> int:
+        """The group's last epoch."""
+        return self.epoch + max(self.size, 1) - 1
+
+    @property
+    def grouped(self) -> bool:
+        """True when the epochs run by their label (a batch's epoch column)."""
+        return self.source.column is not None
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time phase ``name`` into :attr:`phases` and pass its crash point at its end."""
+        started, wall = time.perf_counter(), time.time()
+        yield
+        self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - started
+        self.spans[name] = (self.spans.get(name, (wall, 0.0))[0], time.time())
+        if name != "commit":  # the commit's crash point is inside its write (before rename)
+            crash_point(name, self.epoch, self.holder.local_dir)
+
+    def run(self, before_commit: Callable[[pa.Table], None] | None = None) -> list[pa.Table]:
+        """Run the group end to end; each epoch's outputs, in order. ``before_commit(outputs)``
+        is called with the first epoch's outputs before any commit point (where a JVM call
+        may still fail and leave nothing committed). A failure before the group's last commit
+        point leaves the holder to roll its workers back. Before the pipeline's first epoch, the
+        session's Python workers are checked once (:func:`~megaphone.spark.check_python_workers`):
+        workers that cannot run megaphone fail the run before it changes anything."""
+        check_python_workers(self.driver.spark)
+        try:
+            return self._run(before_commit)
+        except BaseException:
+            self.holder.failed(self.last)
+            raise
+
+    def _run(self, before_commit: Callable[[pa.Table], None] | None) -> list[pa.Table]:
+        driver, holder, epoch = self.driver, self.holder, self.epoch
+        started = time.time()
+        with self.phase("admit"):
+            admitted = self._admit()  # creates the state dir on first use
+            state, queue = admitted.state, admitted.queue
+            take_plans(state, holder.submit_plan)  # plans posted by `megaphone migrate`
+            lag = max(0.0, started - self.input_end) if self.input_end is not None else 0.0
+            with queue.lock:
+                # saved before the job, so a re-run routes alike
+                if queue.steps_due(epoch, self._policy_inputs(lag)):
+                    queue.table.save(state.routing_path)
+                self.size = queue.group_end(epoch, epoch + self.limit - 1,
+                                            driver.groups.adaptive) - epoch + 1
+        labels = self.source.labels[:self.size]
+        with self.phase("layout"):
+            with queue.lock:
+                layout = epoch_layout(queue.table, admitted.committed, epoch,
+                                      holder.stateful_workers())
+            spec = self._spec(admitted, layout, labels)
+        with self.phase("submit"):
+            columns, rows = admitted.columns, self.source.batch
+            if self.source.column is not None:
+                label = F.col(self.source.column)
+                columns = {**columns, LABEL: label.cast("long")}
+                rows = rows.where(label.between(labels[0], labels[-1]))
+            map_side = driver.map_sides.get(layout.version, columns, spec,
+                                            lambda: queue.table.owners(epoch))
+            job = functools.partial(epoch_job, driver.spark, rows, map_side, spec,
+                                    layout.partitions)
+            first = job()
+        with self.phase("collect"):
+            table, self.attempts = run_job(first, job, epoch)
+            results = split_group_results(table, range(epoch, epoch + self.size)) \
+                if self.grouped else [split_results(table)]
+            if before_commit is not None:
+                before_commit(results[0].outputs)
+        finished = time.time()
+        with self.phase("commit"):
+            self._commit_all(admitted, layout, results, labels, (started, finished))
+        with self.phase("cleanup"):
+            keep = self.last - holder.config.keep_outputs + 1
+            state.prune_outputs(keep if self.source.keep_from is None
+                                else min(keep, self.source.keep_from))
+        trace = epoch_trace(epoch, self.spans, self._marks, layout.outgoing, layout.incoming) \
+            if trace_enabled() else None
+        if trace is not None:  # the group's phases with its first epoch's workers' marks
+            state.traces.append(trace)
+        share = {name: seconds / self.size for name, seconds in self.phases.items()}
+        for record in self.records:
+            record.job_attempts = self.attempts
+            record.phases_s = dict(share)
+            state.append_metrics(record.to_dict())  # a crash before it loses the line only
+            holder.metrics.append(record)
+            if trace is not None and not self.grouped:  # a group's trace is for `megaphone
+                holder.traces.append(trace)  # explain`, not policies (they read an epoch's)
+        return [r.outputs for r in results]
+
+    def _admit(self) -> Admission:
+        """Check the batch against the pipeline: its record columns (``key``, and ``value``
+        and ``_t`` where used) and update; creates the state dir on first use."""
+        holder, schema, batch = self.holder, self.driver.schema, self.source.batch
+        key_type, value_type = schema.batch_types(batch.schema)
+        update = schema.update(holder.manifest, value_type)
+        columns = schema.record_columns(key_type, update)
+        if holder.state is None:
+            if holder.key_type not in (None, key_type):
+                raise TypeError(f"key column {schema.key!r} is {key_type}, expected "
+                                f"{holder.key_type}")
+            holder.create(key_type)
+        elif key_type != holder.key_type:
+            raise TypeError(f"key column {schema.key!r} holds {key_type} keys but the "
+                            f"pipeline's keys are {holder.key_type}")
+        state = holder.state_dir
+        if value_type is not None and update.is_builtin and \
+                state.manifest.get("value_kind") is None:
+            state.set_manifest("value_kind", update.value_kind)  # fixed from now on
+        if update.is_process and value_type is not None:
+            stored = state.manifest.get("value_type")
+            if stored is None:
+                state.set_manifest("value_type", value_type.json())
+            elif T._parse_datatype_json_string(stored) != value_type:
+                theirs = T._parse_datatype_json_string(stored).simpleString()
+                raise TypeError(f"value column {schema.value!r} is "
+                                f"{value_type.simpleString()} but the pipeline's are {theirs}")
+        return Admission(columns, update, state, holder.plans, holder.commit)
+
+    def _policy_inputs(self, lag_s: float) -> PolicyInputs:
+        """What adaptive plans' policies see before the group (metadata only)."""
+        driver, holder = self.driver, self.holder
+        load = driver.bin_load
+
+        def sizes() -> dict[int, int]:
+            return dict(enumerate(holder.bin_sizes().bytes.tolist()))
+
+        def records() -> dict[int, float]:
+            hot = np.flatnonzero(load)
+            return dict(zip(hot.tolist(), load[hot].tolist(), strict=True))
+
+        if driver.task_slots is None:  # asked once
+            driver.task_slots = task_slots(driver.spark)
+        metrics, traces = holder.metrics, holder.traces
+        return PolicyInputs(
+            history=lambda: list(metrics)[-POLICY_HISTORY:], bin_bytes=sizes,
+            bin_records=records, lag_s=lag_s, parallelism=driver.task_slots,
+            traces=lambda: tuple(traces))
+
+    def _spec(self, admitted: Admission, layout: EpochLayout, labels: tuple[int, ...]
+              ) -> EpochSpec:
+        """The metadata every task of the group gets (built by
+        :func:`~megaphone.migrator.epoch.routing_operator.epoch_spec`): for a group by labels
+        its labels, its shuffle's label column and, for an event-time operator, each epoch's
+        watermark (from the largest event time committed and those of the group's earlier
+        epochs: exactly what one job per epoch would use)."""
+        holder, schema, update = self.holder, self.driver.schema, admitted.update
+        config, committed = holder.config, admitted.committed
+        assert holder.key_type is not None  # the batch was admitted
+        key_arrow, value_arrow = schema.arrow_types(holder.key_type, update,
+                                                    self.source.batch.schema)
+        out = schema.outputs(holder.key_type, schema.update(holder.manifest, None))
+        output_schema = pa.schema([(f.name, arrow_type(f.dataType)) for f in out])
+        shuffle = shuffle_schema(key_arrow, value_arrow, config.event_time is not None)
+        fields: dict[str, Any] = {}
+        if update.is_process:
+            owners = holder.routing.owners(layout.epoch)
+            marks, high = [], committed.max_event_time
+            for top in self.source.max_event_times[:len(labels)]:
+                marks.append(watermark(high, update.fn.lateness_us))
+                if top is not None and (high is None or top > high):
+                    high = top
+            fields = {"watermark": watermark(committed.max_event_time, update.fn.lateness_us),
+                      "owned": {int(w): tuple(np.flatnonzero(owners == w).tolist())
+                                for w in np.unique(owners)},
+                      "watermarks": tuple(marks)}
+        if self.grouped:
+            fields.update(labels=tuple(labels), shuffle_schema=with_labels(shuffle))
+        return epoch_spec(
+            holder.state_dir, layout, committed, holder.routing,
+            update=update,
+            output_schema=output_schema,
+            chunk_bytes=config.chunk_bytes,
+            transfer=config.transfer,
+            has_event_time=config.event_time is not None,
+            shuffle_schema=fields.pop("shuffle_schema", shuffle),
+            local_dir=holder.local_dir,
+            run_id=holder.run_id,
+            checkpoint=config.checkpoint,
+            snapshot_every=config.snapshot_every,
+            **fields,
+            **self.driver.hot.spec_fields(update, layout, self.driver.task_slots or 1),
+        )
+
+    def _commit_all(self, admitted: Admission, layout: EpochLayout, results: list[EpochResults],
+                    labels: tuple[int, ...], span: tuple[float, float]) -> None:
+        """Commit the group's epochs in order: each one's outputs kept (written in parallel
+        with its commit record: their fsyncs overlap), then its commit record. Bins that moved
+        at the first epoch stay pending drops until the next group's first epoch (a retried
+        group job may export them again)."""
+        started, finished = span
+        state, queue, before = admitted.state, admitted.queue, admitted.committed
+        load = self.driver.bin_load
+        stream = self.source.stream
+        for i, result in enumerate(results):
+            epoch = self.epoch + i
+            at = layout if i == 0 else dataclasses.replace(layout, epoch=epoch)
+            if stream is not None and self.grouped:  # the epoch is one of the batch's epochs
+                stream = stream.with_epoch(epoch)
+            report = epoch_metrics(at, started, finished, result,
+                                   stream.batch_id if stream is not None else None)
+            record = report.record
+            marks = take_marks(record)  # for the trace (the first epoch's), not the metrics
+            if i:
+                record.bins_moved = 0  # the group's moves happened at its first epoch
+            else:
+                self._marks = marks
+            if self.grouped:
+                record.group, record.group_size, record.label = self.epoch, self.size, labels[i]
+            record.duration_s = (finished - started) / self.size
+            counts = np.bincount(result.load_bins, weights=result.load_counts,
+                                 minlength=len(load))  # the driver's smoothed per-bin load
+            load *= 1.0 - LOAD_SMOOTHING
+            load += LOAD_SMOOTHING * counts
+            if self.input_end is not None and record.latency_s is None:
+                record.latency_s = finished - self.input_end
+            kept = _WRITER.submit(state.write_outputs, epoch, result.outputs)
+            try:
+                with queue.lock:
+                    queue.committed(epoch, report.bytes_by_bin)
+                    commit = commit_record(at, before.stream if stream is None else stream,
+                                           queue.to_list(), record.per_worker, before)
+                    if self.grouped:
+                        commit.label = labels[i]
+                    state.write_commit(commit, after=kept.result)  # the epoch's commit point
+                    self.holder.commit = commit
+            finally:
+                concurrent.futures.wait([kept])
+            before = commit
+            self.records.append(record)

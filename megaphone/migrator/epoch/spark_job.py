@@ -1,0 +1,314 @@
+"""The Spark side of an epoch: one job that routes records, ships moving state and applies.
+
+Map stage: records get their bin in the JVM (``xxhash64``) and their worker from the routing
+version in force (:func:`owner_column`); the old owners of moving bins export them
+(:func:`~megaphone.migrator.task.state_operator.export_worker`). One shuffle (``repartitionById``)
+brings both to partition ``w`` = worker ``w``, where
+:func:`~megaphone.migrator.task.state_operator.apply_worker` installs the state and then applies
+the records. Each worker returns its outputs and rows of reports
+(:func:`~megaphone.migrator.task.state_operator.result_schema`): results travel in the job, not
+through a shared filesystem.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import TaskContext
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
+
+from megaphone.migrator.epoch.routing_operator import EpochLayout, epoch_hot_keys
+from megaphone.migrator.task.columns import (
+    BIN,
+    KEY,
+    LOAD_BINS,
+    LOAD_COUNTS,
+    OUT_EPOCH,
+    REPORT,
+    RESULT_COLUMNS,
+    WORKER,
+)
+from megaphone.migrator.task.hot_split import fold_partials, pass_and_fold
+from megaphone.migrator.task.spec import EpochSpec
+from megaphone.migrator.task.state_operator import apply_worker, export_worker, result_schema
+from megaphone.migrator.task.updates import UpdateError
+from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
+from megaphone.routing.bins import bin_column
+
+log = logging.getLogger("megaphone.epoch")
+
+#: Runs of an epoch's job before its error is raised, when it failed for a reason in
+#: :data:`RETRYABLE`.
+JOB_ATTEMPTS = 3
+#: Failures an epoch's job is run again for (it is idempotent: workers that committed replay
+#: their outputs, the others apply): the store service failed, or Spark lost an executor after
+#: some result tasks had finished and cannot rerun only the lost part of a Python map stage
+#: ("indeterminate output").
+RETRYABLE = ("StoreUnavailable", "LeaseLost", "A shuffle map stage with indeterminate output")
+
+
+def retryable(error_text: str) -> bool:
+    """Whether a failed epoch job (its Spark error's text) is run again."""
+    return any(mark in error_text for mark in RETRYABLE)
+
+
+def owner_column(owners: np.ndarray, bin_: Column) -> Column:
+    """The worker of bin ``bin_`` under one routing version, as a Spark expression.
+
+    The owners are one string literal split into an ``array<int>``, which Spark's optimizer
+    folds into a constant: a lookup per record, with no broadcast join (and no extra job) per
+    epoch, and one expression however many bins there are. (For local input too: a pipeline
+    turns off the rule that would compute it row by row before folding,
+    :data:`~megaphone.spark.LOCAL_RELATION_RULE`.)
+    """
+    text = ",".join(str(int(w)) for w in owners)
+    table = F.split(F.lit(text), ",").cast("array<int>")
+    return F.element_at(table, bin_ + 1)
+
+
+@dataclass(frozen=True)
+class MapSide:
+    """The map side of an epoch's job under one routing version: the records' shuffle columns
+    (``select``) and the worker column to partition them by (``worker``)."""
+
+    select: list[Column]
+    worker: Column
+
+
+def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSpec) -> MapSide:
+    """The map side of an epoch (:class:`MapSide`).
+
+    ``columns`` are the batch's record columns by name (``key`` and, where used, ``value``,
+    ``_t``: :mod:`~megaphone.migrator.task.columns`); ``owners`` the routing version's worker of
+    every bin. Every call costs the driver a few hundred JVM calls, so the pipeline keeps the
+    result for as long as the routing version holds (:class:`MapSides`). A null key is a key
+    of its own, as in ``groupBy``: ``xxhash64`` of null is its seed, so it lives in bin 0.
+    """
+    shuffle = spec.shuffle_schema
+    assert shuffle is not None
+    key = columns[KEY]
+    bin_ = bin_column(key, spec.num_bins, spec.key_type)
+    exprs = []
+    for f in shuffle:
+        if f.name == BIN:
+            exprs.append(bin_.alias(BIN))
+        elif f.name == WORKER:
+            exprs.append(owner_column(owners, bin_).alias(WORKER))
+        elif f.name in columns:
+            exprs.append(columns[f.name].alias(f.name))
+        else:
+            exprs.append(F.lit(None).cast(from_arrow_type(f.type)).alias(f.name))
+    return MapSide(select=exprs, worker=F.col(WORKER))
+
+
+class MapSides:
+    """The map side of the last epoch's job, kept while its routing version, shuffle schema and
+    record columns hold: building one costs the driver a few hundred JVM calls."""
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple, MapSide] | None = None
+
+    def get(self, version: int, columns: dict[str, Column], spec: EpochSpec,
+            owners: Callable[[], np.ndarray]) -> MapSide:
+        """The map side for routing ``version`` (whose ``owners()`` are asked on a miss)."""
+        shape = (version, spec.shuffle_schema, tuple(columns))
+        if self._last is None or self._last[0] != shape:
+            self._last = (shape, map_projection(columns, owners(), spec))
+        return self._last[1]
+
+
+def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: EpochSpec,
+              partitions: int) -> DataFrame:
+    """The epoch's job; collecting it runs the epoch and yields its outputs and reports
+    (:func:`split_results`).
+
+    The map side is one projection (:func:`map_projection`), since each DataFrame operation
+    costs the driver an analysis.
+    """
+    shuffle = spec.shuffle_schema
+    assert shuffle is not None
+    routed = batch.select(*map_side.select)
+    spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
+                                  for f in shuffle])
+    if spec.split_keys:  # in a group, per key and epoch label
+        routed = split_hot(routed, spec, spark_shuffle)
+    senders = sorted(spec.outgoing)
+    if senders:
+        exports = spark.range(0, len(senders), 1, len(senders)).mapInArrow(
+            functools.partial(_export_task, spec, senders), spark_shuffle)
+        routed = routed.unionByName(exports)
+    results = from_arrow_schema(result_schema(spec.output_schema, spec.grouped))
+    return routed.repartitionById(partitions, map_side.worker).mapInArrow(
+        functools.partial(_apply_task, spec), results)
+
+
+def split_hot(routed: DataFrame, spec: EpochSpec, schema: T.StructType) -> DataFrame:
+    """Dual mode (docs/hot-keys.md): the records of ``spec.split_keys`` are folded into one
+    partial row per key and lessee task, shuffled to the key's owner with the other records.
+    The lessees are the input's partitions, each passing other keys' records on in the same
+    pass (:func:`~megaphone.migrator.task.hot_split.pass_and_fold`: no extra stage), or
+    ``spec.lessees`` tasks the split keys' records are spread over round-robin
+    (:func:`~megaphone.migrator.task.hot_split.fold_partials`). The null key is never split
+    (``isin`` is null for it: kept cold)."""
+    if spec.lessees is None:  # each input partition folds its own: one pass, no extra stage
+        return routed.mapInArrow(functools.partial(_pass_fold_task, spec), schema)
+    hot = F.col(KEY).isin(list(spec.split_keys))
+    cold = routed.filter(~F.coalesce(hot, F.lit(False)))
+    lessees = routed.filter(hot).repartition(spec.lessees)
+    partials = lessees.mapInArrow(functools.partial(_fold_task, spec), schema)
+    return cold.unionByName(partials)
+
+
+# The tasks' functions are module-level and bound with ``functools.partial``: Spark pickles
+# them by reference plus the spec, cheaper on the driver than a closure pickled by value.
+
+def _export_task(spec: EpochSpec, senders: list[int], batches: Iterator[pa.RecordBatch]
+                 ) -> Iterator[pa.RecordBatch]:
+    """An export task: ships the moving bins of the senders whose indexes it is given."""
+    for batch in batches:
+        for i in batch.column("id").to_pylist():
+            yield from export_worker(spec, senders[i], spec.shuffle_schema)
+
+
+def _fold_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A lessee task: its records of the split keys folded into partial rows."""
+    yield from fold_partials(spec, batches)
+
+
+def _pass_fold_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]
+                    ) -> Iterator[pa.RecordBatch]:
+    """A map task that is its own lessee: other keys' records pass, split keys' are folded."""
+    yield from pass_and_fold(spec, batches)
+
+
+def _apply_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A worker's task: partition ``w`` of the shuffle is worker ``w``."""
+    worker = TaskContext.get().partitionId()
+    yield from apply_worker(spec, worker, _checked(batches, worker))
+
+
+def run_job(job: DataFrame, rebuild: Callable[[], DataFrame], epoch: int
+            ) -> tuple[pa.Table, int]:
+    """Run an epoch's ``job`` (the first of ``epoch``'s group): its results and how many runs
+    it took; run again (``rebuild()``: a rerun is a new DataFrame, as adaptive execution keeps
+    a failed stage's error in the old one's plan) if it failed for a :data:`RETRYABLE` reason
+    (the epoch is idempotent: workers that committed replay their outputs, the others apply).
+    A general update that failed on a key is raised as its :class:`UpdateError`, not as the
+    Spark error that carried it (kept in its ``__context__``)."""
+    attempts = 0
+    while True:
+        attempts += 1
+        if attempts > 1:
+            job = rebuild()
+        try:
+            return job.toArrow(), attempts
+        except Exception as exc:
+            text = str(exc)
+            failed = UpdateError.from_text(text)
+            if failed is not None:
+                raise failed from None
+            if attempts >= JOB_ATTEMPTS or not retryable(text):
+                raise
+            log.warning("epoch %d: its job failed (%s); running it again (attempt %d)",
+                        epoch, text.splitlines()[0][:200], attempts + 1)
+
+
+@dataclass(frozen=True)
+class EpochResults:
+    """What an epoch's job brings back: its ``outputs``, every task's :class:`WorkerReport`,
+    and the records the workers applied per bin (``load_bins``, ``load_counts``: bins may
+    repeat, one entry per worker that had records of them)."""
+
+    outputs: pa.Table
+    reports: list[WorkerReport]
+    load_bins: np.ndarray
+    load_counts: np.ndarray
+
+
+def split_results(table: pa.Table) -> EpochResults:
+    """The epoch's outputs and reports, from the collected job results."""
+    is_report = pc.is_valid(table.column(REPORT))
+    rows = table.filter(is_report)
+    reports = [WorkerReport.from_json(text) for text in rows.column(REPORT).to_pylist()]
+    bins, counts = (pc.list_flatten(rows.column(name)).to_numpy()
+                    for name in (LOAD_BINS, LOAD_COUNTS))
+    outputs = table.filter(pc.invert(is_report)).drop_columns(
+        [c for c in RESULT_COLUMNS if c in table.column_names])
+    return EpochResults(outputs.combine_chunks(), reports, bins, counts)
+
+
+def split_group_results(table: pa.Table, epochs: range) -> list[EpochResults]:
+    """Each epoch's outputs and reports (:func:`split_results`), from a group job's results
+    (their rows name their epoch)."""
+    tags = table.column(OUT_EPOCH)
+    return [split_results(table.filter(pc.equal(tags, pa.scalar(e, pa.int64()))))
+            for e in epochs]
+
+
+def _checked(batches: Iterator[pa.RecordBatch], worker: int) -> Iterator[pa.RecordBatch]:
+    """Pass batches through, failing loudly if a row of another worker reached this partition."""
+    for batch in batches:
+        if batch.num_rows:
+            lo, hi = pc.min_max(batch.column(WORKER)).values()
+            if lo.as_py() != worker or hi.as_py() != worker:
+                raise RuntimeError(
+                    f"partition {worker} received rows of worker {lo}..{hi}: Spark merged "
+                    "partitions; set spark.sql.adaptive.coalescePartitions.enabled=false"
+                )
+        yield batch
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """An epoch's metrics ``record``, and beside it what only the driver uses: the bytes
+    shipped per moved bin (``bytes_by_bin``, plan progress)."""
+
+    record: EpochMetrics
+    bytes_by_bin: dict[int, int]
+
+
+def epoch_metrics(layout: EpochLayout, started: float, finished: float,
+                  results: EpochResults, batch_id: int | None) -> EpochReport:
+    """One epoch's metrics record from the workers' and the exporters' reports."""
+    per_worker: dict[int, WorkerMetrics] = {}
+    bytes_by_bin: dict[int, int] = {}
+    for report in results.reports:
+        bytes_by_bin.update(report.bytes_by_bin)
+        if report.worker in per_worker:
+            per_worker[report.worker].merge(report.metrics)
+        else:
+            per_worker[report.worker] = report.metrics
+    event_times = [m.max_event_time for m in per_worker.values()
+                   if m.max_event_time is not None]
+    record = EpochMetrics(
+        epoch=layout.epoch,
+        batch_id=batch_id,
+        started=started,
+        finished=finished,
+        duration_s=finished - started,
+        latency_s=finished - max(event_times) / 1e6 if event_times else None,
+        routing_version=layout.version,
+        workers=len(layout.live),
+        bins_moved=len(layout.moves),
+        bytes_moved=sum(bytes_by_bin.values()),
+        per_worker=dict(sorted(per_worker.items())),
+    )
+    record.records_in = int(record.total("records_in"))
+    record.records_out = int(record.total("records_out"))
+    record.null_keys = int(record.total("null_keys"))
+    record.late_records = int(record.total("late_records"))
+    record.keys_moved = int(record.total("keys_in"))
+    record.split_records = int(record.total("split_records"))
+    hot = epoch_hot_keys(per_worker)
+    if hot is not None:
+        record.hot_keys = [list(c) for c in hot.counters]
+    return EpochReport(record, bytes_by_bin)

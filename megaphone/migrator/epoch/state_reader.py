@@ -1,0 +1,192 @@
+"""Read a pipeline's whole state as a Spark DataFrame, one task per worker, read-only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from megaphone.migrator.epoch.schemas import arrow_type
+from megaphone.migrator.statedir.directory import StateDir
+from megaphone.paths import StateDirPaths, local_worker_path
+from megaphone.plans.planner import BinSizes
+from megaphone.records import EpochMetrics
+from megaphone.state_backends import DEFAULT_CHUNK_BYTES, open_backend
+from megaphone.state_backends.encoding import (
+    decode_int_keys,
+    decode_keys,
+    unpack_ints,
+    unpack_values,
+)
+from megaphone.state_backends.kv_batches import kv_columns
+from megaphone.state_backends.remote import DurableSpec, RemoteStore
+from megaphone.state_backends.timer_keys import without_timers
+
+
+def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, owners: np.ndarray,
+               schema: T.StructType, decoded: bool, durable: DurableRead | None = None
+               ) -> DataFrame:
+    """The ``(key, state)`` of every bin at its owner in ``owners`` (one routing version).
+
+    ``decoded``: the values are plain numbers (built-in aggregations); otherwise they are
+    returned as msgpack bytes. Only the owners' bins are read, never stale copies. With a
+    ``durable`` copy, each owner's state is read through its host's store service, which
+    first restores a working copy that is missing or behind the committed epoch.
+    """
+    num_bins = len(owners)
+    workers = sorted({int(w) for w in owners})
+    bins_of = {w: np.flatnonzero(owners == w).tolist() for w in workers}
+    arrow_schema = pa.schema([(f.name, arrow_type(f.dataType)) for f in schema])
+    paths = StateDirPaths(root)
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for w in batch.column("id").to_pylist():
+                path = paths.worker(w)
+                if durable is not None:
+                    store = durable.store(w, backend, key_type, num_bins)
+                    for chunk in store.export(bins_of[w], DEFAULT_CHUNK_BYTES, durable.epoch,
+                                              durable.epoch + 1, durable.run):
+                        k, v = kv_columns(chunk)
+                        yield _batch(arrow_schema, key_type, k, v, decoded)
+                    continue
+                if not path.exists():
+                    continue
+                state = open_backend(backend, path, key_type, num_bins, read_only=True)
+                try:
+                    for chunk in state.export_bins(bins_of[w]):
+                        k, v = kv_columns(chunk)
+                        yield _batch(arrow_schema, key_type, k, v, decoded)
+                finally:
+                    state.close()
+
+    ids = spark.createDataFrame([(w,) for w in workers], "id long")
+    return ids.repartition(max(1, len(workers))).mapInArrow(read, schema)
+
+
+@dataclass(frozen=True)
+class DurableRead:
+    """How a read reaches a pipeline with a checkpoint location: its store services'
+    directory, the checkpoint, its snapshot interval, the committed epoch to read, the
+    pipeline, the driver's run (what another run applied past the commit is rolled back)
+    and the tokens of the workers' attempts the commit took."""
+
+    local_dir: str
+    uri: str
+    snapshot_every: int
+    epoch: int
+    pipeline_id: str
+    run: str
+    committed_tokens: dict[int, str]
+
+    def store(self, worker: int, backend: str, key_type: str, num_bins: int) -> RemoteStore:
+        """Worker ``worker``'s working copy on this host, through its store service."""
+        path = local_worker_path(self.local_dir, self.pipeline_id, worker)
+        return RemoteStore(self.local_dir, str(path), backend, key_type, num_bins, worker,
+                           DurableSpec(self.uri, worker, self.snapshot_every,
+                                       self.committed_tokens.get(worker, "")))
+
+
+def read_bin_stats(spark: SparkSession, durable: DurableRead, backend: str, key_type: str,
+                   owners: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(bin, keys, bytes)`` of every non-empty bin at its owner in ``owners``, read from the
+    working copies on the executors (restored first where missing or behind)."""
+    num_bins = len(owners)
+    workers = sorted({int(w) for w in owners})
+    bins_of = {w: set(np.flatnonzero(owners == w).tolist()) for w in workers}
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for w in batch.column("id").to_pylist():
+                store = durable.store(w, backend, key_type, num_bins)
+                stats = [(b, k, n) for b, k, n in store.stats(durable.epoch, durable.epoch + 1,
+                                                              durable.run) if b in bins_of[w]]
+                yield pa.RecordBatch.from_pylist(
+                    [{"bin": b, "keys": k, "bytes": n} for b, k, n in stats],
+                    schema=pa.schema([("bin", pa.int64()), ("keys", pa.int64()),
+                                      ("bytes", pa.int64())]))
+
+    ids = spark.createDataFrame([(w,) for w in workers], "id long")
+    rows = ids.repartition(max(1, len(workers))).mapInArrow(
+        read, "bin long, keys long, bytes long").toArrow()
+    return list(zip(*(rows.column(c).to_pylist() for c in ("bin", "keys", "bytes")),
+                    strict=True))
+
+
+def _batch(schema: pa.Schema, key_type: str, k: pa.Array, v: pa.Array,
+           decoded: bool) -> pa.RecordBatch:
+    """One exported chunk as ``(key, state)`` rows: int keys and int states are decoded
+    without Python objects (others per key); undecoded states stay msgpack bytes. Timer keys
+    are no state rows (and no plain keys): they are left out."""
+    k, v = without_timers(k, v)
+    ints = decode_int_keys(k) if key_type == "int64" else None
+    if ints is not None:
+        keys = pa.array(ints[1], schema.field(0).type)
+    else:
+        _, raw_keys = decode_keys(k.to_pylist(), key_type)
+        keys = pa.array(raw_keys.tolist() if isinstance(raw_keys, np.ndarray) else raw_keys,
+                        schema.field(0).type)
+    if not decoded:
+        values = v.cast(schema.field(1).type)
+    else:
+        nums = unpack_ints(v)
+        values = pa.array(nums if nums is not None else unpack_values(v.to_pylist()),
+                          schema.field(1).type)
+    return pa.RecordBatch.from_arrays([keys, values], schema=schema)
+
+
+def epoch_records(metrics: Iterable[Mapping[str, Any]]) -> tuple[EpochMetrics, ...]:
+    """Stored per-epoch metrics (plain dicts) as records, for planning and policies."""
+    return tuple(m if isinstance(m, EpochMetrics) else EpochMetrics.from_dict(dict(m))
+                 for m in metrics)
+
+
+def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
+    """Per-bin keys and bytes of ``state``, read read-only from every worker's backend.
+
+    A bin's size is taken from its owner under ``owners``; if the owner does not hold it yet
+    (a move not applied to state), from the lowest worker that does. Reading changes no file.
+    """
+    if state.manifest.get("checkpoint") is not None:
+        raise ValueError(
+            f"{state.path} keeps its workers' state on the executors (checkpoint location "
+            f"{state.manifest['checkpoint']}): read bin sizes from the running pipeline "
+            "(Pipeline.bin_sizes, or rescale(pipeline, ...))")
+    fp = state.fingerprint
+    owners = np.asarray(owners)
+    keys = np.zeros(fp.num_bins, np.int64)
+    nbytes = np.zeros(fp.num_bins, np.int64)
+    found = np.zeros(fp.num_bins, bool)
+    kind = state.manifest.get("backend", "rocksdb")
+    per_worker: dict[int, dict[int, Any]] = {}
+    for w in state.worker_ids():
+        backend = open_backend(kind, state.worker_path(w), fp.key_type, fp.num_bins,
+                               read_only=True)
+        try:
+            per_worker[w] = backend.bin_stats()
+        finally:
+            backend.close()
+    for w, stats in per_worker.items():  # owners first
+        for b, s in stats.items():
+            if owners[b] == w:
+                keys[b], nbytes[b], found[b] = s.keys, s.bytes, True
+    for _, stats in sorted(per_worker.items()):
+        for b, s in stats.items():
+            if not found[b]:
+                keys[b], nbytes[b], found[b] = s.keys, s.bytes, True
+    return BinSizes(keys, nbytes)
+
+
+def sizes_from_stats(stats: Iterable[tuple[int, int, int]], num_bins: int) -> BinSizes:
+    """:class:`BinSizes` from ``(bin, keys, bytes)`` rows (the executors' bin statistics)."""
+    keys = np.zeros(num_bins, np.int64)
+    nbytes = np.zeros(num_bins, np.int64)
+    for b, k, n in stats:
+        keys[b], nbytes[b] = k, n
+    return BinSizes(keys=keys, bytes=nbytes)

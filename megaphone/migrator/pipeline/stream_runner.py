@@ -1,0 +1,260 @@
+"""A pipeline's stream runner (:class:`StreamRunner`): its Structured Streaming query, each
+micro-batch run as an epoch by ``foreachBatch`` (or as the epochs of its epoch column) with the
+replay of a batch committed before, and over Spark Connect the hand-off of the pipeline to the
+server and back.
+
+Locally the batch function runs the pipeline's epoch in this process. Over Spark Connect,
+``foreachBatch`` runs its function in a Python process on the server, away from the client that
+holds the pipeline. So that function (:class:`ServerBatch`) carries the pipeline's
+configuration (:class:`~megaphone.migrator.epoch.config.PipelineConfig`), not the pipeline: at
+its first batch it opens the pipeline on the server from the checkpoint location (the driver's
+copy, :mod:`megaphone.migrator.statedir.driver_copy`), in a state directory of its own, and keeps
+it for the query's life. The client's pipeline steps aside while the query runs, and is brought
+forward from the checkpoint when it stops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from megaphone.migrator.epoch.config import PipelineConfig
+from megaphone.migrator.epoch.driver import EpochDriver
+from megaphone.migrator.epoch.groups import concat, frame, labelled
+from megaphone.migrator.epoch.labels import EpochLabels, scan_labels
+from megaphone.migrator.epoch.state_holder import StateHolder
+from megaphone.migrator.statedir.commit import StreamPosition
+from megaphone.paths import driver_state_path
+from megaphone.spark import is_connect
+from megaphone.state_backends.remote import default_local_dir
+
+log = logging.getLogger("megaphone.pipeline")
+
+#: ``sink(outputs, epoch)``: what a stream does with each epoch's outputs.
+Sink = Callable[[DataFrame, int], None]
+#: ``run(batch, batch_id, location) -> (outputs, epoch)``: one micro-batch run as an epoch of
+#: a pipeline (the client's own, or on a Connect server the one opened there, whose metrics are
+#: in the checkpoint when it returns).
+ServeBatch = Callable[[DataFrame, int, str], tuple[DataFrame, int]]
+#: ``open(spark, state_dir, config, epoch_column) -> serve``: opens the pipeline of ``config``
+#: in ``state_dir`` on the server, to run each micro-batch by ``epoch_column`` if not ``None``.
+BatchOpener = Callable[[SparkSession, str, PipelineConfig, str | None], ServeBatch]
+
+#: Pipelines opened by batch functions in this (server-side) process, by query run.
+_OPEN: dict[str, ServeBatch] = {}
+
+
+@dataclass(frozen=True)
+class ServerBatch:
+    """The ``foreachBatch`` function of a pipeline's stream over Spark Connect: runs each
+    micro-batch as an epoch of the pipeline opened on the server by ``open``, then
+    ``sink(outputs, epoch)`` there. ``config`` is the pipeline's configuration, ``epoch_column``
+    start()'s; ``location`` is the query's checkpoint location (a batch id committed before is
+    not applied again)."""
+
+    config: PipelineConfig
+    epoch_column: str | None
+    location: str
+    sink: Callable[[DataFrame, int], None]
+    open: BatchOpener
+    run: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        serve = _OPEN.get(self.run)
+        if serve is None:  # a state directory per query run: an earlier run's may be locked
+            state_dir = driver_state_path(default_local_dir(), self.config.pipeline_id or "",
+                                          self.run)
+            serve = _OPEN[self.run] = self.open(batch.sparkSession, str(state_dir), self.config,
+                                                self.epoch_column)
+        outputs, epoch = serve(batch, batch_id, self.location)
+        self.sink(outputs, epoch)
+
+
+class StreamRunner:
+    """Runs a pipeline (its state ``holder`` and epoch ``driver``) on Structured Streaming: one
+    query at a time, started by :meth:`start`. Over Spark Connect the query's batch function
+    opens the pipeline on the server with ``open_on_server``; meanwhile this side refuses to
+    run epochs (:attr:`on_server`)."""
+
+    def __init__(self, spark: SparkSession, holder: StateHolder, driver: EpochDriver,
+                 local_location: str, open_on_server: BatchOpener) -> None:
+        self.spark = spark
+        self.holder = holder
+        self.driver = driver
+        self.local_location = local_location
+        self.open_on_server = open_on_server
+        #: True while a query started by :meth:`start` is running.
+        self.running = False
+        #: The running query runs this pipeline on a Spark Connect server.
+        self.on_server = False
+        self._query: Any = None
+        self._watcher: threading.Thread | None = None
+
+    def start(self, stream: DataFrame, sink: Sink, trigger: dict[str, Any] | None,
+              checkpoint_location: str | None, epoch_column: str | None) -> Any:
+        """Start the query (:meth:`Pipeline.start`); returns the ``StreamingQuery``. A bad
+        ``epoch_column`` for the stream's schema is refused now, before the query starts."""
+        if epoch_column is None:
+            run_batch: ServeBatch = self.run_batch
+        else:
+            self.driver.labelled_schema(stream.schema, epoch_column)
+            run_batch = functools.partial(self.run_stream_epochs, column=epoch_column)
+        if is_connect(self.spark):
+            location = checkpoint_location
+            config = self.step_aside(location)  # refuses a query without a location
+            assert location is not None
+            on_batch: Sink = ServerBatch(config, epoch_column, location, sink,
+                                         self.open_on_server)
+        else:
+            location = checkpoint_location or self.local_location
+
+            def on_batch(batch_df: DataFrame, batch_id: int) -> None:
+                outputs, epoch = run_batch(batch_df, batch_id, location)
+                sink(outputs, epoch)
+
+        writer = stream.writeStream.foreachBatch(on_batch).option(
+            "checkpointLocation", location
+        )
+        if trigger:
+            writer = writer.trigger(**trigger)
+        self.running = True
+        try:
+            query = writer.start()
+        except BaseException:
+            self.running = False
+            if self.on_server:
+                self.rejoin()
+            raise
+        self._query = query
+        self._watcher = threading.Thread(target=self._watch, args=(query,), daemon=True)
+        self._watcher.start()
+        return query
+
+    def stop(self, timeout: float) -> None:
+        """Stop the query between two epochs (:meth:`Pipeline.stop`): waits up to ``timeout``
+        seconds for the running epoch to commit so Spark does not interrupt it."""
+        query = self._query
+        if query is None:
+            return
+        deadline = time.time() + timeout
+        while query.isActive and query.status.get("isTriggerActive") and time.time() < deadline:
+            time.sleep(0.05)
+        query.stop()
+        self._query = None
+        if self._watcher is not None:  # over Spark Connect it brings the pipeline forward
+            self._watcher.join()
+            self._watcher = None
+
+    def _watch(self, query: Any) -> None:
+        try:
+            query.awaitTermination()
+        except Exception:  # the query's error is the user's to see; we only clear the flag
+            pass
+        finally:
+            try:
+                if self.on_server:
+                    self.rejoin()
+            except Exception:
+                log.exception("the pipeline could not be brought forward from its checkpoint "
+                              "after its stream on the Spark Connect server ended")
+            finally:
+                self.running = False
+
+    def run_batch(self, batch: DataFrame, batch_id: int, location: str
+                  ) -> tuple[DataFrame, int]:
+        """A stream's micro-batch as an epoch: its outputs and epoch; a batch id the stream at
+        ``location`` committed before is not applied again, its stored outputs are read."""
+        holder = self.holder
+        with holder.lock:
+            stream = holder.commit.stream
+            if batch_id <= stream.ran(location):
+                if stream.epochs is not None:  # its outputs are several epochs', by label
+                    raise RuntimeError(f"micro-batch {batch_id} of the stream at {location} "
+                                       "ran by its epoch column: restart it with the same "
+                                       "start(..., epoch_column=)")
+                last = holder.epoch if stream.epoch is None else stream.epoch  # offline ran
+                epoch = last - (stream.ran(location) - batch_id)
+                return self.driver.read_outputs(epoch), epoch
+            _, frame = self.driver.run_one(batch, StreamPosition(location, batch_id),
+                                           want_frame=True)
+            assert frame is not None
+            return frame, holder.epoch
+
+    def run_stream_epochs(self, batch: DataFrame, batch_id: int, location: str, column: str
+                          ) -> tuple[DataFrame, int]:
+        """A stream's micro-batch (``batch_id`` of the query at ``location``) as the epochs of
+        its epoch ``column``'s labels, in groups: all their outputs (each row with its label)
+        and the batch's last epoch. A replayed batch applies only its labels not committed yet;
+        those committed are read from the kept outputs (docs/groups.md)."""
+        holder, driver = self.holder, self.driver
+        schema = driver.labelled_schema(batch.schema, column)
+        with holder.lock:
+            stream = holder.commit.stream
+            last_id = stream.ran(location)
+            again = batch_id <= last_id
+            if again and (batch_id < last_id or stream.epochs is None):
+                raise RuntimeError(
+                    f"micro-batch {batch_id} of the stream at {location} is replayed, but the "
+                    f"pipeline committed micro-batch {last_id}"
+                    + ("" if batch_id < last_id else " without epoch_column")
+                    + ": its epochs' outputs cannot be told apart; restart the query as it ran")
+            label = holder.commit.label
+            found = scan_labels(batch, column, driver.event_times(batch),
+                                None if again else label)
+            done = stream.epoch_list() if again else []
+            if done and (len(done) > len(found.labels) or found.labels[len(done) - 1] != label):
+                raise RuntimeError(
+                    f"micro-batch {batch_id} is replayed with other labels than it ran with "
+                    f"(its {len(done)} committed epochs end at label {label}; the "
+                    f"replay holds {list(found.labels[:len(done)])[-3:]} there): the stream's "
+                    "source must replay a micro-batch alike")
+            tables = [labelled(holder.state_dir.read_outputs(e), column, label)
+                      for e, label in zip(done, found.labels, strict=False)]
+            rest = EpochLabels(found.labels[len(done):], found.max_event_times[len(done):])
+            position = stream if again else StreamPosition(location, batch_id)
+        tables += driver.run_groups(batch, column, rest, None, position)
+        table = concat(tables, schema)
+        last = holder.epoch if rest.labels or not done else done[-1]
+        return frame(self.spark, table, schema), last
+
+    # -- Spark Connect -------------------------------------------------------------------
+
+    def step_aside(self, location: str | None) -> PipelineConfig:
+        """Step aside for a stream over Spark Connect; the configuration the batch function
+        opens the pipeline with on the server (:class:`ServerBatch`):
+        the state directory's, with the server's own ``local_dir``."""
+        config = self.holder.config
+        if config.checkpoint is None or location is None:
+            raise ValueError(
+                "over Spark Connect, start() runs the pipeline on the server: it needs the "
+                "pipeline's checkpoint location (Pipeline(..., checkpoint=URI)) and a "
+                "checkpoint_location for the query, both reachable from the server")
+        self.holder.step_aside()  # the server opens the stores and writes the checkpoint
+        self.on_server = True
+        return dataclasses.replace(config, local_dir=None)
+
+    def serve_batch(self, batch: DataFrame, batch_id: int, location: str,
+                    epoch_column: str | None = None) -> tuple[DataFrame, int]:
+        """A stream's micro-batch on the Spark Connect server (as the epochs of its
+        ``epoch_column``'s labels if given); its metrics go into the checkpoint now, since the
+        client reads them there."""
+        if epoch_column is not None:
+            outputs, epoch = self.run_stream_epochs(batch, batch_id, location, epoch_column)
+        else:
+            outputs, epoch = self.run_batch(batch, batch_id, location)
+        self.holder.flush_metrics()
+        return outputs, epoch
+
+    def rejoin(self) -> None:
+        """Bring the pipeline forward from the checkpoint after its stream ran on the server."""
+        self.holder.rejoin()
+        self.on_server = False

@@ -1,0 +1,122 @@
+"""The driver's commit record (``commit.json``): what the last committed epoch left behind."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """Where a Structured Streaming query stands in a pipeline's commits: the query's
+    checkpoint ``location`` and the last micro-batch id committed (``batch_id``; ``None``
+    when no stream ran). ``epoch``: the epoch that ran that batch, kept when epochs without
+    a batch (offline migration) ran since. ``epochs``: for a micro-batch run by its epoch
+    column, its epochs committed so far as ``(first, last)`` ranges, one epoch per label in
+    label order (``None`` for a batch run as one epoch)."""
+
+    checkpoint: str | None = None
+    batch_id: int | None = None
+    epoch: int | None = None
+    epochs: tuple[tuple[int, int], ...] | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StreamPosition:
+        """Parse the commit record's ``stream`` object; a clear ``ValueError`` if malformed."""
+        if isinstance(data, StreamPosition):
+            return data
+        if not isinstance(data, dict) or not set(data) <= {"checkpoint", "batch_id", "epoch",
+                                                           "epochs"}:
+            raise ValueError(f"commit.json is malformed: stream {data!r:.200}")
+        epochs = data.get("epochs")
+        return cls(data.get("checkpoint"), data.get("batch_id"), data.get("epoch"),
+                   None if epochs is None else tuple((int(a), int(b)) for a, b in epochs))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The commit record's ``stream`` object: the fields that are set."""
+        out: dict[str, Any] = {"checkpoint": self.checkpoint, "batch_id": self.batch_id,
+                               "epoch": self.epoch}
+        if self.epochs is not None:
+            out["epochs"] = [list(r) for r in self.epochs]
+        return {k: v for k, v in out.items() if v is not None}
+
+    def ran(self, location: str) -> int:
+        """The last micro-batch id committed of the query at ``location`` (-1 if none)."""
+        return self.batch_id if self.checkpoint == location and self.batch_id is not None \
+            else -1
+
+    def epoch_list(self) -> list[int]:
+        """The epochs of a micro-batch run by groups committed so far, in label order (empty
+        for a batch run as one epoch)."""
+        return [e for first, last in self.epochs or () for e in range(first, last + 1)]
+
+    def with_epoch(self, epoch: int) -> StreamPosition:
+        """This position with ``epoch`` added to its micro-batch's committed epochs (extending
+        the last range when it is the next epoch: a batch's epochs are one range unless epochs
+        without records ran between two runs of it)."""
+        ranges = [list(r) for r in self.epochs or ()]
+        if ranges and ranges[-1][1] == epoch - 1:
+            ranges[-1][1] = epoch
+        else:
+            ranges.append([epoch, epoch])
+        return dataclasses.replace(self, epochs=tuple((a, b) for a, b in ranges))
+
+
+@dataclass
+class Commit:
+    """What the last committed epoch left behind; rewritten atomically after every epoch.
+
+    ``state_version`` is the routing version the workers' state reflects; ``pending_drops``
+    are ``[bin, worker]`` pairs that moved away in that epoch, which the old owners delete in
+    the next epoch (so a re-run of the epoch can still export them); ``stream`` remembers the
+    last Structured Streaming batch (:class:`StreamPosition`); ``plans`` are submitted plans
+    not finished yet;
+    ``tokens`` name, per worker, the attempt at the epoch whose results the driver took (a
+    worker's copy of the epoch from any other attempt, on any host, is not this commit's state);
+    ``seq`` counts the records written (the driver's durable copy names its files by it);
+    ``max_event_time``: the largest event time (us) committed, whence the next watermark;
+    ``hot``: the heaviest keys of the committed epochs, smoothed (a bounded
+    :class:`~megaphone.plans.hot_keys.HeavyHitters` as JSON; empty unless hot keys are
+    watched), whence the next epoch's split: a re-run of an epoch splits alike.
+    ``label``: the epoch's label when it ran from a batch's epoch column (docs/groups.md): a
+    later batch's labels must be larger.
+    """
+
+    epoch: int = -1
+    state_version: int = 0
+    pending_drops: list[list[int]] = field(default_factory=list)
+    stream: StreamPosition = field(default_factory=StreamPosition)
+    plans: list[dict[str, Any]] = field(default_factory=list)
+    tokens: dict[str, str] = field(default_factory=dict)
+    seq: int = 0
+    max_event_time: int | None = None
+    hot: dict[str, Any] = field(default_factory=dict)
+    label: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Commit:
+        """Parse commit.json; unknown or mistyped fields are a clear ``ValueError``."""
+        if not isinstance(data, dict) or not set(data) <= set(cls.__dataclass_fields__):
+            raise ValueError(f"commit.json is malformed: {data!r:.200}")
+        commit = cls(**data)
+        commit.stream = StreamPosition.from_dict(commit.stream)
+        if not all(isinstance(n, int) for n in (commit.epoch, commit.state_version, commit.seq,
+                                                commit.max_event_time or 0, commit.label or 0)):
+            raise ValueError("commit.json is malformed: epoch, state_version, seq, "
+                             "max_event_time and label must be integers")
+        if not isinstance(commit.tokens, dict) or not all(
+                isinstance(w, str) and w.isdigit() and isinstance(t, str)
+                for w, t in commit.tokens.items()):
+            raise ValueError("commit.json is malformed: tokens must map workers to strings")
+        if not isinstance(commit.hot, dict):
+            raise ValueError("commit.json is malformed: hot must be an object")
+        return commit
+
+    def to_dict(self) -> dict[str, Any]:
+        """The commit record as ``commit.json`` holds it."""
+        return {**dataclasses.asdict(self), "stream": self.stream.to_dict()}
+
+    def worker_tokens(self) -> dict[int, str]:
+        """``tokens`` by worker number."""
+        return {int(w): t for w, t in self.tokens.items()}

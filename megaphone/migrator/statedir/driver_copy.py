@@ -1,0 +1,220 @@
+"""The driver's durable copy: its state directory's files kept under the checkpoint location.
+
+With a checkpoint location, the driver writes what it alone holds (manifest, routing, commit
+record, metrics, kept outputs) there as well, so a driver whose disk is lost restarts on any
+host from the checkpoint alone, as the workers do. Layout under ``CHECKPOINT/driver/`` (the
+names come from :mod:`megaphone.paths`)::
+
+    megaphone.json               the state directory's manifest
+    routing.json                 the routing table, rewritten when a commit follows a new one
+    commits/sSSSSSSSSSSSS.json   one per commit record written, with the metrics the
+                                 driver recorded since the one before; the last ones kept
+    metrics/sSSSSSSSSSSSS.jsonl  the metrics of the pruned commit files up to S
+    outputs/eEEEEEEEEE.arrow     the kept outputs (a stream's replay needs them)
+
+Writing commit file ``S`` is the commit point: it is written after everything the epoch
+must have made durable (outputs, the workers' changelogs) and before the state directory's
+own ``commit.json``, so the checkpoint is never behind the state directory. Opening a pipeline
+whose state directory is missing or behind its checkpoint first brings it forward
+(:meth:`megaphone.migrator.statedir.directory.StateDir.restore`). Every file is written whole
+(under a temporary name, then moved).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from megaphone.errors import MegaphoneError
+from megaphone.paths import (
+    COMMIT_RECORD_SUFFIX,
+    COMMITS,
+    FOLDED_METRICS,
+    FOLDED_METRICS_SUFFIX,
+    MANIFEST,
+    OUTPUTS,
+    ROUTING,
+    checkpoint_driver_root,
+    outputs_epoch_of,
+    outputs_name,
+    seq_name,
+    seq_of,
+)
+from megaphone.state_backends.durable import _sync_if_local, filesystem
+
+#: Commit files kept; older ones are folded into a metrics file and deleted, in steps of
+#: :data:`FOLD_COMMITS` (as Spark keeps its last 100 batches' offsets and commits).
+KEEP_COMMITS = 100
+FOLD_COMMITS = 50
+#: Folded metrics files kept (the oldest is deleted when a fold makes one more): with the
+#: commit files, the copy holds the metrics of the last 350 to 400 epochs, so its size stays
+#: flat however long the pipeline runs.
+KEEP_FOLDS = 5
+
+
+class DriverCopyError(MegaphoneError, ValueError):
+    """A checkpoint's driver copy that is corrupt, or does not fit the state directory."""
+
+
+class DriverCopy:
+    """The driver's files under ``CHECKPOINT/driver/``, through ``pyarrow.fs``."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.fs, root = filesystem(uri)
+        self.root = checkpoint_driver_root(root)
+        self._routing: bytes | None = None  # the routing table's bytes last written here
+        self._pending: list[dict[str, Any]] = []  # metrics not yet in a commit file
+        self._commits: list[int] | None = None  # commit files present (listed once)
+        self._folded_left: list[int] = []  # commit files a lost driver folded, not deleted
+        self._folders: set[str] = set()  # folders known to exist
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _path(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def _put(self, path: str, data: bytes) -> None:
+        folder = path.rsplit("/", 1)[0]
+        if folder not in self._folders:
+            self.fs.create_dir(folder, recursive=True)
+            self._folders.add(folder)
+        tmp = f"{path}.tmp"
+        with self.fs.open_output_stream(tmp) as sink:
+            sink.write(data)
+        _sync_if_local(self.fs, tmp)
+        self.fs.move(tmp, path)  # readers never see a torn file (on S3 a copy: still whole)
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Keep the state directory's manifest."""
+        self._put(self._path(MANIFEST), json.dumps(manifest).encode())
+
+    def write_commit(self, commit: dict[str, Any], routing_file: Path) -> None:
+        """Write commit file ``commit["seq"]``: the commit point. The routing table (read from
+        the state directory, where the epoch saved it) goes first if it changed since."""
+        routing = routing_file.read_bytes()
+        if routing != self._routing:
+            self._put(self._path(ROUTING), routing)
+            self._routing = routing
+        record = {"commit": commit, "metrics": self._pending}
+        commits = self._listed_commits()  # listed before this file is there: held once
+        self._put(self._path(COMMITS, seq_name(commit["seq"], COMMIT_RECORD_SUFFIX)),
+                  json.dumps(record, separators=(",", ":")).encode())
+        self._pending = []
+        if commit["seq"] not in commits:
+            commits.append(commit["seq"])
+        for seq in self._folded_left:
+            self.fs.delete_file(self._path(COMMITS, seq_name(seq, COMMIT_RECORD_SUFFIX)))
+        self._folded_left = []
+        if len(commits) >= KEEP_COMMITS + FOLD_COMMITS:
+            self._fold(commits[:FOLD_COMMITS])
+            del commits[:FOLD_COMMITS]
+
+    def add_metrics(self, record: dict[str, Any]) -> None:
+        """Carry an epoch's metrics in the next commit file (they are recorded after the commit
+        point; a driver lost before the next commit loses that line, not the epoch)."""
+        self._pending.append(record)
+
+    @property
+    def has_pending_metrics(self) -> bool:
+        """True when metrics wait for the next commit file."""
+        return bool(self._pending)
+
+    def _listed_commits(self) -> list[int]:
+        """The commit files present (listed once). Commit files already folded into a
+        metrics file (a driver lost between a fold and its deletes) are left out, so their
+        metrics are never read twice; the next :meth:`write_commit` deletes them."""
+        if self._commits is None:
+            folded = self._list(FOLDED_METRICS, FOLDED_METRICS_SUFFIX)
+            upto = folded[-1] if folded else -1
+            listed = self._list(COMMITS, COMMIT_RECORD_SUFFIX)
+            self._folded_left = [s for s in listed if s <= upto]
+            self._commits = [s for s in listed if s > upto]
+        return self._commits
+
+    def _fold(self, seqs: list[int]) -> None:
+        lines = []
+        for seq in seqs:
+            lines += [json.dumps(m, separators=(",", ":")) for m in self._commit_file(seq)[1]]
+        self._put(self._path(FOLDED_METRICS, seq_name(seqs[-1], FOLDED_METRICS_SUFFIX)),
+                  "".join(f"{line}\n" for line in lines).encode())
+        for seq in seqs:
+            self.fs.delete_file(self._path(COMMITS, seq_name(seq, COMMIT_RECORD_SUFFIX)))
+        for seq in self._list(FOLDED_METRICS, FOLDED_METRICS_SUFFIX)[:-KEEP_FOLDS]:
+            self.fs.delete_file(self._path(FOLDED_METRICS, seq_name(seq, FOLDED_METRICS_SUFFIX)))
+
+    def write_outputs(self, epoch: int, data: bytes) -> None:
+        """Keep the outputs of ``epoch`` (an Arrow IPC file's bytes)."""
+        self._put(self._path(OUTPUTS, outputs_name(epoch)), data)
+
+    def drop_outputs(self, epochs: list[int]) -> None:
+        """Delete the kept outputs of ``epochs``."""
+        for epoch in epochs:
+            path = self._path(OUTPUTS, outputs_name(epoch))
+            if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
+                self.fs.delete_file(path)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _list(self, folder: str, suffix: str) -> list[int]:
+        infos = self.fs.get_file_info(pafs.FileSelector(self._path(folder), allow_not_found=True))
+        return sorted(s for i in infos if (s := seq_of(i.base_name, suffix)) is not None)
+
+    def read(self, *parts: str) -> bytes:
+        """The bytes of a file of the copy (``"outputs", "e000000007.arrow"``)."""
+        path = self._path(*parts)
+        try:
+            with self.fs.open_input_stream(path) as src:
+                return src.read()
+        except (FileNotFoundError, OSError) as exc:
+            raise DriverCopyError(f"driver copy file {self.uri} {path} is unreadable: {exc}"
+                                  ) from None
+
+    def _json(self, *parts: str) -> Any:
+        try:
+            return json.loads(self.read(*parts))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DriverCopyError(f"driver copy file {'/'.join(parts)} under {self.uri} is "
+                                  f"corrupt: {exc}") from None
+
+    def _commit_file(self, seq: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        record = self._json(COMMITS, seq_name(seq, COMMIT_RECORD_SUFFIX))
+        if not isinstance(record, dict) or not isinstance(record.get("commit"), dict) \
+                or record["commit"].get("seq") != seq or not isinstance(record.get("metrics"),
+                                                                        list):
+            raise DriverCopyError(f"driver copy commit file {seq} under {self.uri} is malformed")
+        return record["commit"], record["metrics"]
+
+    def manifest(self) -> dict[str, Any] | None:
+        """The kept manifest, or ``None`` when this checkpoint holds no driver copy yet."""
+        if not self._listed_commits():
+            return None
+        manifest = self._json(MANIFEST)
+        if not isinstance(manifest, dict):
+            raise DriverCopyError(f"driver copy manifest under {self.uri} is malformed")
+        return manifest
+
+    def latest_commit(self) -> dict[str, Any]:
+        """The commit record of the last commit point."""
+        return self._commit_file(self._listed_commits()[-1])[0]
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every kept metrics record, in order (folded files, then commit files)."""
+        records: list[dict[str, Any]] = []
+        for seq in self._list(FOLDED_METRICS, FOLDED_METRICS_SUFFIX):
+            data = self.read(FOLDED_METRICS, seq_name(seq, FOLDED_METRICS_SUFFIX))
+            for line in data.decode().splitlines():
+                records.append(json.loads(line))
+        for seq in self._listed_commits():
+            records += self._commit_file(seq)[1]
+        return records
+
+    def output_epochs(self) -> list[int]:
+        """The epochs whose outputs are kept here."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self._path(OUTPUTS),
+                                                        allow_not_found=True))
+        found = (outputs_epoch_of(i.base_name) for i in infos)
+        return sorted(e for e in found if e is not None)

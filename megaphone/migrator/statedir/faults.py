@@ -1,0 +1,51 @@
+"""Fault injection for crash tests: kill the pipeline, or the store service, at a named phase.
+
+Inert unless ``MEGAPHONE_CRASH_AT`` is set in the environment of the pipeline process (Spark's
+Python workers inherit it): a comma-separated list of ``<phase>:<epoch>`` (SIGKILL the whole
+pipeline: driver, JVM, Python workers) or ``<phase>:<epoch>:store`` (SIGKILL the store services
+that hold the workers' state, once; the pipeline lives on and must recover by itself).
+
+Phases are those of :data:`megaphone.migrator.epoch.run.PHASES`: the driver's ``admit``,
+``layout``, ``submit``, ``collect`` (after every worker committed, before the driver's commit),
+``commit`` (in the middle of the commit record's write) and ``cleanup``, and the workers'
+``export`` (mid-export), ``receive`` (once the first moving state reached its new owner),
+``install`` (after installing arriving bins) and ``apply`` (after
+applying the records, before the worker's commit). A store kill finds the service through the
+pipeline's ``local_dir``; at ``commit``, which fires inside the state directory's write, through
+``$MEGAPHONE_LOCAL_DIR`` (or the default), as the crash tests set it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def crash_point(phase: str, epoch: int, local_dir: str | None = None) -> None:
+    """SIGKILL what ``MEGAPHONE_CRASH_AT`` names, if it names this phase and epoch.
+
+    Spark's Python daemon puts workers in a process group of their own, so a pipeline crash
+    kills the session: the crash tests start the pipeline as a session leader
+    (``start_new_session``).
+    """
+    spec = os.environ.get("MEGAPHONE_CRASH_AT")
+    if not spec:
+        return
+    for item in spec.split(","):
+        if item == f"{phase}:{epoch}":
+            os.killpg(os.getsid(0), signal.SIGKILL)
+        if item == f"{phase}:{epoch}:store":
+            _kill_store_service(phase, epoch, local_dir)
+
+
+def _kill_store_service(phase: str, epoch: int, local_dir: str | None) -> None:
+    from megaphone.state_backends.remote import default_local_dir, service_pids
+
+    local_dir = local_dir or default_local_dir()
+    marker = os.path.join(local_dir, f"crashed-{phase}-{epoch}")
+    try:  # once: the retried epoch passes the same point again
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    for pid in service_pids(local_dir):  # every service of the host
+        os.kill(pid, signal.SIGKILL)

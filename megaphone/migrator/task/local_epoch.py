@@ -1,0 +1,71 @@
+"""One epoch's tasks run in this process, in the order Spark runs them: every exporter writes
+its shuffle rows to a spill file per receiving worker, then every worker installs and applies.
+
+Offline migration runs its steps through it as epochs without records, so the live epoch's
+task code (:func:`~megaphone.migrator.task.state_operator.export_worker`,
+:func:`~megaphone.migrator.task.state_operator.apply_worker`) is the one implementation of moving,
+dropping and releasing state.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from megaphone.migrator.task.columns import REPORT, WORKER
+from megaphone.migrator.task.spec import EpochSpec
+from megaphone.migrator.task.state_operator import apply_worker, export_worker
+from megaphone.records import WorkerReport
+
+
+def run_epoch_tasks(spec: EpochSpec, partitions: int, spill_dir: str) -> list[WorkerReport]:
+    """Run every task of ``spec``'s epoch for workers ``0..partitions-1`` with no records;
+    return the reports of the workers and the exporters.
+
+    Exports finish before any worker starts, as Spark's map stage does before its reduce
+    stage; the rows in between wait in Arrow IPC files under ``spill_dir``, so memory stays
+    bounded by the chunk size.
+    """
+    assert spec.shuffle_schema is not None
+    _spill_exports(spec, spill_dir)
+    reports: list[WorkerReport] = []
+    for worker in range(partitions):
+        for batch in apply_worker(spec, worker, _spilled(spill_dir, worker)):
+            texts = batch.column(REPORT).drop_null().to_pylist()
+            reports += [WorkerReport.from_json(text) for text in texts]
+    return reports
+
+
+def _spill_path(spill_dir: str, worker: int) -> str:
+    return os.path.join(spill_dir, f"to-{worker}.arrow")
+
+
+def _spill_exports(spec: EpochSpec, spill_dir: str) -> None:
+    """Every sender's shuffle rows, appended to the spill file of the worker they go to."""
+    schema = spec.shuffle_schema
+    assert schema is not None
+    writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+    try:
+        for sender in sorted(spec.outgoing):
+            for batch in export_worker(spec, sender, schema):
+                for worker in pc.unique(batch.column(WORKER)).to_pylist():
+                    if worker not in writers:
+                        writers[worker] = pa.ipc.new_stream(_spill_path(spill_dir, worker),
+                                                            schema)
+                    writers[worker].write_batch(
+                        batch.filter(pc.equal(batch.column(WORKER), worker)))
+    finally:
+        for writer in writers.values():
+            writer.close()
+
+
+def _spilled(spill_dir: str, worker: int) -> Iterator[pa.RecordBatch]:
+    """The shuffle rows spilled for ``worker`` (none if nothing was sent to it)."""
+    path = _spill_path(spill_dir, worker)
+    if not os.path.exists(path):
+        return
+    with pa.memory_map(path) as source:
+        yield from pa.ipc.open_stream(source)

@@ -1,0 +1,128 @@
+"""What a task knows about its epoch: the :class:`EpochSpec` (small metadata, never bulk state)
+and the schema of the epoch's one shuffle. The driver builds both; the worker's code
+(:mod:`~megaphone.migrator.task.state_operator`, :mod:`~megaphone.migrator.task.transfer`) reads
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pyarrow as pa
+
+from megaphone.migrator.task.columns import (
+    BIN,
+    EVENT_TIME,
+    EXPORT_REPORT,
+    KEY,
+    LABEL,
+    PARTIAL,
+    STATE_FILE,
+    STATE_KEY,
+    STATE_VALUE,
+    VALUE,
+    WORKER,
+)
+from megaphone.migrator.task.updates import Update
+from megaphone.paths import StateDirPaths, local_worker_path
+from megaphone.state_backends.durable import SNAPSHOT_EVERY
+from megaphone.state_backends.remote import default_local_dir
+
+
+@dataclass(frozen=True)
+class EpochSpec:
+    """Everything a task needs to know about an epoch: small metadata, never bulk state.
+
+    ``incoming``: worker -> bins it installs at this epoch; ``outgoing``: old owner ->
+    ``(bin, new owner)`` pairs it exports; ``drops``: worker -> bins that left it last epoch;
+    ``live``: workers owning bins at this epoch; ``local_dir``: the host-local directory of
+    the store service that keeps the workers' stores open across epochs; ``pipeline_id``:
+    whose state directory tasks must find (checked once per Python worker, when given);
+    ``transfer``: how moving bins travel (:data:`~megaphone.state_backends.bin_files.
+    TRANSFER_MODES`); for an event-time operator, ``watermark`` (microseconds, ``None``
+    before any event time) and ``owned``: worker -> the bins it owns at this epoch, whose
+    timers it fires. Hot keys (docs/hot-keys.md): ``split_keys`` run in dual mode (folded
+    by ``lessees`` tasks, ``None``: the input's partitions), and each worker reports its
+    ``sketch_capacity`` heaviest keys (0: none). A group's spec (docs/groups.md) also has
+    ``labels``: the epoch labels of the group's epochs in order (``epoch`` is the first's;
+    only it installs, ships and drops bins) and, for an event-time operator, ``watermarks``:
+    each epoch's watermark.
+    """
+
+    epoch: int
+    state_dir: str
+    backend: str
+    key_type: str
+    num_bins: int
+    update: Update
+    output_schema: pa.Schema
+    chunk_bytes: int
+    transfer: str = "auto"
+    incoming: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    outgoing: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    drops: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    live: frozenset[int] = frozenset()
+    has_event_time: bool = False
+    shuffle_schema: pa.Schema | None = None
+    local_dir: str = field(default_factory=default_local_dir)
+    pipeline_id: str | None = None
+    checkpoint: str | None = None
+    snapshot_every: int = SNAPSHOT_EVERY
+    committed_owners: frozenset[int] = frozenset()
+    run_id: str = ""
+    committed_tokens: dict[int, str] = field(default_factory=dict)
+    watermark: int | None = None
+    owned: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    split_keys: tuple = ()
+    lessees: int | None = None
+    sketch_capacity: int = 0
+    labels: tuple[int, ...] = ()
+    watermarks: tuple[int | None, ...] = ()
+
+    @property
+    def grouped(self) -> bool:
+        """True for a group's spec: the job runs the epochs of :attr:`labels`."""
+        return bool(self.labels)
+
+    def for_epoch(self, i: int) -> EpochSpec:
+        """The spec of the group's ``i``-th epoch as a task applies it: the first is the group's
+        own; a later one moves no bin, and every worker that owns bins owned them before."""
+        watermark = self.watermarks[i] if self.watermarks else self.watermark
+        if i == 0:
+            return replace(self, watermark=watermark)
+        return replace(self, epoch=self.epoch + i, incoming={}, outgoing={}, drops={},
+                       committed_owners=self.live, watermark=watermark)
+
+    def required_epoch(self, worker: int) -> int | None:
+        """The epoch ``worker``'s state must be at before this epoch (the last commit) when it
+        owned bins then; ``None`` when its state does not matter (it owned none)."""
+        return self.epoch - 1 if worker in self.committed_owners else None
+
+    def worker_path(self, worker: int) -> Path:
+        """The working copy of ``worker``: with a checkpoint location, on the disk of the host
+        that runs the task (under ``local_dir``); else in the state directory."""
+        if self.checkpoint is not None:
+            return local_worker_path(self.local_dir, self.pipeline_id or "", worker)
+        return StateDirPaths(self.state_dir).worker(worker)
+
+
+def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_time: bool
+                   ) -> pa.Schema:
+    """The rows of an epoch's one shuffle (:mod:`~megaphone.migrator.task.columns`): records, state
+    and exporters' reports."""
+    fields = [pa.field(WORKER, pa.int32()), pa.field(BIN, pa.int32()),
+              pa.field(KEY, key_type)]
+    if value_type is not None:
+        fields.append(pa.field(VALUE, value_type))
+    if event_time:
+        fields.append(pa.field(EVENT_TIME, pa.int64()))
+    fields += [pa.field(STATE_KEY, pa.binary()), pa.field(STATE_VALUE, pa.binary()),
+               pa.field(STATE_FILE, pa.binary()), pa.field(PARTIAL, pa.binary()),
+               pa.field(EXPORT_REPORT, pa.string())]
+    return pa.schema(fields)
+
+
+def with_labels(schema: pa.Schema) -> pa.Schema:
+    """The shuffle ``schema`` of a group's job: its records also carry their epoch's label."""
+    return schema.append(pa.field(LABEL, pa.int64()))

@@ -1,0 +1,395 @@
+"""The state operator S of one worker for a group of G >= 1 epochs (one epoch is a group of
+one): install moved state, then apply each epoch's records and commit it.
+
+Engine-agnostic: the Spark runtime calls :func:`export_worker` in the tasks that ship state
+out of old owners and :func:`apply_worker` in the task of each worker (one partition per
+worker). Both take plain iterators of arrow batches and an :class:`EpochSpec` of metadata.
+
+The workers' stores stay open across epochs in the host's store service
+(:mod:`megaphone.state_backends.service`); a task reaches its worker's store through a
+:class:`~megaphone.state_backends.remote.RemoteStore`.
+
+Exactly once: a worker's records, its outputs and the epoch marker are written in one atomic
+write (:meth:`~megaphone.state_backends.worker_store.WorkerStore.commit`). A task that finds the
+store already at its epoch (a Spark task retry, a re-run of the epoch's job, a re-executed
+micro-batch) applies nothing and re-emits the stored outputs. Bins that leave a worker are
+deleted there only in the next epoch, so a re-run of the epoch can export them again.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Generator, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from megaphone.migrator.statedir.directory import StateDir
+from megaphone.migrator.statedir.faults import crash_point
+from megaphone.migrator.task.columns import (
+    BIN,
+    EVENT_TIME,
+    KEY,
+    LABEL,
+    LOAD_BINS,
+    LOAD_COUNTS,
+    OUT_EPOCH,
+    REPORT,
+    STATE_VALUE,
+    VALUE,
+)
+from megaphone.migrator.task.hot_split import (
+    Partials,
+    builtin_partials,
+    custom_with_partials,
+    sketch,
+    take_partials,
+)
+from megaphone.migrator.task.process_step import apply_process
+from megaphone.migrator.task.spec import EpochSpec
+from megaphone.migrator.task.transfer import Arrivals, TimedInput, export_rows, rows
+from megaphone.migrator.task.updates import (
+    apply_builtin,
+    custom_outputs,
+    group_values,
+    partial_aggregates,
+)
+from megaphone.records import WorkerMetrics, WorkerReport
+from megaphone.state_backends.durable import check_checkpoint
+from megaphone.state_backends.encoding import encode_keys
+from megaphone.state_backends.remote import DurableSpec, RemoteStore
+
+_BINS = pa.list_(pa.int32())
+
+#: The wall-clock marks (``time.time()``) an apply task reports in
+#: :attr:`~megaphone.records.WorkerMetrics.marks`, one per phase boundary and none per record:
+#: ``task`` (its start), ``begun`` (store opened), ``installed``, ``applied``, ``committed``
+#: (absent when the epoch is replayed) and ``end`` (outputs yielded), plus ``install_wait``,
+#: the seconds of the install phase spent waiting for the shuffle.
+MARKS = ("task", "begun", "installed", "applied", "committed", "end")
+
+
+def result_schema(output_schema: pa.Schema, grouped: bool = False) -> pa.Schema:
+    """What each worker's task returns to the driver: its outputs, then rows of JSON reports
+    (its own, with the records it applied per bin, and those of the exporters that shipped
+    bins to it); in a group's job (``grouped``) every row also names its epoch."""
+    epoch = [pa.field(OUT_EPOCH, pa.int64())] if grouped else []
+    return pa.schema([*output_schema, pa.field(REPORT, pa.string()),
+                      pa.field(LOAD_BINS, _BINS), pa.field(LOAD_COUNTS, _BINS), *epoch])
+
+
+def bin_counts(bins: np.ndarray, weights: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The bins that had records among ``bins`` (the bin of each record, or of each partial
+    row standing for ``weights`` records) and how many each."""
+    counts = np.bincount(bins, weights=weights).astype(np.int64)
+    hot = np.flatnonzero(counts)
+    return hot.astype(np.int32), counts[hot].astype(np.int32)
+
+
+#: ``(state_dir, pipeline_id)`` pairs this Python worker has found on its host.
+_SEEN_STATE_DIRS: set[tuple[str, str]] = set()
+
+
+def check_state_dir(spec: EpochSpec) -> None:
+    """Fail loudly unless this host sees the pipeline's state directory (its manifest, with the
+    pipeline's id): an executor that cannot see it would otherwise create state of its own
+    under the same path, and outputs would be quietly wrong."""
+    if spec.pipeline_id is None or (spec.state_dir, spec.pipeline_id) in _SEEN_STATE_DIRS:
+        return
+    if spec.checkpoint is not None:  # executors need only the checkpoint location
+        try:
+            check_checkpoint(spec.checkpoint, spec.pipeline_id)
+        except ValueError as exc:
+            raise RuntimeError(f"on host {socket.gethostname()}: {exc}") from None
+        _SEEN_STATE_DIRS.add((spec.state_dir, spec.pipeline_id))
+        return
+    try:
+        found = StateDir.open(spec.state_dir).fingerprint.pipeline_id
+    except (ValueError, KeyError) as exc:  # NotAStateDir, or a manifest without its fingerprint
+        raise RuntimeError(
+            f"the state directory {spec.state_dir} is not readable on host "
+            f"{socket.gethostname()} ({exc}). Worker state lives under it, so every executor "
+            "must reach it: on a cluster put it on storage all executors mount (README: State "
+            "directory)") from None
+    if found != spec.pipeline_id:
+        raise RuntimeError(
+            f"the state directory {spec.state_dir} on host {socket.gethostname()} belongs to "
+            f"pipeline {found!r}, not {spec.pipeline_id!r}: this executor sees another "
+            "directory under the same path")
+    _SEEN_STATE_DIRS.add((spec.state_dir, spec.pipeline_id))
+
+
+def open_store(spec: EpochSpec, worker: int) -> RemoteStore:
+    """A task's handle on ``worker``'s store in its host's store service (with its durable
+    copy's spec when the pipeline has a checkpoint location)."""
+    durable = None if spec.checkpoint is None else \
+        DurableSpec(spec.checkpoint, worker, spec.snapshot_every,
+                    spec.committed_tokens.get(worker, ""))
+    return RemoteStore(spec.local_dir, str(spec.worker_path(worker)), spec.backend,
+                       spec.key_type, spec.num_bins, worker, durable)
+
+
+def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Stream the state of the bins leaving ``sender`` as shuffle rows bound for their new owners
+    (:func:`~megaphone.migrator.task.transfer.export_rows`: rows, or parts of whole-bin files).
+
+    The sender's live store (in the store service) is read, not changed. Memory stays bounded by
+    the chunk size. Its report follows as one last row, to the worker that gets its first bin.
+    """
+    check_state_dir(spec)
+    has_state = bool(spec.outgoing.get(sender)) and (
+        spec.checkpoint is not None or spec.worker_path(sender).exists())
+    yield from export_rows(spec, sender, open_store(spec, sender) if has_state else None, schema)
+
+
+def apply_worker(
+    spec: EpochSpec, worker: int, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """Run ``worker``'s part of a group of G >= 1 epochs (one epoch is a group of one): drop
+    departed bins and install arrivals at the first epoch, then apply and commit each epoch's
+    records in order (a group's records carry their epoch's label,
+    :data:`~megaphone.migrator.task.columns.LABEL`; docs/groups.md).
+
+    Yields, per epoch, the worker's outputs, then its report and (at the first epoch) those of
+    the exporters that shipped bins to it (rows of :func:`result_schema`; in a group each row
+    names its epoch). The input mixes state chunks and records in any order; state is
+    installed as it streams in, records are applied after the last chunk. The store's version
+    decides: an epoch applied already (a retry) re-emits its stored outputs and changes
+    nothing. In a group the store keeps the undo records and outputs of the group's earlier
+    epochs (its start is passed to it), and only the first epoch moves bins.
+    """
+    started = time.perf_counter()
+    check_state_dir(spec)
+    timed = TimedInput(batches)
+    schema = result_schema(spec.output_schema, spec.grouped)
+    incoming = spec.incoming.get(worker, ())
+    if worker not in spec.live and not incoming:
+        for _ in timed:  # no records can be routed to a worker without bins
+            pass
+        if spec.worker_path(worker).exists() and worker not in spec.outgoing:
+            # Scale in: its last bins left in an earlier, committed epoch; release its storage.
+            open_store(spec, worker).destroy()
+        if timed.export_reports:
+            yield _tagged(spec, report_rows(schema, timed.export_reports), spec.epoch)
+        return
+    store = open_store(spec, worker)
+    group_start = spec.epoch if spec.grouped else None
+    metrics = _new_metrics(len(incoming))
+    marks = metrics.marks
+    assert marks is not None
+    t0 = time.perf_counter()
+    apply, stored = store.begin(spec.epoch, spec.required_epoch(worker), spec.run_id,
+                                group_start=group_start)
+    metrics.begin_s = time.perf_counter() - t0
+    marks["begun"] = time.time()
+    metrics.restored = store.restored
+    if apply:
+        store.drop_bins(sorted(set(spec.drops.get(worker, ())) | set(incoming)))
+        first = spec.for_epoch(0)
+        arrivals = Arrivals(first, worker, store.path, metrics)
+        t0, waited = time.perf_counter(), timed.waiting
+        metrics.install_method = arrivals.install(store, timed, incoming)
+        metrics.install_s = time.perf_counter() - t0 - (timed.waiting - waited)
+        marks["installed"], marks["install_wait"] = time.time(), timed.waiting - waited
+        crash_point("install", spec.epoch, spec.local_dir)
+        records = arrivals.records
+    else:  # replayed: the state rows that came again are not installed
+        records = [_records_only(b) for b in timed]
+    table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
+    for i, (sub, part) in enumerate(_epochs(spec, table)):
+        if i:  # a group's later epoch: its own metrics, its store's own begin
+            metrics, started = _new_metrics(), time.perf_counter()
+            t0 = time.perf_counter()
+            apply, stored = store.begin(sub.epoch, sub.required_epoch(worker), spec.run_id,
+                                        group_start=group_start)
+            metrics.begin_s = time.perf_counter() - t0
+        load = yield from _epoch_rows(sub, store, part, worker, metrics, schema, apply, stored,
+                                      incoming if i == 0 else (), group_start)
+        metrics.useful_s = time.perf_counter() - started - (timed.waiting if i == 0 else 0.0)
+        if metrics.marks is not None:
+            metrics.marks["end"] = time.time()
+        own = WorkerReport(worker, metrics).to_json()
+        extra = timed.export_reports if i == 0 else []
+        yield _tagged(spec, report_rows(schema, [own, *extra], load), sub.epoch)
+
+
+def _epochs(spec: EpochSpec, table: pa.Table) -> Iterator[tuple[EpochSpec, pa.Table]]:
+    """The epochs of ``spec`` in order, each with its spec and records: the whole ``table`` for
+    one epoch, a group's epochs by their label."""
+    if not spec.grouped:
+        yield spec, table
+        return
+    labels = table.column(LABEL)
+    for i, label in enumerate(spec.labels):
+        yield spec.for_epoch(i), table.filter(pc.equal(labels, pa.scalar(label, pa.int64())))
+
+
+def _epoch_rows(spec: EpochSpec, store: RemoteStore, part: pa.Table, worker: int,
+                metrics: WorkerMetrics, schema: pa.Schema, apply: bool, stored: bytes,
+                incoming: tuple[int, ...], group_start: int | None
+                ) -> Generator[pa.RecordBatch, None, tuple[np.ndarray, np.ndarray] | None]:
+    """One epoch at ``worker``: applied and committed (or, committed already by this run,
+    replayed); yields its output rows and returns the records it applied per bin (``None`` on
+    a replay) for its report row."""
+    load = None
+    if apply:
+        outputs, load = apply_epoch(spec, store, part, worker, metrics, incoming, group_start)
+    else:
+        metrics.max_event_time = replayed_max_event_time(spec, part.to_batches())
+        metrics.replayed = True
+        outputs = pa.ipc.open_stream(stored).read_all() if stored else \
+            spec.output_schema.empty_table()
+    metrics.token = store.token  # the driver's commit names the attempt it took
+    metrics.records_out = outputs.num_rows
+    for batch in outputs.cast(spec.output_schema).to_batches():
+        yield _tagged(spec, rows(schema, batch.num_rows, dict(zip(
+            batch.schema.names, batch.columns, strict=True))), spec.epoch)
+    return load
+
+
+def _new_metrics(bins_in: int = 0) -> WorkerMetrics:
+    return WorkerMetrics(records_in=0, records_out=0, bins_in=bins_in, keys_in=0, bytes_in=0,
+                         replayed=False, marks={"task": time.time()})
+
+
+def _records_only(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The records among shuffle rows (state rows of a replayed first epoch set aside)."""
+    return batch.filter(pc.invert(pc.is_valid(batch.column(STATE_VALUE))))
+
+
+def _tagged(spec: EpochSpec, batch: pa.RecordBatch, epoch: int) -> pa.RecordBatch:
+    """``batch`` (rows of a task's results) with, in a group's job, its epoch column set."""
+    if not spec.grouped:
+        return batch
+    i = batch.schema.get_field_index(OUT_EPOCH)
+    return batch.set_column(i, OUT_EPOCH, pa.array([epoch] * batch.num_rows, pa.int64()))
+
+
+def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int,
+                metrics: WorkerMetrics, incoming: tuple[int, ...], group_start: int | None = None
+                ) -> tuple[pa.Table, tuple[np.ndarray, np.ndarray] | None]:
+    """Apply one epoch's records (``table``) at ``worker`` and commit its store: the epoch's
+    outputs and the records it applied per bin. ``group_start``: the first epoch of the group
+    the epoch runs in (its store keeps the group's undo records; docs/groups.md)."""
+    marks = metrics.marks if metrics.marks is not None else {}
+    t0 = time.perf_counter()
+    load = None
+    if spec.has_event_time and table.num_rows:  # partial rows carry their records' latest
+        metrics.max_event_time = pc.max(table.column(EVENT_TIME)).as_py()
+    table, partials = take_partials(table)  # hot keys' partials from lessees, if any
+    null_keys = table.column(KEY).null_count
+    if null_keys:  # a key of its own, applied like any (bin 0); counted to stay visible
+        metrics.null_keys = null_keys
+    metrics.records_in = table.num_rows + (partials.total if partials else 0)
+    if metrics.records_in:
+        load = _load(table, partials)
+    if partials is not None:
+        metrics.split_records, metrics.split_keys = partials.total, len(partials.by_key())
+    if spec.sketch_capacity:
+        metrics.hot = sketch(table, partials, spec.sketch_capacity)
+    if spec.update.is_process:  # an event-time operator: its due timers, then records
+        step = apply_process(spec, store, table, worker)
+        outputs, keys, values, old = step.outputs, step.keys, step.values, step.old
+        metrics.late_records = step.late
+        metrics.timers_fired = step.fired
+    else:
+        outputs, keys, values, old = _apply_records(spec, store, table, worker, partials)
+    metrics.apply_s = time.perf_counter() - t0
+    marks["applied"] = time.time()
+    crash_point("apply", spec.epoch, spec.local_dir)
+    t0 = time.perf_counter()
+    health = store.commit(spec.epoch, keys, values, old, _ipc(outputs), incoming,
+                          spec.run_id, group_start)
+    metrics.commit_s = time.perf_counter() - t0
+    marks["committed"] = time.time()
+    metrics.store_commit_s = health["seconds"]
+    metrics.stall_s = health["stall_s"]
+    metrics.pending_compaction_bytes = health["pending_compaction_bytes"]
+    metrics.l0_files = health["l0_files"]
+    return outputs, load
+
+
+def replayed_max_event_time(spec: EpochSpec, batches) -> int | None:
+    """The largest event time among the records of an epoch replayed (the same records as
+    when it was applied: the same max event time); ``None`` without event times."""
+    high = None
+    for batch in batches:
+        if spec.has_event_time and batch.num_rows:
+            top = pc.max(batch.column(EVENT_TIME)).as_py()
+            if top is not None and (high is None or top > high):
+                high = top
+    return high
+
+
+def report_rows(schema: pa.Schema, reports: list[str],
+                 load: tuple[np.ndarray, np.ndarray] | None = None) -> pa.RecordBatch:
+    """Rows of a task's results that carry only JSON reports; on the first, the records its
+    worker applied per bin (``load``: bins and counts), when given."""
+    columns = {REPORT: pa.array(reports, pa.string())}
+    if load is not None:
+        pad = [None] * (len(reports) - 1)
+        columns[LOAD_BINS] = pa.array([load[0], *pad], _BINS)
+        columns[LOAD_COUNTS] = pa.array([load[1], *pad], _BINS)
+    return rows(schema, len(reports), columns)
+
+
+def _load(table: pa.Table, partials: Partials | None) -> tuple[np.ndarray, np.ndarray]:
+    """The records applied per bin: the records', and those the partial rows stand for."""
+    bins = table.column(BIN).to_numpy()
+    if partials is None:
+        return bin_counts(bins)
+    return bin_counts(np.concatenate([bins, np.asarray(partials.bins, np.int32)]),
+                      np.concatenate([np.ones(len(bins)), np.asarray(partials.records, float)]))
+
+
+def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int,
+                   partials: Partials | None = None
+                   ) -> tuple[pa.Table, list[bytes], list[bytes | None], list[bytes | None]]:
+    """One epoch's records applied to the current state: ``(outputs, keys, new, old)``.
+
+    Nothing is written here; the caller commits the new values with the outputs. A key of a
+    built-in update whose values were all null and that has no aggregate yet has an output
+    row (a null aggregate, as in Spark) but nothing to commit: it is left out of the lists.
+    A general ``f`` that fails on a key raises
+    :class:`~megaphone.migrator.task.updates.UpdateError` naming the key, the epoch and ``worker``:
+    the task fails and nothing of the epoch is committed. Split keys come as ``partials``
+    (:mod:`~megaphone.migrator.task.hot_split`), consolidated here into what their records give.
+    """
+    update = spec.update
+    schema = spec.output_schema
+    if table.num_rows == 0 and partials is None:
+        return schema.empty_table(), [], [], []
+    if VALUE not in table.column_names:
+        table = table.append_column(VALUE, pa.nulls(table.num_rows))
+    grouped = partial_aggregates(update, table) if update.is_builtin else group_values(table)
+    if partials is not None and update.is_builtin:
+        grouped = pa.concat_tables([grouped, builtin_partials(update, partials, grouped)])
+    bins = grouped.column(BIN).to_numpy()
+    keys = grouped.column(KEY)
+    raw_keys = encode_keys(bins, keys, spec.key_type)  # Arrow: a null key stays null
+    if partials is not None and not update.is_builtin:  # the split keys' states after
+        split = partials.by_key()
+        raw_keys += encode_keys([b for b, _ in split.values()], list(split), spec.key_type)
+    old = store.read(raw_keys)
+    if update.is_builtin:
+        new_raw, new_values = apply_builtin(update, grouped, old, spec.epoch, worker)
+        outputs = pa.Table.from_arrays([keys, new_values], schema=schema) if len(keys) else \
+            schema.empty_table()
+        if new_values.null_count:  # keys with no aggregate yet (values all null): no state
+            kept = np.flatnonzero(new_values.is_valid().to_numpy(zero_copy_only=False))
+            raw_keys, new_raw, old = ([seq[i] for i in kept] for seq in (raw_keys, new_raw, old))
+    else:
+        new_raw, out_keys, out_values = custom_with_partials(update, grouped, partials, old,
+                                                             spec.epoch, worker)
+        outputs = custom_outputs(out_keys, out_values, schema, spec.epoch, worker)
+    return outputs, list(raw_keys), list(new_raw), list(old)
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()

@@ -1,0 +1,228 @@
+"""Moving bins through an epoch's shuffle: the sender's export and the receiver's arrivals.
+
+A bin travels either as rows (one shuffle row per key: :data:`~megaphone.migrator.task.columns.
+STATE_KEY`, :data:`~megaphone.migrator.task.columns.STATE_VALUE`) or, from the size the pipeline's
+``transfer`` mode sets, as one SST file cut into parts of at most ``chunk_bytes``
+(:data:`~megaphone.migrator.task.columns.STATE_FILE` holds the part's descriptor, ``STATE_VALUE``
+its bytes). Either way memory stays bounded by the chunk size and nothing passes through the driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Iterator
+
+import msgpack
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from megaphone.migrator.statedir.faults import crash_point
+from megaphone.migrator.task.columns import (
+    BIN,
+    EXPORT_REPORT,
+    STATE_FILE,
+    STATE_KEY,
+    STATE_VALUE,
+    WORKER,
+)
+from megaphone.migrator.task.spec import EpochSpec
+from megaphone.records import WorkerMetrics, WorkerReport
+from megaphone.state_backends.bin_files import (
+    BinFile,
+    FileAssembler,
+    file_min_bytes,
+    file_parts,
+    transfer_dir,
+)
+from megaphone.state_backends.encoding import payload_bytes
+from megaphone.state_backends.remote import RemoteStore
+
+
+def rows(schema: pa.Schema, n: int, columns: dict[str, pa.Array]) -> pa.RecordBatch:
+    """``n`` rows of ``schema`` holding ``columns`` by name, null in every other column."""
+    return pa.RecordBatch.from_arrays(
+        [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in schema],
+        schema=schema)
+
+
+def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None, schema: pa.Schema
+                ) -> Iterator[pa.RecordBatch]:
+    """Ship the bins leaving ``sender`` (read from its ``store``, ``None`` if it has none) as
+    shuffle rows bound for their new owners, then the sender's report as one last row, to
+    the worker that gets its first bin. The store is read, not changed."""
+    started = time.perf_counter()
+    moves = spec.outgoing.get(sender, ())
+    by_dst: dict[int, list[int]] = {}
+    for b, dst in moves:
+        by_dst.setdefault(dst, []).append(b)
+    bytes_by_bin: dict[int, int] = {}
+    keys_out = files = 0
+    min_bytes = file_min_bytes(spec.transfer)
+    spans: list[list[float]] = []  # [bin, start, end] on the wall clock, for the trace
+    for dst, bins in sorted(by_dst.items()) if store is not None else ():
+        for b in sorted(bins):
+            spans.append([b, time.time(), 0.0])
+            for item in store.export([b], spec.chunk_bytes, spec.required_epoch(sender),
+                                     spec.epoch, spec.run_id, file_min_bytes=min_bytes):
+                if isinstance(item, BinFile):
+                    yield from _file_rows(schema, dst, item, spec)
+                    keys_out += item.keys
+                    bytes_by_bin[b] = bytes_by_bin.get(b, 0) + item.bytes
+                    files += 1
+                    continue
+                keys_out += item.num_rows
+                bytes_by_bin[b] = bytes_by_bin.get(b, 0) + payload_bytes(item)
+                yield _state_rows(schema, dst, b, item)
+                crash_point("export", spec.epoch, spec.local_dir)
+            spans[-1][2] = time.time()
+    if by_dst:
+        metrics = WorkerMetrics(bins_out=len(moves), keys_out=keys_out, files_out=files,
+                                bytes_out=sum(bytes_by_bin.values()),
+                                export_s=time.perf_counter() - started,
+                                export_spans=spans or None)
+        report = WorkerReport(sender, metrics, bytes_by_bin).to_json()
+        yield rows(schema, 1, {WORKER: pa.array([min(by_dst)], pa.int32()),
+                               EXPORT_REPORT: pa.array([report])})
+
+
+def _state_rows(schema: pa.Schema, dst: int, b: int, chunk: pa.RecordBatch) -> pa.RecordBatch:
+    """Shuffle rows carrying one exported chunk of bin ``b`` to worker ``dst``."""
+    n = chunk.num_rows
+    return rows(schema, n, {WORKER: pa.array([dst] * n, pa.int32()),
+                            BIN: pa.array([b] * n, pa.int32()),
+                            STATE_KEY: chunk.column(0), STATE_VALUE: chunk.column(1)})
+
+
+def _file_rows(schema: pa.Schema, dst: int, f: BinFile, spec: EpochSpec
+               ) -> Iterator[pa.RecordBatch]:
+    """One shuffle row per part of bin file ``f`` to worker ``dst``; the file is deleted
+    once shipped (or when shipping fails)."""
+    try:
+        for offset, data in file_parts(f.path, spec.chunk_bytes):
+            desc = msgpack.packb({**f.to_wire(), "offset": offset})
+            yield rows(schema, 1, {WORKER: pa.array([dst], pa.int32()),
+                                   BIN: pa.array([f.bin], pa.int32()),
+                                   STATE_FILE: pa.array([desc], pa.binary()),
+                                   STATE_VALUE: pa.array([data], pa.binary())})
+            crash_point("export", spec.epoch, spec.local_dir)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f.path)
+
+
+class Arrivals:
+    """What reaches a worker's task, sorted out: records (kept in :attr:`records` for after the
+    installs), row chunks of moving state (streamed to the store by :meth:`chunks`) and parts of
+    bin files (written to the store's incoming transfer directory, ingested once whole), all by
+    :meth:`install`.
+    """
+
+    def __init__(self, spec: EpochSpec, worker: int, store_path: str,
+                 metrics: WorkerMetrics) -> None:
+        self.spec, self.worker, self.metrics = spec, worker, metrics
+        self.records: list[pa.RecordBatch] = []
+        self.files = FileAssembler(transfer_dir(store_path, "in"))
+        self._arrived = False
+
+    def chunks(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The ``(k, v)`` chunks among ``batches``; records are set aside, file parts written."""
+        for batch in batches:
+            is_state = pc.is_valid(batch.column(STATE_VALUE))
+            n_state = pc.sum(is_state).as_py() or 0
+            if n_state < batch.num_rows:
+                self.records.append(batch.filter(pc.invert(is_state)) if n_state else batch)
+            if not n_state:
+                continue
+            state = batch.filter(is_state) if n_state < batch.num_rows else batch
+            is_file = pc.is_valid(state.column(STATE_FILE))
+            if pc.any(is_file).as_py():
+                self._file_parts(state.filter(is_file))
+                state = state.filter(pc.invert(is_file))
+            if state.num_rows:
+                self._arrival()
+                self.metrics.keys_in += state.num_rows
+                kv = pa.RecordBatch.from_arrays(
+                    [state.column(STATE_KEY), state.column(STATE_VALUE)], names=["k", "v"])
+                self.metrics.bytes_in += payload_bytes(kv)
+                yield kv
+
+    def _file_parts(self, parts: pa.RecordBatch) -> None:
+        for desc, data in zip(parts.column(STATE_FILE).to_pylist(),
+                              parts.column(STATE_VALUE).to_pylist(), strict=True):
+            wire = msgpack.unpackb(desc, raw=False)
+            self.files.add(BinFile.from_wire(wire), int(wire["offset"]), data)
+            self._arrival()
+
+    def _arrival(self) -> None:
+        if not self._arrived:
+            self._arrived = True
+            crash_point("receive", self.spec.epoch, self.spec.local_dir)
+
+    def install(self, store: RemoteStore, batches: Iterable[pa.RecordBatch],
+                incoming: Iterable[int]) -> str | None:
+        """Install every bin that arrives among ``batches`` (rows as they stream in, files once
+        whole) and keep the records; the install path taken (``"chunk"``, ``"sst"``,
+        ``"files"``, or two of them joined by ``+``), ``None`` when nothing was to arrive."""
+        incoming = tuple(incoming)
+        try:
+            if not incoming:  # read the records without a round trip to the store
+                for _ in self.chunks(batches):
+                    pass
+                if self._arrived:
+                    raise RuntimeError(
+                        f"worker {self.worker} received state at epoch {self.spec.epoch} but "
+                        "installs no bin: the epoch's layout is inconsistent")
+                return None
+            by_rows = store.install(self.chunks(batches))
+            by_files = self._ingest(store, incoming)
+            taken = [by_rows["method"]] if by_rows["keys"] else []
+            if by_files:
+                taken.append(by_files)
+            return "+".join(taken) or by_rows["method"]
+        finally:
+            self.files.discard()
+
+    def _ingest(self, store: RemoteStore, incoming: Iterable[int]) -> str | None:
+        """Ingest the bin files received whole; the method taken, ``None`` if there were none.
+        Fails loudly on a file of a bin this worker does not install at this epoch."""
+        files = self.files.complete()
+        if not files:
+            return None
+        stray = sorted({f.bin for f in files} - set(incoming))
+        if stray:
+            raise RuntimeError(f"worker {self.worker} received files of bins {stray} at epoch "
+                               f"{self.spec.epoch} but does not install them: the epoch's "
+                               "layout is inconsistent")
+        reply = store.ingest(files)
+        self.metrics.keys_in += reply["keys"]
+        self.metrics.bytes_in += reply["bytes"]
+        self.metrics.files_in = len(files)
+        return reply["method"]
+
+
+class TimedInput:
+    """Wrap the task's input: time spent waiting for it is excluded from useful time, and the
+    exporters' reports are set aside (:attr:`export_reports`) from records and state."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self._it = iter(batches)
+        self.waiting = 0.0
+        self.export_reports: list[str] = []
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                self.waiting += time.perf_counter() - t0
+                return
+            self.waiting += time.perf_counter() - t0
+            marks = batch.column(EXPORT_REPORT)
+            if marks.null_count < batch.num_rows:
+                has = pc.is_valid(marks)
+                self.export_reports += batch.filter(has).column(EXPORT_REPORT).to_pylist()
+                batch = batch.filter(pc.invert(has))
+            yield batch
