@@ -1,16 +1,15 @@
 #!/bin/bash
-# Paired: before (13e3345) and after (902aa62) alternately, each from its own tree.
-PY=/work/venv-main/bin/python
-for i in 1 2; do
-  for side in before after; do
-    tree=/work/wt-before; [ $side = after ] && tree=/work/main
-    (cd $tree && PYTHONPATH=$tree $PY bench/epoch_floor.py --json bench/results/arch-33/out/floor-$side-$i.json > bench/results/arch-33/out/floor-$side-$i.log 2>&1)
-  done
-done
-for i in 1 2; do
-  for side in before after; do
-    tree=/work/wt-before; [ $side = after ] && tree=/work/main
-    (cd $tree && PYTHONPATH=$tree $PY bench/backlog.py --no-progress --out bench/results/arch-33/out/backlog-$side-$i > bench/results/arch-33/out/backlog-$side-$i.log 2>&1)
-  done
-done
-echo done
+# Paired run of the epoch-path benchmarks at two commits, alternately, each from its own
+# checkout (its code on PYTHONPATH, so Spark's Python workers run it too):
+#   bash paired.sh BEFORE_CHECKOUT AFTER_CHECKOUT OUT_DIR     (PYTHON: the interpreter to use)
+set -euo pipefail
+before=$(realpath "$1"); after=$(realpath "$2"); out=$(realpath -m "$3"); py=${PYTHON:-python3}
+mkdir -p "$out"
+run() {  # run SIDE N BENCH ARGS...
+  local tree=$before; [ "$1" = after ] && tree=$after
+  (cd "$tree" && PYTHONPATH=$tree "$py" "${@:3}" > "$out/$3-$1-$2.log" 2>&1)
+}
+for i in 1 2; do for side in before after; do
+  run $side $i bench/epoch_floor.py --json "$out/floor-$side-$i.json"; done; done
+for i in 1 2; do for side in before after; do
+  run $side $i bench/backlog.py --no-progress --out "$out/backlog-$side-$i"; done; done
