@@ -6,8 +6,9 @@ set -euo pipefail
 before=$(realpath "$1"); after=$(realpath "$2"); out=$(realpath -m "$3"); py=${PYTHON:-python3}
 mkdir -p "$out"
 run() {  # run SIDE N BENCH ARGS...
-  local tree=$before; [ "$1" = after ] && tree=$after
-  (cd "$tree" && PYTHONPATH=$tree "$py" "${@:3}" > "$out/$3-$1-$2.log" 2>&1)
+  local tree=$before name; [ "$1" = after ] && tree=$after
+  name=$(basename "$3" .py)
+  (cd "$tree" && PYTHONPATH=$tree "$py" "${@:3}" > "$out/$name-$1-$2.log" 2>&1)
 }
 for i in 1 2; do for side in before after; do
   run $side $i bench/epoch_floor.py --json "$out/floor-$side-$i.json"; done; done
