@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import sys
+import weakref
 from typing import Any
 
 from pyspark import SparkContext
@@ -140,7 +141,9 @@ def probe(_):
         found = "no megaphone (" + type(error).__name__ + (": " + lines[0] if lines else "") + ")"
     return "%s|%d.%d.%d|%s" % ((sys.executable,) + tuple(sys.version_info[:3]) + (found,))
 '''
-_checked: set[str] = set()
+#: Sessions (Connect) and SparkContexts (classic) whose workers passed the check: asked at
+#: every epoch, so the test is a lookup, not a call into the JVM.
+_checked: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _probe_function() -> Any:
@@ -169,8 +172,7 @@ def check_python_workers(spark: SparkSession) -> None:
     A tiny job probes as many tasks as the cluster runs at once. Raises
     :class:`WorkerPythonError`.
     """
-    key = (f"connect:{id(spark)}" if is_connect(spark)
-           else f"app:{spark.sparkContext.applicationId}")
+    key = spark if is_connect(spark) else spark.sparkContext
     if key in _checked:
         return
     driver = (f"driver {sys.executable} (Python {'.'.join(map(str, sys.version_info[:3]))}, "
