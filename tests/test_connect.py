@@ -31,8 +31,10 @@ def connect_url(tmp_path_factory):
     home = Path(pyspark.__file__).parent
     port = free_port()
     log = tmp_path_factory.mktemp("connect") / "server.log"
+    # The server's Python workers run this interpreter, whatever `python3` is on PATH (its
+    # UDFs follow PYSPARK_PYTHON, not spark.pyspark.python).
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
     conf = {"spark.connect.grpc.binding.address": "127.0.0.1",
             "spark.connect.grpc.binding.port": str(port),
             "spark.pyspark.python": sys.executable, "spark.ui.enabled": "false",
