@@ -20,7 +20,6 @@ phase is a crash-injection point of the same name (:mod:`megaphone.migrator.stat
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -41,27 +40,19 @@ from megaphone.migrator.epoch.routing_operator import (
     epoch_layout,
     epoch_spec,
 )
-from megaphone.migrator.epoch.schemas import arrow_type
-from megaphone.migrator.epoch.spark_job import (
-    EpochResults,
-    epoch_job,
-    epoch_metrics,
-    run_job,
-    split_group_results,
-    split_results,
-)
+from megaphone.migrator.epoch.spark_job import EpochReport, collect_epochs, epoch_job
 from megaphone.migrator.epoch.state_holder import POLICY_HISTORY
 from megaphone.migrator.statedir.commit import Commit, StreamPosition
 from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.statedir.faults import crash_point
 from megaphone.migrator.statedir.inbox import take_plans
 from megaphone.migrator.task.columns import LABEL
-from megaphone.migrator.task.spec import EpochSpec, shuffle_schema, with_labels
+from megaphone.migrator.task.spec import EpochSpec, with_labels
 from megaphone.migrator.task.updates import Update
-from megaphone.migrator.trace import epoch_trace, take_marks, trace_enabled
+from megaphone.migrator.trace import epoch_trace, trace_enabled
 from megaphone.operators.process import watermark
 from megaphone.plans.plan_queue import PlanQueue, PolicyInputs
-from megaphone.records import EpochMetrics, WorkerMetrics
+from megaphone.records import EpochMetrics
 from megaphone.spark import check_python_workers, task_slots
 
 if TYPE_CHECKING:
@@ -97,18 +88,17 @@ PHASES = DRIVER_PHASES + WORKER_PHASES
 #: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
 LOAD_SMOOTHING = 0.3
 
-#: Writes an epoch's outputs file while the driver writes its commit record.
-_WRITER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
-                                                thread_name_prefix="megaphone-outputs")
-
 
 @dataclass(frozen=True)
 class Admission:
-    """A batch admitted to an epoch: its record columns and update, and the pipeline's state
-    directory, plan queue and last commit (the state directory is created on first use)."""
+    """A batch admitted to an epoch: its record columns and update, its tasks' shuffle and
+    outputs schemas, and the pipeline's state directory, plan queue and last commit (the state
+    directory is created on first use)."""
 
     columns: dict[str, Column]
     update: Update
+    shuffle: pa.Schema
+    outputs: pa.Schema
     state: StateDir
     queue: PlanQueue
     committed: Commit
@@ -159,7 +149,6 @@ class EpochRun:
         self.attempts = 0
         #: The metrics records of the group's epochs, once committed.
         self.records: list[EpochMetrics] = []
-        self._marks: dict[int, WorkerMetrics] = {}
 
     @property
     def last(self) -> int:
@@ -227,31 +216,25 @@ class EpochRun:
                                     layout.partitions)
             first = job()
         with self.phase("collect"):
-            table, self.attempts = run_job(first, job, epoch)
-            results = split_group_results(table, range(epoch, epoch + self.size)) \
-                if self.grouped else [split_results(table)]
+            stream = self.source.stream
+            reports, self.attempts = collect_epochs(
+                first, job, layout, spec, started, stream.batch_id if stream is not None else None)
             if before_commit is not None:
-                before_commit(results[0].outputs)
-        finished = time.time()
+                before_commit(reports[0].outputs)
         with self.phase("commit"):
-            self._commit_all(admitted, layout, results, labels, (started, finished))
+            self._commit_all(admitted, layout, reports)
         with self.phase("cleanup"):
             keep = self.last - holder.config.keep_outputs + 1
             state.prune_outputs(keep if self.source.keep_from is None
                                 else min(keep, self.source.keep_from))
-        trace = epoch_trace(epoch, self.spans, self._marks, layout.outgoing, layout.incoming) \
-            if trace_enabled() else None
-        if trace is not None:  # the group's phases with its first epoch's workers' marks
-            state.traces.append(trace)
         share = {name: seconds / self.size for name, seconds in self.phases.items()}
         for record in self.records:
-            record.job_attempts = self.attempts
-            record.phases_s = dict(share)
-            state.append_metrics(record.to_dict())  # a crash before it loses the line only
-            holder.metrics.append(record)
-            if trace is not None and not self.grouped:  # a group's trace is for `megaphone
-                holder.traces.append(trace)  # explain`, not policies (they read an epoch's)
-        return [r.outputs for r in results]
+            record.job_attempts, record.phases_s = self.attempts, dict(share)
+        # the group's phases with its first epoch's workers' marks
+        holder.recorded(self.records, epoch_trace(
+            epoch, self.spans, reports[0].marks, layout.outgoing, layout.incoming)
+            if trace_enabled() else None, policies=not self.grouped)
+        return [r.outputs for r in reports]
 
     def _admit(self) -> Admission:
         """Check the batch against the pipeline: its record columns (``key``, and ``value``
@@ -280,7 +263,8 @@ class EpochRun:
                 theirs = T._parse_datatype_json_string(stored).simpleString()
                 raise TypeError(f"value column {schema.value!r} is "
                                 f"{value_type.simpleString()} but the pipeline's are {theirs}")
-        return Admission(columns, update, state, holder.plans, holder.commit)
+        shuffle, outputs = schema.task_schemas(key_type, update, batch.schema, state.manifest)
+        return Admission(columns, update, shuffle, outputs, state, holder.plans, holder.commit)
 
     def _policy_inputs(self, lag_s: float) -> PolicyInputs:
         """What adaptive plans' policies see before the group (metadata only)."""
@@ -309,14 +293,8 @@ class EpochRun:
         its labels, its shuffle's label column and, for an event-time operator, each epoch's
         watermark (from the largest event time committed and those of the group's earlier
         epochs: exactly what one job per epoch would use)."""
-        holder, schema, update = self.holder, self.driver.schema, admitted.update
+        holder, update = self.holder, admitted.update
         config, committed = holder.config, admitted.committed
-        assert holder.key_type is not None  # the batch was admitted
-        key_arrow, value_arrow = schema.arrow_types(holder.key_type, update,
-                                                    self.source.batch.schema)
-        out = schema.outputs(holder.key_type, schema.update(holder.manifest, None))
-        output_schema = pa.schema([(f.name, arrow_type(f.dataType)) for f in out])
-        shuffle = shuffle_schema(key_arrow, value_arrow, config.event_time is not None)
         fields: dict[str, Any] = {}
         if update.is_process:
             owners = holder.routing.owners(layout.epoch)
@@ -330,15 +308,15 @@ class EpochRun:
                                 for w in np.unique(owners)},
                       "watermarks": tuple(marks)}
         if self.grouped:
-            fields.update(labels=tuple(labels), shuffle_schema=with_labels(shuffle))
+            fields.update(labels=tuple(labels), shuffle_schema=with_labels(admitted.shuffle))
         return epoch_spec(
             holder.state_dir, layout, committed, holder.routing,
             update=update,
-            output_schema=output_schema,
+            output_schema=admitted.outputs,
             chunk_bytes=config.chunk_bytes,
             transfer=config.transfer,
             has_event_time=config.event_time is not None,
-            shuffle_schema=fields.pop("shuffle_schema", shuffle),
+            shuffle_schema=fields.pop("shuffle_schema", admitted.shuffle),
             local_dir=holder.local_dir,
             run_id=holder.run_id,
             checkpoint=config.checkpoint,
@@ -347,49 +325,29 @@ class EpochRun:
             **self.driver.hot.spec_fields(update, layout, self.driver.task_slots or 1),
         )
 
-    def _commit_all(self, admitted: Admission, layout: EpochLayout, results: list[EpochResults],
-                    labels: tuple[int, ...], span: tuple[float, float]) -> None:
-        """Commit the group's epochs in order: each one's outputs kept (written in parallel
-        with its commit record: their fsyncs overlap), then its commit record. Bins that moved
-        at the first epoch stay pending drops until the next group's first epoch (a retried
-        group job may export them again)."""
-        started, finished = span
-        state, queue, before = admitted.state, admitted.queue, admitted.committed
-        load = self.driver.bin_load
+    def _commit_all(self, admitted: Admission, layout: EpochLayout,
+                    reports: list[EpochReport]) -> None:
+        """Commit the group's epochs in order (:meth:`StateDir.commit_epoch`: each one's outputs
+        kept, then its commit record). Bins that moved at the first epoch stay pending drops
+        until the next group's first epoch (a retried group job may export them again)."""
+        queue, before, load = admitted.queue, admitted.committed, self.driver.bin_load
         stream = self.source.stream
-        for i, result in enumerate(results):
-            epoch = self.epoch + i
-            at = layout if i == 0 else dataclasses.replace(layout, epoch=epoch)
-            if stream is not None and self.grouped:  # the epoch is one of the batch's epochs
-                stream = stream.with_epoch(epoch)
-            report = epoch_metrics(at, started, finished, result,
-                                   stream.batch_id if stream is not None else None)
+        for report in reports:
             record = report.record
-            marks = take_marks(record)  # for the trace (the first epoch's), not the metrics
-            if i:
-                record.bins_moved = 0  # the group's moves happened at its first epoch
-            else:
-                self._marks = marks
-            if self.grouped:
-                record.group, record.group_size, record.label = self.epoch, self.size, labels[i]
-            record.duration_s = (finished - started) / self.size
-            counts = np.bincount(result.load_bins, weights=result.load_counts,
-                                 minlength=len(load))  # the driver's smoothed per-bin load
-            load *= 1.0 - LOAD_SMOOTHING
-            load += LOAD_SMOOTHING * counts
+            at = dataclasses.replace(layout, epoch=record.epoch)
+            if stream is not None and self.grouped:  # the epoch is one of the batch's epochs
+                stream = stream.with_epoch(record.epoch)
+            load *= 1.0 - LOAD_SMOOTHING  # the driver's smoothed per-bin load
+            load += LOAD_SMOOTHING * report.load
             if self.input_end is not None and record.latency_s is None:
-                record.latency_s = finished - self.input_end
-            kept = _WRITER.submit(state.write_outputs, epoch, result.outputs)
-            try:
-                with queue.lock:
-                    queue.committed(epoch, report.bytes_by_bin)
-                    commit = commit_record(at, before.stream if stream is None else stream,
-                                           queue.to_list(), record.per_worker, before)
-                    if self.grouped:
-                        commit.label = labels[i]
-                    state.write_commit(commit, after=kept.result)  # the epoch's commit point
-                    self.holder.commit = commit
-            finally:
-                concurrent.futures.wait([kept])
+                record.latency_s = record.finished - self.input_end
+            with queue.lock:
+                queue.committed(record.epoch, report.bytes_by_bin)
+                commit = commit_record(at, before.stream if stream is None else stream,
+                                       queue.to_list(), record.per_worker, before)
+                if self.grouped:
+                    commit.label = record.label
+                admitted.state.commit_epoch(commit, report.outputs)  # the epoch's commit point
+                self.holder.commit = commit
             before = commit
             self.records.append(record)

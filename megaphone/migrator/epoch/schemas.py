@@ -13,6 +13,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
 
 from megaphone.migrator.task.columns import EVENT_TIME, KEY, VALUE
+from megaphone.migrator.task.spec import shuffle_schema
 from megaphone.migrator.task.updates import Update, UpdateFn, make_update
 from megaphone.operators.process import ProcessFunction
 from megaphone.routing.keys import KEY_ARROW_TYPES, KEY_SPARK_CASTS
@@ -122,12 +123,16 @@ class PipelineSchema:
             self._columns = ((key_cast, value_cast), cols)
         return self._columns[1]
 
-    def arrow_types(self, key_type: str, update: Update, batch: T.StructType
-                    ) -> tuple[pa.DataType, pa.DataType | None]:
-        """The Arrow types of a batch's key and value in the epoch's shuffle."""
-        key_arrow = KEY_ARROW_TYPES[key_type]
+    def task_schemas(self, key_type: str, update: Update, batch: T.StructType,
+                     manifest: Mapping[str, Any]) -> tuple[pa.Schema, pa.Schema]:
+        """The Arrow schemas of an epoch's tasks, derived once when a batch is admitted: its
+        shuffle's (:func:`~megaphone.migrator.task.spec.shuffle_schema`: the batch's key and
+        value as the update reads them) and its outputs' (the update as ``manifest`` fixes it)."""
         value_arrow = None
         if self.value:
             value_arrow = (pa.int64() if update.value_kind == "int" else pa.float64()) \
                 if update.is_builtin else arrow_type(batch[self.value].dataType)
-        return key_arrow, value_arrow
+        out = self.outputs(key_type, self.update(manifest, None))
+        outputs = pa.schema([(f.name, arrow_type(f.dataType)) for f in out])
+        key_arrow = KEY_ARROW_TYPES[key_type]
+        return shuffle_schema(key_arrow, value_arrow, self.event_time is not None), outputs

@@ -12,8 +12,10 @@ through a shared filesystem.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -41,6 +43,7 @@ from megaphone.migrator.task.hot_split import fold_partials, pass_and_fold
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.migrator.task.state_operator import apply_worker, export_worker, result_schema
 from megaphone.migrator.task.updates import UpdateError
+from megaphone.migrator.trace import take_marks
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column
 
@@ -269,16 +272,47 @@ def _checked(batches: Iterator[pa.RecordBatch], worker: int) -> Iterator[pa.Reco
 
 @dataclass(frozen=True)
 class EpochReport:
-    """An epoch's metrics ``record``, and beside it what only the driver uses: the bytes
-    shipped per moved bin (``bytes_by_bin``, plan progress)."""
+    """One epoch's results as the driver commits them: its ``outputs``, its metrics
+    ``record``, the workers' timing ``marks`` (for the trace, taken out of the record), the
+    bytes shipped per moved bin (``bytes_by_bin``, plan progress) and the records applied per
+    bin (``load``, the driver's per-bin load)."""
 
+    outputs: pa.Table
     record: EpochMetrics
+    marks: dict[int, WorkerMetrics]
     bytes_by_bin: dict[int, int]
+    load: np.ndarray
+
+
+def collect_epochs(job: DataFrame, rebuild: Callable[[], DataFrame], layout: EpochLayout,
+                   spec: EpochSpec, started: float, batch_id: int | None
+                   ) -> tuple[list[EpochReport], int]:
+    """Run the job of the group ``spec`` (:func:`run_job`) and report each of its epochs
+    (:func:`epoch_metrics`); also how many runs the job took. The group's moves count at its
+    first epoch, and its duration is shared evenly."""
+    table, attempts = run_job(job, rebuild, layout.epoch)
+    finished = time.time()
+    labels = spec.labels
+    size = max(1, len(labels))
+    parts = split_group_results(table, range(layout.epoch, layout.epoch + size)) if labels \
+        else [split_results(table)]
+    reports = []
+    for i, part in enumerate(parts):
+        at = dataclasses.replace(layout, epoch=layout.epoch + i, moves=()) if i else layout
+        record, bytes_by_bin = epoch_metrics(at, started, finished, part, batch_id)
+        record.duration_s = (finished - started) / size
+        if labels:
+            record.group, record.group_size, record.label = layout.epoch, size, labels[i]
+        load = np.bincount(part.load_bins, weights=part.load_counts, minlength=spec.num_bins)
+        reports.append(EpochReport(part.outputs, record, take_marks(record), bytes_by_bin, load))
+    return reports, attempts
 
 
 def epoch_metrics(layout: EpochLayout, started: float, finished: float,
-                  results: EpochResults, batch_id: int | None) -> EpochReport:
-    """One epoch's metrics record from the workers' and the exporters' reports."""
+                  results: EpochResults, batch_id: int | None
+                  ) -> tuple[EpochMetrics, dict[int, int]]:
+    """One epoch's metrics record from the workers' and the exporters' reports, and the bytes
+    they shipped per moved bin."""
     per_worker: dict[int, WorkerMetrics] = {}
     bytes_by_bin: dict[int, int] = {}
     for report in results.reports:
@@ -311,4 +345,4 @@ def epoch_metrics(layout: EpochLayout, started: float, finished: float,
     hot = epoch_hot_keys(per_worker)
     if hot is not None:
         record.hot_keys = [list(c) for c in hot.counters]
-    return EpochReport(record, bytes_by_bin)
+    return record, bytes_by_bin

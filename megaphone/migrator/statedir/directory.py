@@ -19,6 +19,7 @@ With a checkpoint location, everything but ``workers/`` is also kept there, writ
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import json
 import os
@@ -41,6 +42,9 @@ from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
 
 MANIFEST_FORMAT = "megaphone.statedir/1"
+#: Writes an epoch's outputs file while the driver writes its commit record.
+_WRITER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix="megaphone-outputs")
 
 
 class NotAStateDir(MegaphoneError, ValueError):
@@ -324,6 +328,15 @@ class StateDir:
 
         atomic_write_json(self.paths.commit, commit.to_dict(), before_rename,
                           sync=self.durable is None)  # with a driver's copy, that is synced
+
+    def commit_epoch(self, commit: Commit, outputs: pa.Table) -> None:
+        """Commit an epoch: its ``outputs`` kept (written while the commit record's bytes are
+        synced: the two fsyncs overlap), then its commit record (:meth:`write_commit`)."""
+        kept = _WRITER.submit(self.write_outputs, commit.epoch, outputs)
+        try:
+            self.write_commit(commit, after=kept.result)
+        finally:
+            concurrent.futures.wait([kept])
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Append one epoch's metrics as a JSON line. A full file (:data:`METRICS_CHUNK`
