@@ -49,7 +49,7 @@ from megaphone.migrator.statedir.inbox import take_plans
 from megaphone.migrator.task.columns import LABEL
 from megaphone.migrator.task.spec import EpochSpec, with_labels
 from megaphone.migrator.task.updates import Update
-from megaphone.migrator.trace import epoch_trace, trace_enabled
+from megaphone.migrator.trace import epoch_trace, take_marks, trace_enabled
 from megaphone.operators.process import watermark
 from megaphone.plans.plan_queue import PlanQueue, PolicyInputs
 from megaphone.records import EpochMetrics
@@ -230,10 +230,12 @@ class EpochRun:
         share = {name: seconds / self.size for name, seconds in self.phases.items()}
         for record in self.records:
             record.job_attempts, record.phases_s = self.attempts, dict(share)
-        # the group's phases with its first epoch's workers' marks
-        holder.recorded(self.records, epoch_trace(
-            epoch, self.spans, reports[0].marks, layout.outgoing, layout.incoming)
-            if trace_enabled() else None, policies=not self.grouped)
+        marks = [take_marks(record) for record in self.records]  # the trace's, not metrics
+        trace = epoch_trace(epoch, self.spans, marks[0], layout.outgoing, layout.incoming) \
+            if trace_enabled() else None  # the group's phases, its first epoch's workers
+        if trace is not None:
+            state.traces.append(trace)  # a group's is for `megaphone explain`, not policies
+        holder.recorded(self.records, None if self.grouped else trace)
         return [r.outputs for r in reports]
 
     def _admit(self) -> Admission:

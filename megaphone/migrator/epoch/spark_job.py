@@ -43,7 +43,6 @@ from megaphone.migrator.task.hot_split import fold_partials, pass_and_fold
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.migrator.task.state_operator import apply_worker, export_worker, result_schema
 from megaphone.migrator.task.updates import UpdateError
-from megaphone.migrator.trace import take_marks
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column
 
@@ -273,13 +272,11 @@ def _checked(batches: Iterator[pa.RecordBatch], worker: int) -> Iterator[pa.Reco
 @dataclass(frozen=True)
 class EpochReport:
     """One epoch's results as the driver commits them: its ``outputs``, its metrics
-    ``record``, the workers' timing ``marks`` (for the trace, taken out of the record), the
-    bytes shipped per moved bin (``bytes_by_bin``, plan progress) and the records applied per
-    bin (``load``, the driver's per-bin load)."""
+    ``record``, the bytes shipped per moved bin (``bytes_by_bin``, plan progress) and the
+    records applied per bin (``load``, the driver's per-bin load)."""
 
     outputs: pa.Table
     record: EpochMetrics
-    marks: dict[int, WorkerMetrics]
     bytes_by_bin: dict[int, int]
     load: np.ndarray
 
@@ -304,7 +301,7 @@ def collect_epochs(job: DataFrame, rebuild: Callable[[], DataFrame], layout: Epo
         if labels:
             record.group, record.group_size, record.label = layout.epoch, size, labels[i]
         load = np.bincount(part.load_bins, weights=part.load_counts, minlength=spec.num_bins)
-        reports.append(EpochReport(part.outputs, record, take_marks(record), bytes_by_bin, load))
+        reports.append(EpochReport(part.outputs, record, bytes_by_bin, load))
     return reports, attempts
 
 

@@ -247,19 +247,15 @@ class StateHolder:
                 self.state_dir.write_commit(self.commit)
         return handle
 
-    def recorded(self, records: list[EpochMetrics], trace: EpochTrace | None,
-                 policies: bool) -> None:
-        """Keep committed epochs' metrics ``records`` and their ``trace`` on disk and here, for
-        policies (``policies``: the trace is one epoch's; a group's is for ``megaphone
-        explain`` only). A crash before it loses these lines only."""
-        state = self.state_dir
-        if trace is not None:
-            state.traces.append(trace)
+    def recorded(self, records: list[EpochMetrics], trace: EpochTrace | None) -> None:
+        """Keep committed epochs' metrics ``records`` on disk and here, and their epoch's
+        ``trace`` here (for policies: ``None`` for a group's). A crash before it loses these
+        metrics lines only."""
         for record in records:
-            state.append_metrics(record.to_dict())
+            self.state_dir.append_metrics(record.to_dict())
             self.metrics.append(record)
-            if trace is not None and policies:
-                self.traces.append(trace)
+        if trace is not None:
+            self.traces.append(trace)
 
     def flush_metrics(self) -> None:
         """Write the commit record again if the driver's durable copy has metrics pending."""
