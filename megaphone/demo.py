@@ -9,12 +9,14 @@ during and after the migration.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import tempfile
 import threading
 import time
 from typing import Any
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 
 from megaphone.migrator.pipeline import Pipeline
 from megaphone.plans.plan import MigrationPlan
@@ -42,10 +44,14 @@ def scale_out_moves(pipe: Pipeline, workers: int) -> list[Move]:
             if b % workers != int(owners[b])]
 
 
+def words(value: Column, keys: int) -> Column:
+    """The demo's word of each ``value``: one of ``w0`` .. ``w{keys-1}``, spread by
+    ``xxhash64`` (``pmod``: ``%`` of a negative hash is negative, which made twice the words)."""
+    return F.concat(F.lit("w"), F.pmod(F.xxhash64(value), F.lit(keys)).cast("string"))
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the demo and print one line per epoch and a summary."""
-    from pyspark.sql import functions as F
-
     from megaphone.spark import spark_session
 
     if args.master.startswith("sc://"):
@@ -60,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
     stream = (
         spark.readStream.format("rate").option("rowsPerSecond", args.rate)
         .option("numPartitions", 2).load()
-        .select(F.concat(F.lit("w"), (F.xxhash64("value") % args.keys).cast("string"))
-                .alias("word"), "timestamp")
+        .select(words(F.col("value"), args.keys).alias("word"), "timestamp")
     )
     phase = {"name": "steady"}
     rows: list[dict[str, Any]] = []
@@ -102,9 +107,19 @@ def run(args: argparse.Namespace) -> int:
         if query.exception() is not None:
             raise RuntimeError(f"the streaming query failed: {query.exception()}")
     summarize(rows, handle)
-    if args.state_dir is None:
-        shutil.rmtree(state_dir, ignore_errors=True)
+    print(next_steps(state_dir, kept=args.state_dir is not None))
     return 0
+
+
+def next_steps(state_dir: str, kept: bool) -> str:
+    """What to try next on the demo's state (kept: a temp dir too), as the demo's last lines."""
+    where = "" if kept else f" (a temp dir: delete it with rm -r {state_dir})"
+    return (f"\nthe pipeline's state is in {state_dir}{where}; try next:\n"
+            f"  megaphone inspect --state-dir {state_dir}   # workers, bins, keys, skew\n"
+            f"  megaphone explain --state-dir {state_dir}   # what the slowest epochs waited for\n"
+            f"  megaphone plan --state-dir {state_dir} --workers 3 --strategy batched"
+            " -o plan.json\n"
+            f"  megaphone migrate --state-dir {state_dir} plan.json   # offline, while stopped")
 
 
 def summarize(rows: list[dict[str, Any]], handle) -> None:
