@@ -118,7 +118,7 @@ def _records(pairs) -> pa.RecordBatch:
     return rows(SCHEMA, len(pairs), {
         C.WORKER: pa.array([0] * len(pairs), pa.int32()),
         C.BIN: pa.array(bin_of(keys, BINS), pa.int32()), C.KEY: keys,
-        C.VALUE: pa.array([v for _, v in pairs], pa.int64())})
+        C.VALUE: pa.array([v for _, v in pairs], pa.int64())}, C.RowKind.RECORD)
 
 
 def _apply(spec, batches):
@@ -165,7 +165,7 @@ def test_a_map_task_that_is_its_own_lessee_passes_other_keys_and_folds_split_one
     spec = _spec(tmp_path, make_update("sum", "int"), pa.int64(), split_keys=(7, 9))
     batches = [_records([(7, 1), (1, 2), (7, 3)]), _records([(2, 5), (7, 4)]),
                rows(SCHEMA, 1, {C.WORKER: pa.array([0], pa.int32()),
-                                C.BIN: pa.array([0], pa.int32())})]  # a null key
+                                C.BIN: pa.array([0], pa.int32())}, C.RowKind.RECORD)]  # null key
     out = pa.Table.from_batches(list(pass_and_fold(spec, iter(batches))))
     records, partials = take_partials(out)
     assert records.column(C.KEY).to_pylist() == [1, 2, None]
@@ -200,7 +200,7 @@ def test_float_partials_keep_nan_and_null_semantics(tmp_path):
         return rows(schema, len(values), {
             C.WORKER: pa.array([0] * len(values), pa.int32()),
             C.BIN: pa.array(bin_of(keys, BINS), pa.int32()), C.KEY: keys,
-            C.VALUE: pa.array(values, pa.float64())})
+            C.VALUE: pa.array(values, pa.float64())}, C.RowKind.RECORD)
 
     partials = [b for vs in ([1.0, None], [math.nan], [None]) for b in
                 fold_partials(spec, iter([batch(vs)]))]

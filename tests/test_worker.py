@@ -36,7 +36,8 @@ def records(keys, worker) -> pa.RecordBatch:
     keys = pa.array([None if k is None else int(k) for k in keys], pa.int64())
     n = len(keys)
     return rows(SCHEMA, n, {C.WORKER: pa.array([worker] * n, pa.int32()),
-                            C.BIN: pa.array(bin_of(keys, BINS), pa.int32()), C.KEY: keys})
+                            C.BIN: pa.array(bin_of(keys, BINS), pa.int32()), C.KEY: keys},
+                C.RowKind.RECORD)
 
 
 def run(s: EpochSpec, worker: int, batches) -> tuple[dict, dict]:

@@ -32,12 +32,14 @@ from megaphone.migrator.epoch.routing_operator import EpochLayout, epoch_hot_key
 from megaphone.migrator.task.columns import (
     BIN,
     KEY,
+    KIND,
     LOAD_BINS,
     LOAD_COUNTS,
     OUT_EPOCH,
     REPORT,
     RESULT_COLUMNS,
     WORKER,
+    RowKind,
 )
 from megaphone.migrator.task.hot_split import fold_partials, pass_and_fold
 from megaphone.migrator.task.spec import EpochSpec
@@ -107,8 +109,9 @@ def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSp
             exprs.append(owner_column(owners, bin_).alias(WORKER))
         elif f.name in columns:
             exprs.append(columns[f.name].alias(f.name))
-        else:
-            exprs.append(F.lit(None).cast(from_arrow_type(f.type)).alias(f.name))
+        else:  # every row of the map side is a record
+            value = int(RowKind.RECORD) if f.name == KIND else None
+            exprs.append(F.lit(value).cast(from_arrow_type(f.type)).alias(f.name))
     return MapSide(select=exprs, worker=F.col(WORKER))
 
 

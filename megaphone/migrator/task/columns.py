@@ -1,15 +1,37 @@
 """The column names of an epoch's shuffle and of its tasks' results, defined once.
 
-A shuffle row is a record (:data:`KEY`, :data:`VALUE`, :data:`EVENT_TIME`), a key of moving
+A shuffle row is bound for worker :data:`WORKER` and says what it is in :data:`KIND`
+(:class:`RowKind`): a record (:data:`KEY`, :data:`VALUE`, :data:`EVENT_TIME`), a key of moving
 state (:data:`STATE_KEY`, :data:`STATE_VALUE`), a part of a moving bin's file
 (:data:`STATE_FILE`, :data:`STATE_VALUE`), a hot key's partial (:data:`PARTIAL`) or an
-exporter's report (:data:`EXPORT_REPORT`),
-bound for worker :data:`WORKER`. A task's results are its outputs, then rows of reports
-(:data:`REPORT`) with the records it applied per bin (:data:`LOAD_BINS`, :data:`LOAD_COUNTS`).
+exporter's report (:data:`EXPORT_REPORT`). A task's results are its outputs, then rows of
+reports (:data:`REPORT`) with the records it applied per bin (:data:`LOAD_BINS`,
+:data:`LOAD_COUNTS`).
 """
+
+from enum import IntEnum
+
+
+class RowKind(IntEnum):
+    """What a shuffle row is (its :data:`KIND`): set by the row's producer, so its consumers
+    select rows by kind, never by which payload column happens to be set."""
+
+    #: A record, from the map side (or passed on by a lessee).
+    RECORD = 0
+    #: A key of moving state, from an exporter.
+    STATE = 1
+    #: A part of a moving bin's file, from an exporter.
+    FILE_PART = 2
+    #: A split hot key's partial, from a lessee.
+    PARTIAL = 3
+    #: An exporter's report.
+    EXPORT_REPORT = 4
+
 
 #: The worker a shuffle row goes to: its partition.
 WORKER = "_w"
+#: A shuffle row's :class:`RowKind` (int8, always set).
+KIND = "_k"
 #: The bin of a record or of a chunk of state.
 BIN = "_bin"
 #: A record's key.

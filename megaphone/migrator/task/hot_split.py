@@ -25,7 +25,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from megaphone.migrator.task.columns import BIN, EVENT_TIME, KEY, LABEL, PARTIAL, VALUE, WORKER
+from megaphone.migrator.task.columns import (
+    BIN,
+    EVENT_TIME,
+    KEY,
+    KIND,
+    LABEL,
+    PARTIAL,
+    VALUE,
+    WORKER,
+    RowKind,
+)
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.migrator.task.transfer import rows
 from megaphone.migrator.task.updates import (
@@ -91,14 +101,15 @@ def _fold(spec: EpochSpec, table: pa.Table, schema: pa.Schema, label: int | None
         by_key = dict(zip(*(latest.column(i).to_pylist() for i in range(2)), strict=True))
         columns[EVENT_TIME] = pa.array([by_key[k] for k in keys], pa.int64())
     return rows(schema, len(keys), {name: column.cast(schema.field(name).type)
-                                    for name, column in columns.items()})
+                                    for name, column in columns.items()}, RowKind.PARTIAL)
 
 
 def pass_and_fold(spec: EpochSpec, batches: Iterator[pa.RecordBatch]
                   ) -> Iterator[pa.RecordBatch]:
     """A map task that is its own lessee: records of keys not split pass through unchanged,
     those of the split keys are folded into partial rows (:func:`fold_partials`) at the end of
-    the task. One pass, in the stage that reads the input: no second scan, no extra stage."""
+    the task. One pass, in the stage that reads the input: no second scan, no extra stage.
+    Records keep their kind (:attr:`~megaphone.migrator.task.columns.RowKind.RECORD`)."""
     hot: list[pa.RecordBatch] = []
     schema = None  # the input's (Spark's Arrow types): partial rows must match it
     split = None  # the split keys as an array of the input's key type, built once
@@ -173,9 +184,9 @@ class Partials:
 
 def take_partials(table: pa.Table) -> tuple[pa.Table, Partials | None]:
     """Split an owner's input into its records and its partial rows (``None`` if none)."""
-    if PARTIAL not in table.column_names or table.column(PARTIAL).null_count == len(table):
+    is_partial = pc.equal(table.column(KIND), RowKind.PARTIAL)
+    if not pc.any(is_partial).as_py():
         return table, None
-    is_partial = pc.is_valid(table.column(PARTIAL))
     part = table.filter(is_partial)
     decoded = [msgpack.unpackb(raw) for raw in part.column(PARTIAL).to_pylist()]
     partials = Partials(part.column(KEY).to_pylist(), part.column(BIN).to_pylist(),

@@ -16,6 +16,7 @@ from megaphone.migrator.task.columns import (
     EVENT_TIME,
     EXPORT_REPORT,
     KEY,
+    KIND,
     LABEL,
     PARTIAL,
     STATE_FILE,
@@ -110,9 +111,9 @@ class EpochSpec:
 def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_time: bool
                    ) -> pa.Schema:
     """The rows of an epoch's one shuffle (:mod:`~megaphone.migrator.task.columns`): records, state
-    and exporters' reports."""
-    fields = [pa.field(WORKER, pa.int32()), pa.field(BIN, pa.int32()),
-              pa.field(KEY, key_type)]
+    and exporters' reports, each saying which in its kind column."""
+    fields = [pa.field(WORKER, pa.int32()), pa.field(KIND, pa.int8(), nullable=False),
+              pa.field(BIN, pa.int32()), pa.field(KEY, key_type)]
     if value_type is not None:
         fields.append(pa.field(VALUE, value_type))
     if event_time:

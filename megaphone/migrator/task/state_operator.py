@@ -32,13 +32,14 @@ from megaphone.migrator.task.columns import (
     BIN,
     EVENT_TIME,
     KEY,
+    KIND,
     LABEL,
     LOAD_BINS,
     LOAD_COUNTS,
     OUT_EPOCH,
     REPORT,
-    STATE_VALUE,
     VALUE,
+    RowKind,
 )
 from megaphone.migrator.task.hot_split import (
     Partials,
@@ -62,6 +63,8 @@ from megaphone.state_backends.encoding import encode_keys
 from megaphone.state_backends.remote import DurableSpec, RemoteStore
 
 _BINS = pa.list_(pa.int32())
+#: The kinds of shuffle rows an epoch applies: records and hot keys' partials.
+_APPLIED = pa.array([RowKind.RECORD, RowKind.PARTIAL], pa.int8())
 
 #: The wall-clock marks (``time.time()``) an apply task reports in
 #: :attr:`~megaphone.records.WorkerMetrics.marks`, one per phase boundary and none per record:
@@ -256,8 +259,8 @@ def _new_metrics(bins_in: int = 0) -> WorkerMetrics:
 
 
 def _records_only(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """The records among shuffle rows (state rows of a replayed first epoch set aside)."""
-    return batch.filter(pc.invert(pc.is_valid(batch.column(STATE_VALUE))))
+    """The records and partials among shuffle rows (a replayed first epoch's state set aside)."""
+    return batch.filter(pc.is_in(batch.column(KIND), value_set=_APPLIED))
 
 
 def _tagged(spec: EpochSpec, batch: pa.RecordBatch, epoch: int) -> pa.RecordBatch:

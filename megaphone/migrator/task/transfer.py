@@ -22,10 +22,12 @@ from megaphone.migrator.statedir.faults import crash_point
 from megaphone.migrator.task.columns import (
     BIN,
     EXPORT_REPORT,
+    KIND,
     STATE_FILE,
     STATE_KEY,
     STATE_VALUE,
     WORKER,
+    RowKind,
 )
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.records import WorkerMetrics, WorkerReport
@@ -39,9 +41,16 @@ from megaphone.state_backends.bin_files import (
 from megaphone.state_backends.encoding import payload_bytes
 from megaphone.state_backends.remote import RemoteStore
 
+#: Every :class:`RowKind`, as the shuffle's kind column holds them.
+KINDS = pa.array(list(RowKind), pa.int8())
 
-def rows(schema: pa.Schema, n: int, columns: dict[str, pa.Array]) -> pa.RecordBatch:
-    """``n`` rows of ``schema`` holding ``columns`` by name, null in every other column."""
+
+def rows(schema: pa.Schema, n: int, columns: dict[str, pa.Array], kind: RowKind | None = None
+         ) -> pa.RecordBatch:
+    """``n`` rows of ``schema`` holding ``columns`` by name (and, given ``kind``, shuffle rows
+    of that kind), null in every other column."""
+    if kind is not None:
+        columns = {**columns, KIND: pa.repeat(pa.scalar(kind, pa.int8()), n)}
     return pa.RecordBatch.from_arrays(
         [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in schema],
         schema=schema)
@@ -84,7 +93,7 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None, schema:
                                 export_spans=spans or None)
         report = WorkerReport(sender, metrics, bytes_by_bin).to_json()
         yield rows(schema, 1, {WORKER: pa.array([min(by_dst)], pa.int32()),
-                               EXPORT_REPORT: pa.array([report])})
+                               EXPORT_REPORT: pa.array([report])}, RowKind.EXPORT_REPORT)
 
 
 def _state_rows(schema: pa.Schema, dst: int, b: int, chunk: pa.RecordBatch) -> pa.RecordBatch:
@@ -92,7 +101,8 @@ def _state_rows(schema: pa.Schema, dst: int, b: int, chunk: pa.RecordBatch) -> p
     n = chunk.num_rows
     return rows(schema, n, {WORKER: pa.array([dst] * n, pa.int32()),
                             BIN: pa.array([b] * n, pa.int32()),
-                            STATE_KEY: chunk.column(0), STATE_VALUE: chunk.column(1)})
+                            STATE_KEY: chunk.column(0), STATE_VALUE: chunk.column(1)},
+                RowKind.STATE)
 
 
 def _file_rows(schema: pa.Schema, dst: int, f: BinFile, spec: EpochSpec
@@ -105,7 +115,8 @@ def _file_rows(schema: pa.Schema, dst: int, f: BinFile, spec: EpochSpec
             yield rows(schema, 1, {WORKER: pa.array([dst], pa.int32()),
                                    BIN: pa.array([f.bin], pa.int32()),
                                    STATE_FILE: pa.array([desc], pa.binary()),
-                                   STATE_VALUE: pa.array([data], pa.binary())})
+                                   STATE_VALUE: pa.array([data], pa.binary())},
+                       RowKind.FILE_PART)
             crash_point("export", spec.epoch, spec.local_dir)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -129,17 +140,17 @@ class Arrivals:
     def chunks(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The ``(k, v)`` chunks among ``batches``; records are set aside, file parts written."""
         for batch in batches:
-            is_state = pc.is_valid(batch.column(STATE_VALUE))
-            n_state = pc.sum(is_state).as_py() or 0
-            if n_state < batch.num_rows:
-                self.records.append(batch.filter(pc.invert(is_state)) if n_state else batch)
-            if not n_state:
+            is_state = pc.equal(batch.column(KIND), RowKind.STATE)
+            is_file = pc.equal(batch.column(KIND), RowKind.FILE_PART)
+            moving = pc.or_(is_state, is_file)
+            n_moving = pc.sum(moving).as_py() or 0
+            if n_moving < batch.num_rows:
+                self.records.append(batch.filter(pc.invert(moving)) if n_moving else batch)
+            if not n_moving:
                 continue
-            state = batch.filter(is_state) if n_state < batch.num_rows else batch
-            is_file = pc.is_valid(state.column(STATE_FILE))
             if pc.any(is_file).as_py():
-                self._file_parts(state.filter(is_file))
-                state = state.filter(pc.invert(is_file))
+                self._file_parts(batch.filter(is_file))
+            state = batch if pc.all(is_state).as_py() else batch.filter(is_state)
             if state.num_rows:
                 self._arrival()
                 self.metrics.keys_in += state.num_rows
@@ -203,8 +214,9 @@ class Arrivals:
 
 
 class TimedInput:
-    """Wrap the task's input: time spent waiting for it is excluded from useful time, and the
-    exporters' reports are set aside (:attr:`export_reports`) from records and state."""
+    """Wrap the task's input: time spent waiting for it is excluded from useful time, the
+    exporters' reports are set aside (:attr:`export_reports`) from records and state, and a
+    row of no known :class:`RowKind` fails the task (:func:`check_kinds`)."""
 
     def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
         self._it = iter(batches)
@@ -220,9 +232,20 @@ class TimedInput:
                 self.waiting += time.perf_counter() - t0
                 return
             self.waiting += time.perf_counter() - t0
-            marks = batch.column(EXPORT_REPORT)
-            if marks.null_count < batch.num_rows:
-                has = pc.is_valid(marks)
+            check_kinds(batch)
+            has = pc.equal(batch.column(KIND), RowKind.EXPORT_REPORT)
+            if pc.any(has).as_py():
                 self.export_reports += batch.filter(has).column(EXPORT_REPORT).to_pylist()
                 batch = batch.filter(pc.invert(has))
             yield batch
+
+
+def check_kinds(batch: pa.RecordBatch) -> None:
+    """Fail loudly if a shuffle row's kind is null or no :class:`RowKind`: consumers select rows
+    by kind, and would take such a row for what it is not, or drop it without a trace."""
+    known = pc.is_in(batch.column(KIND), value_set=KINDS)
+    if not pc.all(known).as_py():
+        bad = batch.column(KIND).filter(pc.invert(known))
+        raise RuntimeError(f"{len(bad)} shuffle rows of unknown kind (first: {bad[0].as_py()}; "
+                           f"known: {', '.join(f'{k.name}={k.value}' for k in RowKind)}): a "
+                           "producer of the epoch's shuffle did not set its rows' kind")
