@@ -7,7 +7,10 @@ epochs and ranks its activities by critical participation
 critical paths. Waiting counts too. Prints the top activities, the share by kind, by worker
 (stragglers: waiting and scheduling left out), by kind and worker (which work of which worker
 holds the epochs back) and by moved bin; ``--plot`` draws each worker's
-timeline with the top activities outlined (needs the ``plot`` extra, matplotlib).
+timeline with the top activities outlined (needs the ``plot`` extra, matplotlib). The driver's
+idle time between epochs (a stream waiting for its trigger, a caller between ``process``
+calls) is reported apart, as ``idle``, and left out of the ranking: it is waiting for input,
+not work an epoch waited for.
 
 Read-only, safe next to a running pipeline.
 """
@@ -20,12 +23,28 @@ from pathlib import Path
 from typing import Any
 
 from megaphone.plans.report import table
-from megaphone.snailtrail import RECORDED, CriticalReport, EpochTrace, Participation, analyze
+from megaphone.snailtrail import (
+    GAP,
+    RECORDED,
+    CriticalReport,
+    EpochTrace,
+    PagEdge,
+    Participation,
+    analyze,
+)
 
 #: Epochs explained when ``--epochs`` is not given: the newest ones.
 DEFAULT_EPOCHS = 50
 #: Kinds left out of the straggler ranking: not a worker's own work.
 NOT_WORK = ("wait", "schedule")
+#: The kind ``explain`` gives the driver's time between epochs.
+IDLE = "idle"
+
+
+def is_idle(edge: PagEdge) -> bool:
+    """Whether ``edge`` is the driver idle between epochs (a gap on its timeline: its phases
+    of an epoch follow each other without one), waiting for input rather than for work."""
+    return edge.role == GAP and edge.worker is None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -104,8 +123,9 @@ def explain(traces: list[EpochTrace], top: int = 15) -> tuple[dict[str, Any], Cr
         "traced_epochs": len(traces),
         "window_s": t_e - t_s,
         "paths": str(report.paths),  # may exceed what JSON readers hold exactly
-        "top": [_item(p) for p in report.top(top)],
-        "by_kind": report.by_kind(),
+        "idle": sum(p.cp for p in report.items if is_idle(p.edge)),
+        "top": [_item(p) for p in report.top(len(report.items)) if not is_idle(p.edge)][:top],
+        "by_kind": report.summarize(lambda e: IDLE if is_idle(e) else e.kind),
         "by_worker": {("driver" if w is None else str(w)): cp
                       for w, cp in report.by_worker(exclude_kinds=NOT_WORK).items()},
         "by_activity": {f"{kind} {_who(w)}": cp for (kind, w), cp in report.summarize(
@@ -123,7 +143,9 @@ def render(info: dict[str, Any]) -> str:
     """The human-readable report of :func:`explain`'s output."""
     a, b = info["epochs"]
     lines = [f"epochs {a}..{b} ({info['traced_epochs']} traced), {info['window_s']:.3f} s; "
-             "critical participation (CP): the share of the window on the critical paths", ""]
+             "critical participation (CP): the share of the window on the critical paths",
+             f"idle: {100 * info['idle']:.1f}% of the window the driver waited between epochs "
+             "for input (left out of the ranking)", ""]
     rows = []
     for i, item in enumerate(info["top"], 1):
         who = _who(item["worker"])

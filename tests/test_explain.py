@@ -147,3 +147,25 @@ def test_explain_ranks_a_slowed_workers_apply_first(spark, tmp_path, capsys):
     assert (first["kind"], first["worker"], first["role"]) == ("apply", 1, "recorded")
     assert next(iter(info["by_worker"])) == "1"
     assert next(iter(info["by_activity"])) == "apply w1"
+
+
+def test_idle_time_between_epochs_is_reported_apart(spark, tmp_path, capsys):
+    """A driver that waits for input between epochs is idle, not an epoch's bottleneck: the
+    ranking leaves that wait out and the report gives its share on its own line."""
+    pipe = make(spark, tmp_path)
+    batch = spark.createDataFrame([(k,) for k in range(20)], "k long")
+    for i in range(3):
+        if i:
+            time.sleep(1.5)  # longer than an epoch here: the wait would top the ranking
+        pipe.process(batch)
+    state = str(pipe.state_dir.path)
+    assert main(["explain", "--state-dir", state, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["idle"] > 0.3
+    assert info["by_kind"]["idle"] == pytest.approx(info["idle"])
+    assert info["top"] and not any(i["role"] == "gap" and i["worker"] is None
+                                   for i in info["top"])
+    assert main(["explain", "--state-dir", state]) == 0
+    out = capsys.readouterr().out
+    assert f"idle: {100 * info['idle']:.1f}% of the window" in out
+    assert "wait (gap)  driver" not in out
