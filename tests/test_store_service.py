@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -11,7 +14,9 @@ import time
 import msgpack
 import pytest
 
+from megaphone.paths import store_socket_path
 from megaphone.routing.bins import bin_of
+from megaphone.state_backends import wire
 from megaphone.state_backends.encoding import encode_keys
 from megaphone.state_backends.remote import (
     DurableSpec,
@@ -22,6 +27,7 @@ from megaphone.state_backends.remote import (
 )
 from megaphone.state_backends.service import StoreService
 from megaphone.state_backends.service_identity import process_start
+from megaphone.state_backends.wire import MAX_FRAME_BYTES, recv_frame, send_frame
 from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
 
 BINS = 16
@@ -289,3 +295,65 @@ def test_a_slowly_written_store_has_its_log_trimmed_between_epochs(tmp_path, mon
     assert wal_after < wal // 10 and sst_after > 0
     assert entry.store.backend.get_raw(keys[:3]) == [msgpack.packb(19)] * 3
     service.close_stores(lambda p, e: True, "test")
+
+
+def _frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+#: Bytes that are not a request of the store service's protocol, each sent on its own
+#: connection: an oversized length, a frame cut short, garbage, msgpack that is not a map.
+MALFORMED = {
+    "oversized": struct.pack(">I", MAX_FRAME_BYTES + 1) + b"\x80",
+    "cut short": struct.pack(">I", 100) + b"\x81" * 10,
+    "garbage": _frame(b"\xc1\xc1\xc1"),
+    "not a map": _frame(msgpack.packb([1, 2, 3])),
+}
+
+
+def test_malformed_frames_are_refused_and_the_service_keeps_serving(tmp_path, local):
+    """Each malformed frame gets a FrameError and its connection dropped; a request for an
+    unknown operation or with wrong fields gets an error and the connection stays usable;
+    the same service keeps serving, and the store is unchanged."""
+    path = str(tmp_path / "w")
+    store = RemoteStore(local, path, "rocksdb", "int64", BINS, 0)
+    store.begin(0)
+    one_epoch(store, 0, [1, 2])
+    for name, data in MALFORMED.items():
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(store_socket_path(local))
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)  # "cut short": the body never comes
+            reply = recv_frame(sock)
+            assert reply is not None and reply["error"] == "FrameError", name
+            with contextlib.suppress(ConnectionResetError):  # closed with bytes unread
+                assert recv_frame(sock) is None, name  # dropped
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(store_socket_path(local))
+        for request in ({"op": "rmtree", "path": path}, {"op": 7}, {},
+                        {"op": "drop", "path": path, "bins": "all"},
+                        {"op": "read", "path": path}):
+            send_frame(sock, request)
+            reply = recv_frame(sock)
+            assert reply is not None and reply["ok"] is False, request
+        send_frame(sock, {"op": "hello"})
+        assert recv_frame(sock)["ok"] is True  # the connection still serves
+    again = RemoteStore(local, path, "rocksdb", "int64", BINS, 0)
+    assert again.begin(1) == (True, b"")
+    assert again.service_pid == store.service_pid
+    assert counts(again, [1, 2, 3]) == [1, 1, None]
+
+
+def test_a_frame_whose_body_stalls_is_refused(monkeypatch):
+    """A peer that sends a frame's length and then stalls frees the reader after
+    ``FRAME_TIMEOUT_S``; the socket's own timeout is restored."""
+    monkeypatch.setattr(wire, "FRAME_TIMEOUT_S", 0.2)
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(struct.pack(">I", 50) + b"\x80")
+        with pytest.raises(wire.FrameError, match="did not arrive"):
+            wire.recv_frame(right)
+        assert right.gettimeout() is None
+        with pytest.raises(wire.FrameError, match="exceeds"):
+            monkeypatch.setattr(wire, "MAX_FRAME_BYTES", 8)
+            wire.send_frame(left, {"op": "x" * 20})

@@ -29,6 +29,7 @@ The process that hosts it is :mod:`megaphone.state_backends.service_process`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -47,7 +48,13 @@ from megaphone.state_backends.bin_files import BinFile, transfer_dir
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
 from megaphone.state_backends.rocksdb_tuning import LogTrim
 from megaphone.state_backends.service_identity import code_id, process_start
-from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
+from megaphone.state_backends.wire import (
+    FrameError,
+    batch_to_ipc,
+    ipc_to_batches,
+    recv_frame,
+    send_frame,
+)
 from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
 
 log = logging.getLogger("megaphone.store_service")
@@ -165,6 +172,10 @@ class StoreService:
                                       "message": str(exc)})
                     if op in ("export", "install"):
                         return  # the stream's remaining frames are unread: drop the connection
+        except FrameError as exc:  # not this protocol: say why, then drop the connection
+            log.warning("dropped a connection: %s", exc)
+            with contextlib.suppress(OSError):
+                send_frame(sock, {"ok": False, "error": "FrameError", "message": str(exc)})
         except (ConnectionError, OSError):
             return
         finally:

@@ -1,7 +1,10 @@
 """The store service's wire format: length-prefixed msgpack frames and Arrow IPC payloads.
 
 Each frame is a 4-byte big-endian length and a msgpack map (never pickle). Arrow data travels
-inside a frame as IPC stream bytes.
+inside a frame as IPC stream bytes. Frames are bounded (:data:`MAX_FRAME_BYTES`, checked on
+the length before anything is read), a frame's body must arrive within
+:data:`FRAME_TIMEOUT_S` of its header, and anything that is not one msgpack map is refused:
+:class:`FrameError`, after which the connection cannot be trusted and is dropped.
 """
 
 from __future__ import annotations
@@ -14,23 +17,57 @@ import msgpack
 import pyarrow as pa
 
 _LEN = struct.Struct(">I")
+#: The largest frame sent or received (1 GiB): far above a chunk of moving state
+#: (``chunk_bytes``, 4 MiB by default) or an epoch's storage calls here, far below what the
+#: 4-byte length allows; a length above it is refused before its body is read.
+MAX_FRAME_BYTES = 1 << 30
+#: Seconds a frame's body may take to arrive once its length did (a stalled peer frees the
+#: service's thread); between frames a connection may stay idle (a worker keeps its own).
+FRAME_TIMEOUT_S = 120.0
+
+
+class FrameError(ConnectionError):
+    """A frame that is too large, cut short, stalled or not a msgpack map: the peer does not
+    speak this protocol (or is broken), and the connection is dropped."""
 
 
 def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
-    """Send one msgpack frame."""
+    """Send one msgpack frame (a :class:`FrameError` if it exceeds :data:`MAX_FRAME_BYTES`)."""
     body = msgpack.packb(message, use_bin_type=True)
+    if len(body) > MAX_FRAME_BYTES:
+        raise FrameError(f"a frame of {len(body)} bytes exceeds the {MAX_FRAME_BYTES}-byte "
+                         "limit (lower chunk_bytes, or smaller epochs)")
     sock.sendall(_LEN.pack(len(body)) + body)
 
 
 def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
-    """Receive one frame; ``None`` if the peer closed the connection before it."""
+    """Receive one frame; ``None`` if the peer closed the connection before it. A
+    :class:`FrameError` for a frame that is oversized, cut short, stalled or not a map."""
     head = _recv_exact(sock, 4)
     if head is None:
         return None
-    body = _recv_exact(sock, _LEN.unpack(head)[0])
+    size = _LEN.unpack(head)[0]
+    if size > MAX_FRAME_BYTES:
+        raise FrameError(f"a frame of {size} bytes announced, above the {MAX_FRAME_BYTES}-byte "
+                         "limit")
+    previous = sock.gettimeout()
+    sock.settimeout(FRAME_TIMEOUT_S if previous is None else min(previous, FRAME_TIMEOUT_S))
+    try:
+        body = _recv_exact(sock, size)
+    except TimeoutError:
+        raise FrameError(f"a frame's {size} bytes did not arrive within {FRAME_TIMEOUT_S:.0f} s"
+                         ) from None
+    finally:
+        sock.settimeout(previous)
     if body is None:
-        raise ConnectionError("connection closed in the middle of a frame")
-    return msgpack.unpackb(body, raw=False)
+        raise FrameError("connection closed in the middle of a frame")
+    try:
+        message = msgpack.unpackb(body, raw=False)
+    except Exception as exc:  # msgpack raises several types for malformed input
+        raise FrameError(f"a frame that is not msgpack: {type(exc).__name__}: {exc}") from None
+    if not isinstance(message, dict):
+        raise FrameError(f"a frame that is not a msgpack map: {type(message).__name__}")
+    return message
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -39,7 +76,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
         part = sock.recv(min(n - len(buf), 1 << 20))
         if not part:
             if buf:
-                raise ConnectionError("connection closed in the middle of a frame")
+                raise FrameError("connection closed in the middle of a frame")
             return None
         buf += part
     return bytes(buf)
