@@ -2,8 +2,9 @@
 
 Two kinds of kill: the whole pipeline (driver, JVM, Python workers; a restart resumes it) and
 the store service that holds the workers' state (the pipeline lives on: the epoch's job runs
-again against a new service). Each kind hits every phase of :data:`PHASES`, with a hot key split
-across workers (dual mode) all along.
+again against a new service), both in the same chains of runs. Each kind hits every phase of
+:data:`PHASES` (the pipeline's ``collect`` in tests/test_groups_recovery.py), with a hot key
+split across workers (dual mode) all along.
 """
 
 from __future__ import annotations
@@ -55,30 +56,62 @@ def local_dir(state_dir: Path) -> str:
 # crash and then dies at the next phase. all-at-once moves every bin at epoch 2, as rows; fluid
 # moves one bin per epoch at epochs 2-5, as files, so its crashes hit successive migration
 # steps and every phase of a file's transfer (written and shipped, received in part,
-# ingested). Together the two chains cover every phase; the transfer's phases (export,
-# install) are killed in both, as rows and as files, the others once, split so the chains
-# (side by side) take about as long: each restart costs a JVM start.
+# ingested); fluid's crashes are split in two chains (the second runs to epoch 4 before its
+# first crash). Together the chains cover every phase but ``collect``; the transfer's phases
+# (export, install) are killed both as rows and as files, the others once. ``collect`` (and
+# ``commit`` once more) is killed in tests/test_groups_recovery.py: an epoch runs as a group
+# of one, so a group's crash there takes the same path. The chains run side by side: each
+# restart costs a JVM start, and the longest chain sets the test's time. Chain: (strategy,
+# crashes).
 CHAINS = {
-    "all-at-once": ["admit:2", "submit:2", "export:2", "install:2", "collect:2", "commit:2"],
-    "fluid": ["export:2", "receive:2", "layout:3", "install:3", "apply:4", "cleanup:4",
-              "commit:5"],
+    "all-at-once": ("all-at-once", ["admit:2", "submit:2", "export:2", "install:2"]),
+    "fluid": ("fluid", ["export:2", "receive:2", "layout:3", "install:3"]),
+    "fluid-late": ("fluid", ["apply:4", "cleanup:4", "commit:5"]),
 }
-# Kills of the store service, all in one run of the driver (each fires once): the epoch's job
-# fails, runs again, and the result must still equal a run without them. At most two kills
-# fall inside one epoch's job, so its retries are not used up.
+# Kills of the store service (each fires once): the epoch's job fails, runs again, and the
+# result must still equal a run without them. They ride along in the runs of the chains, each
+# in a run that goes on to commit its epoch before that run's own crash (a later rollback
+# would otherwise undo, and so hide, what the rerun did), and at most two fall inside one
+# epoch's job, so its retries are not used up. Each strategy's kills hit every phase.
 STORE_KILLS = {
     "all-at-once": ["admit:1", "export:2", "install:2", "layout:3", "apply:3", "submit:4",
                     "collect:4", "commit:5", "cleanup:5"],
-    "fluid": ["export:2", "receive:2", "layout:2", "install:3", "admit:3", "apply:4",
-              "collect:4", "submit:5", "commit:5", "cleanup:1"],
+    "fluid": ["export:2", "receive:2", "layout:2", "apply:4", "collect:4", "submit:5",
+              "commit:5"],
+    "fluid-late": ["cleanup:1", "install:3", "admit:3"],
 }
 
 
+def store_kills_per_run(chain: str) -> list[list[str]]:
+    """The store kills of each run of ``chain`` (its crashes, then the resume): a kill goes to
+    the first run that passes its point and then commits its epoch."""
+    crashes = [tuple(p.split(":")) for p in CHAINS[chain][1]]
+    runs: list[list[str]] = [[] for _ in range(len(crashes) + 1)]
+    done = -1  # the last epoch committed before the run
+    for run, crash in enumerate([*crashes, None]):
+        # a crash at cleanup comes after its epoch's commit
+        last = int(crash[1]) - (crash[0] != "cleanup") if crash else float("inf")
+        for kill in STORE_KILLS[chain]:
+            epoch = int(kill.split(":")[1])
+            if done < epoch <= last and not any(kill in r for r in runs):
+                runs[run].append(kill)
+        done = max(done, last) if crash else done
+    return runs
+
+
 def test_the_crash_chains_cover_every_phase():
-    assert {p.split(":")[0] for points in CHAINS.values() for p in points} == set(PHASES)
-    for strategy, points in STORE_KILLS.items():  # all-at-once (rows) kills mid-export
-        assert {p.split(":")[0] for p in points} >= set(PHASES) - {"receive"}, strategy
+    from tests.test_groups_recovery import CHAIN as GROUP_CHAIN
+
+    killed = {p.split(":")[0] for _, points in CHAINS.values() for p in points}
+    assert killed | {p.split(":")[0] for p in GROUP_CHAIN} == set(PHASES)
+    for strategy in ("all-at-once", "fluid"):  # all-at-once (rows) kills mid-export
+        chains = [c for c, (s, _) in CHAINS.items() if s == strategy]
+        kills = {p.split(":")[0] for c in chains for p in STORE_KILLS[c]}
+        assert kills >= set(PHASES) - {"receive"}, strategy
     assert "receive" in {p.split(":")[0] for p in STORE_KILLS["fluid"]}
+    for chain, points in STORE_KILLS.items():
+        runs = store_kills_per_run(chain)
+        assert sorted(k for run in runs for k in run) == sorted(points), chain
 
 
 def wait_for_service_exit(state_dir: Path, timeout: float = IDLE_EXIT_S + 15) -> None:
@@ -91,51 +124,41 @@ def wait_for_service_exit(state_dir: Path, timeout: float = IDLE_EXIT_S + 15) ->
         time.sleep(0.2)
 
 
-def crash_and_resume(tmp_path: Path, strategy: str) -> dict:
-    """Run the chain of crashes for ``strategy``, then a clean resume; return its results."""
-    state_dir, out = tmp_path / strategy / "state", tmp_path / strategy / "out.json"
+def crash_and_resume(tmp_path: Path, chain: str) -> dict:
+    """Run ``chain``'s crashes, then a clean resume, the store kills riding along
+    (:func:`store_kills_per_run`); return the resume's results."""
+    strategy, crashes = CHAINS[chain]
+    state_dir, out = tmp_path / chain / "state", tmp_path / chain / "out.json"
     state_dir.parent.mkdir()
-    for crash_at in CHAINS[strategy]:
-        result = run_driver(state_dir, strategy, out, crash_at)
+    kills = store_kills_per_run(chain)
+    for crash_at, store in zip(crashes, kills, strict=False):
+        result = run_driver(state_dir, strategy, out,
+                            ",".join([crash_at, *(f"{p}:store" for p in store)]))
         assert result.returncode == -9, (crash_at, result.stderr[-3000:])  # it did crash there
         assert not out.exists()
         wait_for_service_exit(state_dir)
-    result = run_driver(state_dir, strategy, out, None)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text())
-
-
-def kill_stores(tmp_path: Path, strategy: str) -> dict:
-    """One run of the driver whose store service is killed at every phase."""
-    state_dir, out = tmp_path / f"{strategy}-store" / "state", \
-        tmp_path / f"{strategy}-store" / "out.json"
-    state_dir.parent.mkdir()
-    kills = ",".join(f"{p}:store" for p in STORE_KILLS[strategy])
-    result = run_driver(state_dir, strategy, out, kills)
+    result = run_driver(state_dir, strategy, out, ",".join(f"{p}:store" for p in kills[-1]))
     assert result.returncode == 0, result.stderr[-3000:]
     fired = sorted(p.name for p in Path(local_dir(state_dir)).glob("crashed-*"))
-    assert len(fired) == len(STORE_KILLS[strategy]), fired  # every kill happened
+    assert len(fired) == len(STORE_KILLS[chain]), fired  # every store kill happened
     return json.loads(out.read_text())
 
 
 def test_crash_at_every_phase_then_resume_equals_a_run_without_crash(tmp_path):
-    # The chains run side by side: each restart is mostly JVM start-up, not CPU.
-    jobs = [(crash_and_resume, s) for s in sorted(CHAINS)] + \
-        [(kill_stores, s) for s in sorted(STORE_KILLS)]
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        runs = {(f.__name__, s): pool.submit(f, tmp_path, s) for f, s in jobs}
-        results = {key: run.result() for key, run in runs.items()}
+    with ThreadPoolExecutor(len(CHAINS)) as pool:
+        runs = {c: pool.submit(crash_and_resume, tmp_path, c) for c in CHAINS}
+        results = {chain: run.result() for chain, run in runs.items()}
     expected_outputs, expected_state = reference()
-    for (kind, strategy), got in results.items():
-        strategy = f"{kind} {strategy}"
-        assert got["outputs"] == expected_outputs, strategy
-        assert got["state"] == expected_state, strategy
-        assert got["workers"] == [0, 1, 2, 3], strategy
-        assert (got["files_in"] > 0) == strategy.endswith("fluid"), strategy  # files or rows
-        assert got["split_records"] > 0, strategy  # the hot key was split (dual mode)
-        if kind == "crash_and_resume":
-            # The last crash hit the commit write: every worker had applied the epoch, so the
-            # resume rolled all of them back to the last commit before running it again.
-            assert got["rolled_back"] == [0, 1, 2, 3], strategy
-        else:  # the driver never died: nothing to roll back, the epochs were rerun instead
-            assert got["rolled_back"] == [] and got["job_attempts"] > EPOCHS, strategy
+    for chain, got in results.items():
+        assert got["outputs"] == expected_outputs, chain
+        assert got["state"] == expected_state, chain
+        assert got["workers"] == [0, 1, 2, 3], chain
+        assert (got["files_in"] > 0) == (CHAINS[chain][0] == "fluid"), chain  # files or rows
+        assert got["split_records"] > 0, chain  # the hot key was split (dual mode)
+    # The resumes of these two kill the store inside epochs' jobs, which ran again (a kill
+    # between jobs, at a driver's phase, may just leave the next task to start a service).
+    for chain in ("all-at-once", "fluid"):
+        assert results[chain]["job_attempts"] > EPOCHS, chain
+    # fluid-late's last crash hit the commit write: every worker had applied the epoch, so the
+    # resume rolled all of them back to the last commit before running it again.
+    assert results["fluid-late"]["rolled_back"] == [0, 1, 2, 3]
