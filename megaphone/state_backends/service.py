@@ -5,8 +5,8 @@ PySpark reuses Python worker processes but does not pin a partition to one, and 
 be opened read-write by one process only. So each worker store of a host lives in a process
 of its own kind (one per core; a worker always in the same one), started on demand by the first
 task that needs it (``start_new_session``: it outlives the task), and every task of every epoch
-reaches it over a Unix socket. The task keeps
-the computation (grouping, the update function, outputs); the service does the storage
+reaches it over a Unix socket. The task keeps the computation (grouping, the update function,
+outputs); the service does the storage
 operations: the epoch's version check, drops, installs, reads, the commit, exports. Opening a
 store, flushing its memtable and compacting no longer happen inside an epoch: the memtable
 lives on, and RocksDB flushes and compacts it in its background threads
@@ -29,7 +29,6 @@ The process that hosts it is :mod:`megaphone.state_backends.service_process`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -43,18 +42,13 @@ from typing import Any
 import pyarrow as pa
 
 from megaphone.errors import MegaphoneError
+from megaphone.state_backends import wire
 from megaphone.state_backends.base import StateBackend
 from megaphone.state_backends.bin_files import BinFile, transfer_dir
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
 from megaphone.state_backends.rocksdb_tuning import LogTrim
 from megaphone.state_backends.service_identity import code_id, process_start
-from megaphone.state_backends.wire import (
-    FrameError,
-    batch_to_ipc,
-    ipc_to_batches,
-    recv_frame,
-    send_frame,
-)
+from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
 from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
 
 log = logging.getLogger("megaphone.store_service")
@@ -172,10 +166,9 @@ class StoreService:
                                       "message": str(exc)})
                     if op in ("export", "install"):
                         return  # the stream's remaining frames are unread: drop the connection
-        except FrameError as exc:  # not this protocol: say why, then drop the connection
+        except wire.FrameError as exc:  # not this protocol: say why, then drop the connection
             log.warning("dropped a connection: %s", exc)
-            with contextlib.suppress(OSError):
-                send_frame(sock, {"ok": False, "error": "FrameError", "message": str(exc)})
+            wire.refuse(sock, exc)
         except (ConnectionError, OSError):
             return
         finally:

@@ -9,6 +9,7 @@ the length before anything is read), a frame's body must arrive within
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 from typing import Any
@@ -68,6 +69,12 @@ def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
     if not isinstance(message, dict):
         raise FrameError(f"a frame that is not a msgpack map: {type(message).__name__}")
     return message
+
+
+def refuse(sock: socket.socket, error: FrameError) -> None:
+    """Tell the peer why its connection is dropped, if it still listens."""
+    with contextlib.suppress(OSError):
+        send_frame(sock, {"ok": False, "error": "FrameError", "message": str(error)})
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
