@@ -17,6 +17,8 @@ from typing import Any
 import msgpack
 import pyarrow as pa
 
+from megaphone.errors import MegaphoneError
+
 _LEN = struct.Struct(">I")
 #: The largest frame sent or received (1 GiB): far above a chunk of moving state
 #: (``chunk_bytes``, 4 MiB by default) or an epoch's storage calls here, far below what the
@@ -27,7 +29,7 @@ MAX_FRAME_BYTES = 1 << 30
 FRAME_TIMEOUT_S = 120.0
 
 
-class FrameError(ConnectionError):
+class FrameError(MegaphoneError, ConnectionError):
     """A frame that is too large, cut short, stalled or not a msgpack map: the peer does not
     speak this protocol (or is broken), and the connection is dropped."""
 
