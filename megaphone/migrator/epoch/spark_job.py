@@ -165,11 +165,11 @@ def split_hot(routed: DataFrame, spec: EpochSpec, schema: T.StructType) -> DataF
     (:func:`~megaphone.migrator.task.hot_split.fold_partials`). The null key is never split
     (``isin`` is null for it: kept cold)."""
     if spec.lessees is None:  # each input partition folds its own: one pass, no extra stage
-        return routed.mapInArrow(functools.partial(_pass_fold_task, spec), schema)
+        return routed.mapInArrow(functools.partial(pass_and_fold, spec), schema)
     hot = F.col(KEY).isin(list(spec.split_keys))
     cold = routed.filter(~F.coalesce(hot, F.lit(False)))
     lessees = routed.filter(hot).repartition(spec.lessees)
-    partials = lessees.mapInArrow(functools.partial(_fold_task, spec), schema)
+    partials = lessees.mapInArrow(functools.partial(fold_partials, spec), schema)
     return cold.unionByName(partials)
 
 
@@ -182,17 +182,6 @@ def _export_task(spec: EpochSpec, senders: list[int], batches: Iterator[pa.Recor
     for batch in batches:
         for i in batch.column("id").to_pylist():
             yield from export_worker(spec, senders[i], spec.shuffle_schema)
-
-
-def _fold_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """A lessee task: its records of the split keys folded into partial rows."""
-    yield from fold_partials(spec, batches)
-
-
-def _pass_fold_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]
-                    ) -> Iterator[pa.RecordBatch]:
-    """A map task that is its own lessee: other keys' records pass, split keys' are folded."""
-    yield from pass_and_fold(spec, batches)
 
 
 def _apply_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

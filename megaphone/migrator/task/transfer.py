@@ -226,12 +226,10 @@ class TimedInput:
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         while True:
             t0 = time.perf_counter()
-            try:
-                batch = next(self._it)
-            except StopIteration:
-                self.waiting += time.perf_counter() - t0
-                return
+            batch = next(self._it, None)
             self.waiting += time.perf_counter() - t0
+            if batch is None:
+                return
             check_kinds(batch)
             has = pc.equal(batch.column(KIND), RowKind.EXPORT_REPORT)
             if pc.any(has).as_py():
