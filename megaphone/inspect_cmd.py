@@ -1,5 +1,5 @@
-"""Show a pipeline's state directory: workers, bins, keys and bytes per worker, skew, plans,
-and its hot keys (the committed heavy-hitter summary, when hot keys are watched).
+"""Show a pipeline's state directory: workers, bins, keys, bytes and home host per worker, skew,
+plans, and its hot keys (the committed heavy-hitter summary, when hot keys are watched).
 
 Read-only: the state backends are opened read-only and no file under the directory changes,
 so it is safe to run next to a running pipeline.
@@ -31,6 +31,7 @@ def describe(state_dir: str) -> dict[str, Any]:
     fp = state.fingerprint
     routing = state.load_routing()
     commit = state.read_commit()
+    metrics = state.read_metrics(last=GROUP_HISTORY)
     owners = routing.owners()
     sizes = bin_sizes(state, owners)
     workers = routing.workers()
@@ -79,7 +80,9 @@ def describe(state_dir: str) -> dict[str, Any]:
         "plans_in_flight": in_flight,
         "hot_keys": hot_keys(commit.hot),
         "label": commit.label,
-        "groups": groups(state.read_metrics(last=GROUP_HISTORY)),
+        "groups": groups(metrics),
+        "homes": commit.homes,
+        "away": metrics[-1].get("away", []) if metrics else [],
     }
 
 
@@ -146,11 +149,16 @@ def render(info: dict[str, Any]) -> str:
                      f"groups (mean {g['mean_size']} epochs, largest {g['max_size']}; newest "
                      f"from epoch {g['last'][0]}, {g['last'][1]} epochs); last label "
                      f"{info['label']}")
-    rows = [[w, d["bins"], d["keys"], human_bytes(d["bytes"])]
+    homes = info["homes"]
+    rows = [[w, d["bins"], d["keys"], human_bytes(d["bytes"]), homes.get(str(w), "-")]
             for w, d in info["per_worker"].items()]
-    rows.append(["total", info["num_bins"], info["keys"], human_bytes(info["bytes"])])
+    rows.append(["total", info["num_bins"], info["keys"], human_bytes(info["bytes"]), ""])
     lines.append("")
-    lines += table(["worker", "bins", "keys", "bytes"], rows)
+    lines += table(["worker", "bins", "keys", "bytes", "home"], rows)
+    if info["away"]:
+        lines.append(f"away        worker{'s' if len(info['away']) > 1 else ''} "
+                     f"{', '.join(map(str, info['away']))} ran on another host than "
+                     "its home in the last epoch")
     s = info["skew"]
     lines.append(f"skew (max/mean): bins {s['bins']:.2f}, keys {s['keys']:.2f}, "
                  f"bytes {s['bytes']:.2f}")

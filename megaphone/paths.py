@@ -41,6 +41,8 @@ STORE_SOCKET = "store.sock"
 STORE_PID = "store-service.pid"
 STORE_LOCK = "store-service.lock"
 STORE_LOG = "store-service.log"
+#: Under ``LOCAL_DIR``: the host's id (:func:`megaphone.state_backends.host.host_id`).
+HOST_ID = "host-id"
 #: Under ``LOCAL_DIR``: the directories of the host's further store services (one per core).
 SERVICE_PREFIX = "service-"
 #: Under ``LOCAL_DIR``: the state directories of pipelines a Spark Connect server opens.
@@ -197,6 +199,11 @@ def local_worker_path(local_dir: str | os.PathLike[str], pipeline_id: str, worke
 def local_stores_path(local_dir: str | os.PathLike[str], pipeline_id: str) -> Path:
     """The folder of a host's working copies of one checkpointed pipeline's workers."""
     return Path(local_dir) / STORES / pipeline_id
+
+
+def host_id_path(local_dir: str | os.PathLike[str]) -> Path:
+    """The file that keeps the id of the host whose local directory is ``local_dir``."""
+    return Path(local_dir) / HOST_ID
 
 
 def service_dir(local_dir: str, shard: int) -> str:

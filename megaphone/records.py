@@ -102,6 +102,9 @@ class WorkerMetrics(_Record):
     #: ``records_in``), and the keys they were of.
     split_records: int | None = None
     split_keys: int | None = None
+    #: The id of the host the worker's apply task ran on
+    #: (:func:`~megaphone.state_backends.host.host_id`).
+    host: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,6 +186,8 @@ class EpochMetrics(_Record):
     group_size: int = 1
     #: The epoch's label (the value of the batch's epoch column), in a group.
     label: int | None = None
+    #: Workers whose apply task ran on a host other than their home (docs/placement.md).
+    away: list[int] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from megaphone.state_backends.durable import filesystem
+from megaphone.state_backends.host import HOST_ID
 from tests.helpers.cluster import ROOT, namespaces_permitted, two_hosts
 from tests.helpers.servers import s3_endpoint
 
@@ -87,6 +88,15 @@ def test_with_a_checkpoint_it_runs_on_two_hosts_and_survives_losing_one(cluster,
             {k: expected[k] for k in touched}, f"epoch {epoch}"
     assert {int(k): v for k, v in result["state"].items()} == expected
     assert result["executors"] == 1 and result["epoch"] == EPOCHS - 1
+    # Every worker holding state has a home (docs/placement.md), and an epoch's metrics name
+    # as away exactly the workers whose task ran on another host than that home.
+    homes = result["homes"]
+    assert set(homes) >= {str(w) for w in result["owners"]}
+    for epoch in range(EPOCHS):
+        ran_on = result["ran_on"][str(epoch)]
+        assert ran_on and all(HOST_ID.fullmatch(h) for h in ran_on.values())
+        assert result["away"][str(epoch)] == sorted(
+            int(w) for w, h in ran_on.items() if homes.get(w, h) != h), epoch
     # Spark does not pin a worker's task to a host. When every worker's last epoch before the
     # kill ran on host 0, the copies there are current and nothing needs restoring. That
     # happened in 1 of 5 runs here, so a restore is not asserted; tests/test_checkpoint.py

@@ -39,7 +39,7 @@ def test_an_epoch_record_round_trips_and_keeps_unknown_keys():
                             "routing_version", "workers", "bins_moved", "keys_moved",
                             "bytes_moved", "per_worker", "job_attempts", "phases_s",
                             "late_records", "split_records", "hot_keys", "group", "group_size",
-                            "label"]
+                            "label", "away"]
     assert stored["per_worker"] == {"0": {"records_in": 5, "max_event_time": None,
                                           "useful_s": 1.5}, "1": {"bins_out": 1}}
     newer = {**stored, "from_a_newer_version": 1}

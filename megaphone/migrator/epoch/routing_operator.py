@@ -16,6 +16,7 @@ from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.plans.hot_keys import HeavyHitters
 from megaphone.records import WorkerMetrics
+from megaphone.routing.placement import assign_homes
 from megaphone.routing.table import Move, RoutingTable
 
 
@@ -86,8 +87,11 @@ def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[
     """The driver's commit record of the epoch: its routing version, the bins its old owners
     drop next, the stream's position, the plans in flight, each worker's attempt token, the
     largest event time so far (``before``'s, or a larger one the workers saw), the last
-    epoch label (``before``'s; a group sets its epochs' own) and the hot keys so far
-    (:func:`hot_summary`)."""
+    epoch label (``before``'s; a group sets its epochs' own), the hot keys so far
+    (:func:`hot_summary`) and the workers' homes (:func:`~megaphone.routing.placement.
+    assign_homes`: of the workers that hold state after the epoch)."""
+    homes = assign_homes(before.worker_homes(), layout.live | {m.src for m in layout.moves},
+                         ran_on(per_worker))
     times = [m.max_event_time for m in per_worker.values() if m.max_event_time is not None]
     if before.max_event_time is not None:
         times.append(before.max_event_time)
@@ -96,7 +100,13 @@ def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[
                   plans=plans, tokens={str(w): m.token for w, m in per_worker.items()
                                        if m.token},
                   max_event_time=max(times) if times else None, label=before.label,
-                  hot=hot_summary(before.hot, per_worker))
+                  hot=hot_summary(before.hot, per_worker),
+                  homes={str(w): h for w, h in homes.items()})
+
+
+def ran_on(per_worker: Mapping[int, WorkerMetrics]) -> dict[int, str]:
+    """The host each worker's apply task ran on, for the workers that reported one."""
+    return {w: m.host for w, m in per_worker.items() if m.host}
 
 
 def epoch_hot_keys(per_worker: Mapping[int, WorkerMetrics]) -> HeavyHitters | None:

@@ -39,6 +39,7 @@ from megaphone.migrator.epoch.routing_operator import (
     commit_record,
     epoch_layout,
     epoch_spec,
+    ran_on,
 )
 from megaphone.migrator.epoch.spark_job import EpochReport, collect_epochs, epoch_job
 from megaphone.migrator.epoch.state_holder import POLICY_HISTORY
@@ -53,6 +54,7 @@ from megaphone.migrator.trace import epoch_trace, take_marks, trace_enabled
 from megaphone.operators.process import watermark
 from megaphone.plans.plan_queue import PlanQueue, PolicyInputs
 from megaphone.records import EpochMetrics
+from megaphone.routing.placement import away
 from megaphone.spark import check_python_workers, task_slots
 
 if TYPE_CHECKING:
@@ -349,6 +351,7 @@ class EpochRun:
                                        queue.to_list(), record.per_worker, before)
                 if self.grouped:
                     commit.label = record.label
+                record.away = away(commit.worker_homes(), ran_on(record.per_worker))
                 admitted.state.commit_epoch(commit, report.outputs)  # the epoch's commit point
                 self.holder.commit = commit
             before = commit

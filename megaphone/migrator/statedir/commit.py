@@ -80,7 +80,8 @@ class Commit:
     :class:`~megaphone.plans.hot_keys.HeavyHitters` as JSON; empty unless hot keys are
     watched), whence the next epoch's split: a re-run of an epoch splits alike.
     ``label``: the epoch's label when it ran from a batch's epoch column (docs/groups.md): a
-    later batch's labels must be larger.
+    later batch's labels must be larger. ``homes``: per worker that holds state, the id of the
+    host where its state is at home (docs/placement.md).
     """
 
     epoch: int = -1
@@ -93,6 +94,7 @@ class Commit:
     max_event_time: int | None = None
     hot: dict[str, Any] = field(default_factory=dict)
     label: int | None = None
+    homes: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any) -> Commit:
@@ -105,10 +107,12 @@ class Commit:
                                                 commit.max_event_time or 0, commit.label or 0)):
             raise ValueError("commit.json is malformed: epoch, state_version, seq, "
                              "max_event_time and label must be integers")
-        if not isinstance(commit.tokens, dict) or not all(
-                isinstance(w, str) and w.isdigit() and isinstance(t, str)
-                for w, t in commit.tokens.items()):
-            raise ValueError("commit.json is malformed: tokens must map workers to strings")
+        for name in ("tokens", "homes"):
+            value = getattr(commit, name)
+            if not isinstance(value, dict) or not all(
+                    isinstance(w, str) and w.isdigit() and isinstance(t, str)
+                    for w, t in value.items()):
+                raise ValueError(f"commit.json is malformed: {name} must map workers to strings")
         if not isinstance(commit.hot, dict):
             raise ValueError("commit.json is malformed: hot must be an object")
         return commit
@@ -120,3 +124,7 @@ class Commit:
     def worker_tokens(self) -> dict[int, str]:
         """``tokens`` by worker number."""
         return {int(w): t for w, t in self.tokens.items()}
+
+    def worker_homes(self) -> dict[int, str]:
+        """``homes`` by worker number."""
+        return {int(w): h for w, h in self.homes.items()}

@@ -60,6 +60,7 @@ from megaphone.migrator.task.updates import (
 from megaphone.records import WorkerMetrics, WorkerReport
 from megaphone.state_backends.durable import check_checkpoint
 from megaphone.state_backends.encoding import encode_keys
+from megaphone.state_backends.host import host_id
 from megaphone.state_backends.remote import DurableSpec, RemoteStore
 
 _BINS = pa.list_(pa.int32())
@@ -180,7 +181,8 @@ def apply_worker(
         return
     store = open_store(spec, worker)
     group_start = spec.epoch if spec.grouped else None
-    metrics = _new_metrics(len(incoming))
+    host = host_id(spec.local_dir)
+    metrics = _new_metrics(host, len(incoming))
     marks = metrics.marks
     assert marks is not None
     t0 = time.perf_counter()
@@ -204,7 +206,7 @@ def apply_worker(
     table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
     for i, (sub, part) in enumerate(_epochs(spec, table)):
         if i:  # a group's later epoch: its own metrics, its store's own begin
-            metrics, started = _new_metrics(), time.perf_counter()
+            metrics, started = _new_metrics(host), time.perf_counter()
             t0 = time.perf_counter()
             apply, stored = store.begin(sub.epoch, sub.required_epoch(worker), spec.run_id,
                                         group_start=group_start)
@@ -253,9 +255,9 @@ def _epoch_rows(spec: EpochSpec, store: RemoteStore, part: pa.Table, worker: int
     return load
 
 
-def _new_metrics(bins_in: int = 0) -> WorkerMetrics:
+def _new_metrics(host: str, bins_in: int = 0) -> WorkerMetrics:
     return WorkerMetrics(records_in=0, records_out=0, bins_in=bins_in, keys_in=0, bytes_in=0,
-                         replayed=False, marks={"task": time.time()})
+                         replayed=False, marks={"task": time.time()}, host=host)
 
 
 def _records_only(batch: pa.RecordBatch) -> pa.RecordBatch:

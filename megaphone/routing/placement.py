@@ -1,0 +1,41 @@
+"""Where workers' state is at home: the level above the routing table. The table decides bins
+-> workers; a worker's *home* is the host whose store service keeps its working copy
+(docs/placement.md). Engine-agnostic: hosts are opaque ids
+(:func:`megaphone.state_backends.host.host_id`) and the runtime says where each task ran.
+
+Homes change only by decision. A worker keeps its home while it has state; a worker that first
+gets bins is homed on the known host with the fewest homes, preferring the host its task ran
+on when several tie (its working copy is there already).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+
+def assign_homes(homes: Mapping[int, str], workers: Iterable[int],
+                 ran_on: Mapping[int, str]) -> dict[int, str]:
+    """The homes after an epoch: those of ``homes`` whose worker is among ``workers`` (the
+    workers that hold state), and one for each of ``workers`` without a home, chosen among the
+    hosts known (homes' and ``ran_on``'s, where the epoch's tasks ran). A worker whose task ran
+    nowhere known, with no host known at all, stays without a home until one is."""
+    holding = set(workers)
+    out = {w: h for w, h in homes.items() if w in holding}
+    hosts = sorted(set(out.values()) | set(ran_on.values()))
+    count = Counter(out.values())
+    for w in sorted(holding - set(out)):
+        if not hosts:
+            continue
+        home = min(hosts, key=lambda h: (count[h], h != ran_on.get(w), h))
+        out[w] = home
+        count[home] += 1
+    return dict(sorted(out.items()))
+
+
+def away(homes: Mapping[int, str], ran_on: Mapping[int, str]) -> list[int]:
+    """The workers whose task ran on a host other than their home."""
+    return sorted(w for w, h in ran_on.items() if homes.get(w) not in (None, h))
+
+
+__all__ = ["assign_homes", "away"]
