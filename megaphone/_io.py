@@ -54,6 +54,27 @@ def atomic_write_json(
                        sync=sync)
 
 
+def create_once(path: str | os.PathLike[str], make: Callable[[], str], mode: int = 0o600
+                ) -> str:
+    """The text of the file at ``path``, written with ``make()`` (readable by ``mode``) if it
+    does not exist yet. Concurrent first writers agree: the first link wins, the others read
+    it; no reader ever sees a partly written file."""
+    target = Path(path)
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(make())
+            os.link(tmp, target)  # never replaces: a concurrent writer's file stands
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    return target.read_text().strip()
+
+
 def read_json(path: str | os.PathLike[str], what: str) -> Any:
     """Read a JSON file; a missing, unreadable or corrupt file is a ``ValueError`` naming it."""
     try:

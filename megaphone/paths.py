@@ -24,6 +24,9 @@ METRICS_OLD = "metrics.old.jsonl"
 TRACES = "traces.jsonl"
 TRACES_OLD = "traces.old.jsonl"
 LOCK = ".lock"
+#: Under the state directory: the pipeline's secret (mode 0600), which authenticates its tasks
+#: to other hosts' store services (docs/placement.md).
+SECRET = ".secret"
 WORKERS = "workers"
 OUTPUTS = "outputs"
 INBOX = "inbox"
@@ -167,6 +170,11 @@ class StateDirPaths:
         return self.outputs / outputs_name(epoch)
 
     @property
+    def secret(self) -> Path:
+        """The pipeline's secret (:data:`SECRET`)."""
+        return self.root / SECRET
+
+    @property
     def inbox(self) -> Path:
         """The folder of plans handed over by another process."""
         return self.root / INBOX
@@ -210,6 +218,15 @@ def service_dir(local_dir: str, shard: int) -> str:
     """The directory of a host's store service number ``shard``: ``LOCAL_DIR`` itself for the
     first, ``LOCAL_DIR/service-<shard>`` for the others (socket, pid, lock and log inside)."""
     return local_dir if shard == 0 else os.path.join(local_dir, f"{SERVICE_PREFIX}{shard}")
+
+
+def host_dir_of(service_directory: str) -> str:
+    """The host's ``LOCAL_DIR`` of the directory of one of its store services
+    (:func:`service_dir`)."""
+    path = os.path.abspath(service_directory)
+    shard = os.path.basename(path).removeprefix(SERVICE_PREFIX)
+    return os.path.dirname(path) if shard != os.path.basename(path) and shard.isdigit() \
+        else path
 
 
 def service_dirs(local_dir: str) -> list[str]:

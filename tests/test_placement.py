@@ -92,3 +92,27 @@ def test_a_pipeline_records_its_workers_homes_and_where_their_tasks_ran(spark, t
     info = describe(str(tmp_path / "state"))
     assert info["homes"] == {"0": here, "1": here} and info["away"] == []
     assert here in render(info)
+
+
+def test_a_checkpointed_pipelines_tasks_register_its_secret_with_their_hosts_service(
+        spark, tmp_path):
+    """With a checkpoint location, the tasks register the pipeline's secret (kept 0600 in the
+    state directory) with their host's store service, which keeps it 0600 on the host."""
+    import json
+    import os
+
+    from megaphone import Pipeline
+    from megaphone.paths import local_stores_path
+
+    local = str(tmp_path / "local")
+    pipe = Pipeline(spark, str(tmp_path / "state"), key="k", update="count", workers=2,
+                    num_bins=16, local_dir=local, checkpoint=str(tmp_path / "ckpt"))
+    try:
+        pipe.process(spark.createDataFrame([(k,) for k in range(20)], "k long"))
+        secret = pipe.state_dir.secret()
+        kept = local_stores_path(local, pipe.fingerprint.pipeline_id) / "secret.json"
+        assert json.loads(kept.read_text())["secret"] == secret
+        assert oct(os.stat(kept).st_mode & 0o777) == "0o600"
+        assert secret not in json.dumps(pipe.metrics()) and secret not in repr(pipe.config)
+    finally:
+        pipe.close()

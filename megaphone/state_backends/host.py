@@ -5,12 +5,11 @@ and where its state is at home (docs/placement.md)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import socket
 import uuid
 
+from megaphone._io import create_once
 from megaphone.errors import MegaphoneError
 from megaphone.paths import host_id_path
 
@@ -31,19 +30,8 @@ def host_id(local_dir: str) -> str:
     if known is not None:
         return known
     path = host_id_path(local_dir)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"
-        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}")
-        tmp.write_text(f"{name}-{uuid.uuid4().hex[:8]}\n")
-        try:
-            os.link(tmp, path)  # refuses to replace: a concurrent writer's id stands
-        except FileExistsError:
-            pass
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-    text = path.read_text().strip()
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"
+    text = create_once(path, lambda: f"{name}-{uuid.uuid4().hex[:8]}\n", 0o644)
     if not HOST_ID.fullmatch(text):
         raise HostIdError(f"{path} does not hold a host id ({text[:80]!r}); delete it and "
                           "megaphone writes a new one")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -47,6 +47,10 @@ class DurableSpec:
     worker: int
     snapshot_every: int
     committed_token: str = ""
+    #: The pipeline and its secret (hex): the task registers them with its host's service, so
+    #: that the pipeline's tasks on other hosts may reach its stores there (docs/placement.md).
+    pipeline_id: str = ""
+    secret: str = field(default="", repr=False)
 
 
 class RemoteStore:
@@ -68,6 +72,10 @@ class RemoteStore:
             self._id.update(checkpoint=durable.uri, worker=durable.worker,
                             snapshot_every=durable.snapshot_every,
                             committed_token=durable.committed_token)
+        self._durable = durable
+        #: ``[host, port]`` where the service holding the store listens for the pipeline's
+        #: tasks on other hosts (once registered: with a durable copy and its secret).
+        self.address = self._register()
         self.lease: int | None = None
         #: What restoring the store from its durable copy did at :meth:`begin`, if it had to.
         self.restored: dict[str, Any] | None = None
@@ -84,6 +92,20 @@ class RemoteStore:
     def service_pid(self) -> int:
         """The pid of the service holding the store."""
         return self.conn.pid
+
+    def _register(self) -> list[Any] | None:
+        """Register the pipeline's secret with the service, once per connection (a restarted
+        service listens again only once a task registers)."""
+        durable = self._durable
+        if durable is None or not durable.secret:
+            return None
+        known = self.conn.registered.get(durable.pipeline_id)
+        if known is None or known[0] != durable.secret:
+            reply = self.conn.call("register", pipeline=durable.pipeline_id,
+                                   secret=durable.secret, checkpoint=durable.uri)
+            known = self.conn.registered[durable.pipeline_id] = (durable.secret,
+                                                                 reply["address"])
+        return known[1]
 
     def _call(self, op: str, **fields: Any) -> dict[str, Any]:
         try:
@@ -107,6 +129,7 @@ class RemoteStore:
         except StoreUnavailable:  # a service that died since the last epoch: nothing changed
             self.conn = connect(self.local_dir)  # yet, so start or reach a new one once
             assert self.conn is not None
+            self.address = self._register()
             reply = self._call("begin", **fields)
         self.lease = reply["lease"]
         self.restored = reply.get("restored")

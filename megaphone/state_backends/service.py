@@ -35,7 +35,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ from megaphone.state_backends import wire
 from megaphone.state_backends.base import StateBackend
 from megaphone.state_backends.bin_files import BinFile, transfer_dir
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
+from megaphone.state_backends.network import Network, NetworkRefused
 from megaphone.state_backends.rocksdb_tuning import LogTrim
 from megaphone.state_backends.service_identity import code_id, process_start
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
@@ -84,8 +85,10 @@ class _Entry:
 class StoreService:
     """The stores open in this process and the operations tasks run on them."""
 
-    def __init__(self, idle_exit_s: float = IDLE_EXIT_S) -> None:
+    def __init__(self, idle_exit_s: float = IDLE_EXIT_S, host_dir: str | None = None) -> None:
         self.idle_exit_s = idle_exit_s
+        #: Registrations and the TCP listener (with ``host_dir``, the host's local directory).
+        self.network = None if host_dir is None else Network(host_dir, self.serve)
         self.stores: dict[str, _Entry] = {}
         self._lock = threading.Lock()  # guards ``stores``
         self.connections = 0
@@ -131,8 +134,11 @@ class StoreService:
 
     # -- requests -----------------------------------------------------------------------------
 
-    def serve(self, sock: socket.socket) -> None:
-        """Answer one connection's requests until it closes."""
+    def serve(self, sock: socket.socket,
+              guard: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+        """Answer one connection's requests until it closes. A network connection's requests
+        pass its ``guard`` first (:func:`~megaphone.state_backends.network.network_request`):
+        one it refuses is answered and the connection dropped."""
         owner: tuple[int, int] | None = None
         with self._lock:
             self.connections += 1
@@ -142,6 +148,13 @@ class StoreService:
                 if req is None:
                     return
                 self.last_activity = time.monotonic()
+                if guard is not None:
+                    try:
+                        req = guard(req)
+                    except NetworkRefused as exc:
+                        log.warning("refused a network request: %s", exc)
+                        wire.refuse(sock, exc)
+                        return
                 op = req.get("op")
                 try:
                     if op == "hello":
@@ -342,6 +355,14 @@ class StoreService:
         """Close every store under a directory (a pipeline opening or closing)."""
         prefix = os.path.join(req["prefix"], "")
         return {"closed": self.close_stores(lambda p, e: p.startswith(prefix), "released")}
+
+    def op_register(self, req: dict[str, Any], owner) -> dict[str, Any]:
+        """Register a pipeline's secret (a task of it on this host asks, over the Unix socket)
+        so that its tasks elsewhere may reach its stores here; the listener's address."""
+        if self.network is None:
+            raise ValueError("this store service was started without a host directory")
+        return {"address": self.network.register(req.get("pipeline"), req.get("secret"),
+                                                 req.get("checkpoint"))}
 
     def op_shutdown(self, req: dict[str, Any], owner) -> None:
         """Close every store and stop the service."""

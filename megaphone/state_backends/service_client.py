@@ -29,6 +29,7 @@ from megaphone.paths import (
     store_pid_path,
     store_socket_path,
 )
+from megaphone.state_backends.network import AUTH_FRAME_BYTES, auth_mac
 from megaphone.state_backends.service_identity import code_id
 from megaphone.state_backends.wire import recv_frame, send_frame
 
@@ -36,6 +37,8 @@ log = logging.getLogger("megaphone.store")
 
 #: How long a task waits for a service it started to listen.
 START_TIMEOUT_S = 60.0
+#: How long a task waits to reach another host's service.
+CONNECT_TIMEOUT_S = 2.0
 _CONNECTIONS: dict[str, _Connection] = {}
 
 
@@ -83,6 +86,8 @@ class _Connection:
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock = sock
         self.pid = pid  # the service's
+        #: Pipelines registered through this connection: id -> (secret, listener address).
+        self.registered: dict[str, tuple[str, list[Any]]] = {}
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         """One request, one answer."""
@@ -170,6 +175,39 @@ def _dial(local_dir: str) -> _Connection | None:
         while _running(hello["pid"]) and time.monotonic() < deadline:
             time.sleep(0.05)
         return None
+    return conn
+
+
+def dial_network(address: tuple[str, int] | list, pipeline_id: str, secret: str,
+                 timeout: float = CONNECT_TIMEOUT_S) -> _Connection:
+    """An authenticated connection to the service listening at ``address`` (another host's),
+    bound to ``pipeline_id`` (:mod:`megaphone.state_backends.network`): the challenge is
+    answered with the pipeline's ``secret`` (hex), which never crosses the network. A
+    :class:`StoreUnavailable` if the service cannot be reached, a :class:`StoreError` if it
+    refuses."""
+    host, port = address
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+    except OSError as exc:
+        raise StoreUnavailable(f"StoreUnavailable: no store service at {host}:{port}: {exc}"
+                               ) from exc
+    conn = _Connection(sock, 0)
+    try:
+        challenge = _checked(recv_frame(sock, AUTH_FRAME_BYTES))
+        nonce = challenge.get("nonce")
+        if not isinstance(nonce, bytes):
+            raise StoreError(f"the service at {host}:{port} sent no challenge")
+        send_frame(sock, {"op": "auth", "pipeline": pipeline_id,
+                          "mac": auth_mac(bytes.fromhex(secret), nonce, pipeline_id)})
+        conn.pid = _checked(recv_frame(sock))["pid"]
+    except OSError as exc:
+        conn.close()
+        raise StoreUnavailable(f"StoreUnavailable: the store service at {host}:{port}: {exc}"
+                               ) from exc
+    except BaseException:
+        conn.close()
+        raise
+    sock.settimeout(None)
     return conn
 
 

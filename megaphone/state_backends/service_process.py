@@ -18,7 +18,7 @@ import socketserver
 import sys
 import threading
 
-from megaphone.paths import store_pid_path, store_socket_path
+from megaphone.paths import host_dir_of, store_pid_path, store_socket_path
 from megaphone.state_backends.service import IDLE_EXIT_S, StoreService
 
 log = logging.getLogger("megaphone.store_service")
@@ -26,7 +26,7 @@ log = logging.getLogger("megaphone.store_service")
 
 def run(local_dir: str, idle_exit_s: float = IDLE_EXIT_S) -> None:
     """Serve ``local_dir``'s socket until shut down, idle, or the executors using it are gone."""
-    service = StoreService(idle_exit_s)
+    service = StoreService(idle_exit_s, host_dir_of(local_dir))
     path = store_socket_path(local_dir)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # the caller holds the start lock: no live service owns it
@@ -52,6 +52,8 @@ def run(local_dir: str, idle_exit_s: float = IDLE_EXIT_S) -> None:
             service.stopping.wait(0.5)
     finally:
         server.shutdown()
+        if service.network is not None:
+            service.network.close()
         service.close_stores(lambda p, e: True, "service stopping")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)

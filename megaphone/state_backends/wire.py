@@ -43,16 +43,17 @@ def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(_LEN.pack(len(body)) + body)
 
 
-def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
+def recv_frame(sock: socket.socket, max_bytes: int = MAX_FRAME_BYTES
+               ) -> dict[str, Any] | None:
     """Receive one frame; ``None`` if the peer closed the connection before it. A
-    :class:`FrameError` for a frame that is oversized, cut short, stalled or not a map."""
+    :class:`FrameError` for a frame that is larger than ``max_bytes``, cut short, stalled or
+    not a map."""
     head = _recv_exact(sock, 4)
     if head is None:
         return None
     size = _LEN.unpack(head)[0]
-    if size > MAX_FRAME_BYTES:
-        raise FrameError(f"a frame of {size} bytes announced, above the {MAX_FRAME_BYTES}-byte "
-                         "limit")
+    if size > max_bytes:
+        raise FrameError(f"a frame of {size} bytes announced, above the {max_bytes}-byte limit")
     previous = sock.gettimeout()
     sock.settimeout(FRAME_TIMEOUT_S if previous is None else min(previous, FRAME_TIMEOUT_S))
     try:
@@ -73,10 +74,10 @@ def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
     return message
 
 
-def refuse(sock: socket.socket, error: FrameError) -> None:
+def refuse(sock: socket.socket, error: Exception) -> None:
     """Tell the peer why its connection is dropped, if it still listens."""
     with contextlib.suppress(OSError):
-        send_frame(sock, {"ok": False, "error": "FrameError", "message": str(error)})
+        send_frame(sock, {"ok": False, "error": type(error).__name__, "message": str(error)})
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:

@@ -79,7 +79,8 @@ def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: Rout
         committed_owners=frozenset(table.workers(commit.epoch)) if commit.epoch >= 0
         else frozenset(),
         state_dir=str(state.path.absolute()), backend=state.manifest["backend"],
-        key_type=fp.key_type, num_bins=fp.num_bins, pipeline_id=fp.pipeline_id, **fields)
+        key_type=fp.key_type, num_bins=fp.num_bins, pipeline_id=fp.pipeline_id,
+        secret=state.secret() if fields.get("checkpoint") else "", **fields)
 
 
 def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[str, Any]],

@@ -32,7 +32,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from megaphone._io import ChunkedLog, atomic_write_bytes, atomic_write_json, read_json
+from megaphone._io import (
+    ChunkedLog,
+    atomic_write_bytes,
+    atomic_write_json,
+    create_once,
+    read_json,
+)
 from megaphone.errors import MegaphoneError
 from megaphone.migrator.statedir.commit import Commit
 from megaphone.migrator.statedir.driver_copy import DriverCopy, DriverCopyError
@@ -40,6 +46,7 @@ from megaphone.migrator.trace import TraceLog
 from megaphone.paths import MANIFEST, OUTPUTS, ROUTING, StateDirPaths, outputs_epoch_of, worker_of
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
+from megaphone.state_backends.network import new_secret
 
 MANIFEST_FORMAT = "megaphone.statedir/1"
 #: Writes an epoch's outputs file while the driver writes its commit record.
@@ -81,6 +88,11 @@ class StateDir:
         """The driver's durable copy under the checkpoint location (``None`` without one)."""
         uri = self.manifest.get("checkpoint")
         return DriverCopy(uri) if uri else None
+
+    def secret(self) -> str:
+        """The pipeline's secret (hex), made at its first use and kept readable by its user
+        only: what its tasks prove to other hosts' store services. Never in a log or record."""
+        return create_once(self.paths.secret, new_secret)
 
     def lock(self) -> StateDir:
         """Take the directory's exclusive lock for this object's lifetime (or :meth:`unlock`).

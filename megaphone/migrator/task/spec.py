@@ -78,6 +78,9 @@ class EpochSpec:
     split_keys: tuple = ()
     lessees: int | None = None
     sketch_capacity: int = 0
+    #: The pipeline's secret (hex, with a checkpoint location): tasks register it with their
+    #: host's store service (docs/placement.md). Never printed.
+    secret: str = field(default="", repr=False)
     labels: tuple[int, ...] = ()
     watermarks: tuple[int | None, ...] = ()
 

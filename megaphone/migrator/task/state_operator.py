@@ -131,7 +131,7 @@ def open_store(spec: EpochSpec, worker: int) -> RemoteStore:
     copy's spec when the pipeline has a checkpoint location)."""
     durable = None if spec.checkpoint is None else \
         DurableSpec(spec.checkpoint, worker, spec.snapshot_every,
-                    spec.committed_tokens.get(worker, ""))
+                    spec.committed_tokens.get(worker, ""), spec.pipeline_id or "", spec.secret)
     return RemoteStore(spec.local_dir, str(spec.worker_path(worker)), spec.backend,
                        spec.key_type, spec.num_bins, worker, durable)
 

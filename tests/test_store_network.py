@@ -1,0 +1,194 @@
+"""The store service's network side (docs/placement.md): a pipeline registered on a host is
+reachable from its tasks elsewhere, with its secret and nothing else. Each refused connection
+or request changes nothing, and the service keeps serving."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import struct
+import time
+
+import msgpack
+import pytest
+
+from megaphone.paths import local_worker_path
+from megaphone.state_backends.network import (
+    AUTH_FRAME_BYTES,
+    NetworkRefused,
+    Registration,
+    auth_mac,
+    network_request,
+    new_secret,
+)
+from megaphone.state_backends.remote import DurableSpec, RemoteStore, StoreError, service_pid
+from megaphone.state_backends.service_client import dial_network
+from megaphone.state_backends.wire import recv_frame, send_frame
+from tests.test_store_service import BINS, counts, one_epoch, raw
+
+KIND = {"kind": "rocksdb", "key_type": "int64", "num_bins": BINS}
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A host's service holding worker 0 of pipeline ``p1`` at epoch 0 (keys 1 and 2 counted
+    once), with ``p1`` and ``p2`` registered; the service is stopped at the end."""
+    monkeypatch.setenv("MEGAPHONE_SERVICE_HOST", "127.0.0.1")
+    local, ckpt = str(tmp_path / "local"), str(tmp_path / "ckpt")
+    secrets = {"p1": new_secret(), "p2": new_secret()}
+
+    def store(pipeline: str, worker: int = 0) -> RemoteStore:
+        return RemoteStore(local, str(local_worker_path(local, pipeline, worker)), "rocksdb",
+                           "int64", BINS, worker,
+                           DurableSpec(ckpt, worker, 50, "", pipeline, secrets[pipeline]))
+
+    try:
+        p1 = store("p1")
+        assert p1.begin(0) == (True, b"")
+        one_epoch(p1, 0, [1, 2])
+        store("p2")
+        yield p1, store, secrets, ckpt
+    finally:
+        pid = service_pid(local)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_task_elsewhere_applies_an_epoch_at_the_home_over_the_network(home):
+    p1, _, secrets, _ = home
+    assert p1.address is not None and p1.address[0] == "127.0.0.1"
+    conn = dial_network(p1.address, "p1", secrets["p1"])
+    try:
+        begun = conn.call("begin", worker=0, **KIND, epoch=1, current=1, required=0, run="r")
+        assert begun["apply"] is True
+        keys = raw([1, 3])
+        old = conn.call("read", worker=0, **KIND, keys=keys)["values"]
+        new = [msgpack.packb((msgpack.unpackb(v) if v else 0) + 1) for v in old]
+        conn.call("commit", worker=0, **KIND, lease=begun["lease"], epoch=1, keys=keys,
+                  values=new, old=old, outputs=b"out1", installed=[], run="r")
+    finally:
+        conn.close()
+    assert counts(p1, [1, 2, 3]) == [2, 1, 1]  # the home's own handle sees the remote commit
+
+
+def _challenge(address) -> tuple[socket.socket, bytes]:
+    sock = socket.create_connection(tuple(address), timeout=10)
+    challenge = recv_frame(sock, AUTH_FRAME_BYTES)
+    assert challenge is not None and isinstance(challenge["nonce"], bytes)
+    return sock, challenge["nonce"]
+
+
+def _refused(sock: socket.socket) -> str:
+    """The error the service answered with; the connection is dropped after it."""
+    reply = recv_frame(sock)
+    assert reply is not None and reply["ok"] is False
+    with contextlib.suppress(ConnectionResetError):
+        assert recv_frame(sock) is None
+    return reply["error"]
+
+
+def _authenticated(address, pipeline: str, secret: str) -> socket.socket:
+    sock, nonce = _challenge(address)
+    send_frame(sock, {"op": "auth", "pipeline": pipeline,
+                      "mac": auth_mac(bytes.fromhex(secret), nonce, pipeline)})
+    assert recv_frame(sock)["ok"] is True
+    return sock
+
+
+def test_connections_and_requests_without_the_right_are_refused(home):
+    p1, store, secrets, _ = home
+    address, path = p1.address, p1.path
+    pid = p1.service_pid
+    wrong = {"wrong secret": ("p1", secrets["p2"]), "another pipeline's id": ("p2", secrets["p1"]),
+             "a pipeline never registered here": ("p9", secrets["p1"])}
+    for name, (pipeline, secret) in wrong.items():
+        sock, nonce = _challenge(address)
+        with sock:
+            send_frame(sock, {"op": "auth", "pipeline": pipeline,
+                              "mac": auth_mac(bytes.fromhex(secret), nonce, pipeline)})
+            assert _refused(sock) == "NetworkRefused", name
+    before_auth = {
+        "a request before authenticating": msgpack.packb({"op": "read", "worker": 0}),
+        "an oversized frame": msgpack.packb({"op": "auth", "pipeline": "p1",
+                                             "mac": b"x" * AUTH_FRAME_BYTES}),
+        "garbage": b"\xc1\xc1\xc1",
+        "a frame cut short": None,
+    }
+    for name, body in before_auth.items():
+        sock, _ = _challenge(address)
+        with sock:
+            if body is None:
+                sock.sendall(struct.pack(">I", 100) + b"\x81" * 10)
+                sock.shutdown(socket.SHUT_WR)
+            else:
+                sock.sendall(struct.pack(">I", len(body)) + body)
+            assert _refused(sock) in ("NetworkRefused", "FrameError"), name
+    requests = {
+        "a path in a request": {"op": "read", "worker": 0, "path": path, "keys": raw([1])},
+        "a checkpoint of its own": {"op": "stats", "worker": 0, "checkpoint": "file:///x"},
+        "no worker": {"op": "read", "keys": raw([1])},
+        "a negative worker": {"op": "read", "worker": -1, "keys": raw([1])},
+        **{f"op {op}": {"op": op, "worker": 0} for op in
+           ("destroy", "release", "shutdown", "ingest", "register", "hello", "rmtree")},
+    }
+    for name, request in requests.items():
+        with _authenticated(address, "p1", secrets["p1"]) as sock:
+            send_frame(sock, {**KIND, **request})
+            assert _refused(sock) == "NetworkRefused", name
+    # Authenticated as p2, worker 0 is p2's worker 0: p1's store is out of its reach.
+    with _authenticated(address, "p2", secrets["p2"]) as sock:
+        send_frame(sock, {"op": "read", "worker": 0, **KIND, "keys": raw([1, 2])})
+        assert recv_frame(sock)["values"] == [None, None]
+    # Nothing changed, and the same service still serves both sides.
+    assert counts(store("p1"), [1, 2]) == [1, 1] and p1.service_pid == pid
+    with _authenticated(address, "p1", secrets["p1"]) as sock:
+        send_frame(sock, {"op": "read", "worker": 0, **KIND, "keys": raw([1, 2])})
+        assert [msgpack.unpackb(v) for v in recv_frame(sock)["values"]] == [1, 1]
+
+
+def test_registrations_survive_a_service_restart(home):
+    p1, store, secrets, _ = home
+    os.kill(p1.service_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while p1.conn.alive() and time.monotonic() < deadline:  # its socket closes as it dies
+        time.sleep(0.01)
+    again = store("p1")  # a task of p1 starts a new service and registers again
+    assert again.service_pid != p1.service_pid
+    # p2's registration was kept on the host's disk: its tasks elsewhere still get in.
+    conn = dial_network(again.address, "p2", secrets["p2"])
+    try:
+        assert conn.call("read", worker=0, **KIND, keys=raw([1]))["values"] == [None]
+    finally:
+        conn.close()
+    with pytest.raises(StoreError, match="NetworkRefused"):
+        dial_network(again.address, "p2", secrets["p1"])
+
+
+def test_a_registration_is_checked_and_the_secret_never_printed(home, tmp_path):
+    p1, _, secrets, _ = home
+    for bad in ({"pipeline": "../x", "secret": secrets["p1"], "checkpoint": "c"},
+                {"pipeline": "p3", "secret": "abcd", "checkpoint": "c"},
+                {"pipeline": "p3", "secret": secrets["p1"], "checkpoint": ""}):
+        with pytest.raises(StoreError, match="ValueError"):
+            p1.conn.call("register", **bad)
+    reg = Registration("p1", bytes.fromhex(secrets["p1"]), "c")
+    assert secrets["p1"] not in repr(reg) and reg.secret.hex() == secrets["p1"]
+    spec = DurableSpec("c", 0, 50, "", "p1", secrets["p1"])
+    assert secrets["p1"] not in repr(spec)
+    with pytest.raises(NetworkRefused, match="may not name path"):
+        network_request({"op": "read", "worker": 0, "path": "/etc"}, reg, str(tmp_path))
+    assert network_request({"op": "read", "worker": 3}, reg, str(tmp_path))["path"] == \
+        os.path.abspath(local_worker_path(str(tmp_path), "p1", 3))
+
+
+def test_a_pipelines_secret_is_kept_in_its_state_dir_readable_by_its_user_only(tmp_path):
+    from megaphone.migrator.statedir.directory import StateDir
+    from megaphone.routing.fingerprint import Fingerprint
+
+    state = StateDir.create(tmp_path / "s", Fingerprint("p", BINS, "int64"), 2,
+                            {"backend": "memory"})
+    first = state.secret()
+    assert len(bytes.fromhex(first)) == 32 and state.secret() == first
+    assert oct(state.paths.secret.stat().st_mode & 0o777) == "0o600"
