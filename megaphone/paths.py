@@ -44,6 +44,9 @@ STORE_SOCKET = "store.sock"
 STORE_PID = "store-service.pid"
 STORE_LOCK = "store-service.lock"
 STORE_LOG = "store-service.log"
+#: Under ``LOCAL_DIR``: the pipelines registered with the host's store services (mode 0600,
+#: :mod:`megaphone.state_backends.network`).
+REGISTRATIONS = "registrations"
 #: Under ``LOCAL_DIR``: the host's id (:func:`megaphone.state_backends.host.host_id`).
 HOST_ID = "host-id"
 #: Under ``LOCAL_DIR``: the directories of the host's further store services (one per core).
@@ -207,6 +210,11 @@ def local_worker_path(local_dir: str | os.PathLike[str], pipeline_id: str, worke
 def local_stores_path(local_dir: str | os.PathLike[str], pipeline_id: str) -> Path:
     """The folder of a host's working copies of one checkpointed pipeline's workers."""
     return Path(local_dir) / STORES / pipeline_id
+
+
+def registration_path(local_dir: str | os.PathLike[str], pipeline_id: str) -> Path:
+    """The file that keeps a pipeline's registration with a host's store services."""
+    return Path(local_dir) / REGISTRATIONS / f"{pipeline_id}.json"
 
 
 def host_id_path(local_dir: str | os.PathLike[str]) -> Path:

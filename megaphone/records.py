@@ -105,6 +105,13 @@ class WorkerMetrics(_Record):
     #: The id of the host the worker's apply task ran on
     #: (:func:`~megaphone.state_backends.host.host_id`).
     host: str | None = None
+    #: The task ran away from the worker's home and reached its store there over the network
+    #: (docs/placement.md); ``home_unreachable``: it could not, and used its host's copy.
+    remote: bool | None = None
+    home_unreachable: bool | None = None
+    #: ``[host, port]`` of the service holding the worker's store, when the task ran at home
+    #: (the driver keeps it for the tasks that run elsewhere).
+    address: list[Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import pytest
 
 from megaphone.state_backends.durable import filesystem
 from megaphone.state_backends.host import HOST_ID
-from tests.helpers.cluster import ROOT, namespaces_permitted, two_hosts
+from tests.helpers.cluster import ROOT, kill_host, namespaces_permitted, two_hosts
 from tests.helpers.servers import s3_endpoint
 
 
@@ -89,14 +88,21 @@ def test_with_a_checkpoint_it_runs_on_two_hosts_and_survives_losing_one(cluster,
     assert {int(k): v for k, v in result["state"].items()} == expected
     assert result["executors"] == 1 and result["epoch"] == EPOCHS - 1
     # Every worker holding state has a home (docs/placement.md), and an epoch's metrics name
-    # as away exactly the workers whose task ran on another host than that home.
+    # as away exactly the workers whose task ran on another host than its home. Such a task
+    # reached the store at its home over the network, unless the home was lost (host 1's):
+    # then the worker was re-homed where its task ran (restored there unless a current copy
+    # was at hand).
     homes = result["homes"]
-    assert set(homes) >= {str(w) for w in result["owners"]}
+    assert set(homes[str(EPOCHS - 1)]) >= {str(w) for w in result["owners"]}
     for epoch in range(EPOCHS):
-        ran_on = result["ran_on"][str(epoch)]
+        e = str(epoch)
+        ran_on, home = result["ran_on"][e], homes[e]
         assert ran_on and all(HOST_ID.fullmatch(h) for h in ran_on.values())
-        assert result["away"][str(epoch)] == sorted(
-            int(w) for w, h in ran_on.items() if homes.get(w, h) != h), epoch
+        assert result["away"][e] == sorted(
+            int(w) for w, h in ran_on.items() if home.get(w, h) != h), epoch
+        assert set(result["remote"][e]) <= set(result["away"][e]), epoch
+        for w in map(str, result["unreachable"][e]):
+            assert epoch > 3 and home[w] == ran_on[w], (epoch, w)
     # Spark does not pin a worker's task to a host. When every worker's last epoch before the
     # kill ran on host 0, the copies there are current and nothing needs restoring. That
     # happened in 1 of 5 runs here, so a restore is not asserted; tests/test_checkpoint.py
@@ -119,8 +125,7 @@ def run_and_kill_host_1(master: str, state_dir: Path, local: Path, out: Path, ch
         while not paused.exists() and client.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert paused.exists(), client.communicate(timeout=60)[1][-4000:]
-        os.killpg(procs[2].pid, signal.SIGKILL)  # host 1 is gone: its worker and executor
-        procs[2].wait()
+        kill_host(procs[2])  # host 1 is gone: its worker, executor and store services
         Path(str(out) + ".resume").write_text("")
         _, err = client.communicate(timeout=600)
     finally:

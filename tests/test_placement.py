@@ -102,7 +102,7 @@ def test_a_checkpointed_pipelines_tasks_register_its_secret_with_their_hosts_ser
     import os
 
     from megaphone import Pipeline
-    from megaphone.paths import local_stores_path
+    from megaphone.paths import registration_path
 
     local = str(tmp_path / "local")
     pipe = Pipeline(spark, str(tmp_path / "state"), key="k", update="count", workers=2,
@@ -110,7 +110,7 @@ def test_a_checkpointed_pipelines_tasks_register_its_secret_with_their_hosts_ser
     try:
         pipe.process(spark.createDataFrame([(k,) for k in range(20)], "k long"))
         secret = pipe.state_dir.secret()
-        kept = local_stores_path(local, pipe.fingerprint.pipeline_id) / "secret.json"
+        kept = registration_path(local, pipe.fingerprint.pipeline_id)
         assert json.loads(kept.read_text())["secret"] == secret
         assert oct(os.stat(kept).st_mode & 0o777) == "0o600"
         assert secret not in json.dumps(pipe.metrics()) and secret not in repr(pipe.config)

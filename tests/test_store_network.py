@@ -12,6 +12,8 @@ import struct
 import time
 
 import msgpack
+import numpy as np
+import pyarrow as pa
 import pytest
 
 from megaphone.paths import local_worker_path
@@ -192,3 +194,50 @@ def test_a_pipelines_secret_is_kept_in_its_state_dir_readable_by_its_user_only(t
     first = state.secret()
     assert len(bytes.fromhex(first)) == 32 and state.secret() == first
     assert oct(state.paths.secret.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_store_away_from_home_is_used_at_home_and_here_only_if_home_is_gone(home, tmp_path):
+    """A task on another host (its own local directory) given worker 0's home reaches the
+    home's store: it begins, reads, installs rows and a bin file (sent in parts), and commits
+    there; nothing is created on its own host. A home that cannot be reached leaves the task
+    on its host's copy, and says so."""
+    from megaphone.state_backends import open_backend
+
+    p1, _, secrets, ckpt = home
+    elsewhere = str(tmp_path / "elsewhere")
+    durable = DurableSpec(ckpt, 0, 50, p1.token, "p1", secrets["p1"])
+    away = RemoteStore(elsewhere, str(local_worker_path(elsewhere, "p1", 0)), "rocksdb",
+                       "int64", BINS, 0, durable, home=p1.address)
+    assert away.remote and not away.home_unreachable and away.address is None
+    assert away.service_pid == p1.service_pid and service_pid(elsewhere) is None
+    assert away.begin(1, 0) == (True, b"")
+    (b_rows,), (b_file,) = {bin_of(5)}, {bin_of(6)}
+    away.install([pa.record_batch([pa.array(raw([5])), pa.array([msgpack.packb(10)])],
+                                  names=["k", "v"])])
+    sender = open_backend("rocksdb", tmp_path / "sender", "int64", BINS)
+    try:
+        sender.put_many([b_file], [6], [20])
+        made = sender.write_bin_file(b_file)
+    finally:
+        sender.close()
+    assert away.ingest([made], part_bytes=7)["keys"] == 1
+    one_epoch(away, 1, [1, 5, 6], installed=[b_rows, b_file])
+    assert counts(p1, [1, 2, 5, 6]) == [2, 1, 11, 21]  # the home holds all of it
+    assert not os.path.exists(local_worker_path(elsewhere, "p1", 0))
+    committed = DurableSpec(ckpt, 0, 50, away.token, "p1", secrets["p1"])
+    gone = RemoteStore(elsewhere, str(local_worker_path(elsewhere, "p1", 0)), "rocksdb",
+                       "int64", BINS, 0, committed, home=["127.0.0.1", 1])
+    try:
+        assert gone.home_unreachable and not gone.remote
+        assert gone.begin(2, 1)[0] is True and gone.restored is not None  # from the checkpoint
+        assert counts(gone, [1, 2, 5, 6]) == [2, 1, 11, 21]
+    finally:
+        pid = service_pid(elsewhere)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+
+
+def bin_of(key: int) -> int:
+    from megaphone.routing.bins import bin_of as of
+
+    return int(of(np.asarray([key], np.int64), BINS)[0])

@@ -15,13 +15,17 @@ from collections.abc import Iterable, Mapping
 
 
 def assign_homes(homes: Mapping[int, str], workers: Iterable[int],
-                 ran_on: Mapping[int, str]) -> dict[int, str]:
+                 ran_on: Mapping[int, str], unreachable: Iterable[int] = ()
+                 ) -> dict[int, str]:
     """The homes after an epoch: those of ``homes`` whose worker is among ``workers`` (the
     workers that hold state), and one for each of ``workers`` without a home, chosen among the
-    hosts known (homes' and ``ran_on``'s, where the epoch's tasks ran). A worker whose task ran
-    nowhere known, with no host known at all, stays without a home until one is."""
+    hosts known (homes' and ``ran_on``'s, where the epoch's tasks ran). A worker whose task
+    could not reach its home (``unreachable``) used the copy where it ran: that is its home
+    now. A worker whose task ran nowhere known, with no host known at all, stays without a
+    home until one is."""
     holding = set(workers)
     out = {w: h for w, h in homes.items() if w in holding}
+    out.update({w: ran_on[w] for w in unreachable if w in holding and w in ran_on})
     hosts = sorted(set(out.values()) | set(ran_on.values()))
     count = Counter(out.values())
     for w in sorted(holding - set(out)):
@@ -33,9 +37,20 @@ def assign_homes(homes: Mapping[int, str], workers: Iterable[int],
     return dict(sorted(out.items()))
 
 
+def home_addresses(addresses: Mapping[int, list], before: Mapping[int, str],
+                   homes: Mapping[int, str], ran_on: Mapping[int, str],
+                   reported: Mapping[int, list]) -> dict[int, list]:
+    """The address of each worker's service at its home after an epoch (``homes``; ``before``
+    the epoch: ``addresses``): as a task that ran at home reported it (``reported``), else as
+    known before if the home did not change."""
+    out = {w: a for w, a in addresses.items() if w in homes and before.get(w) == homes[w]}
+    out.update({w: a for w, a in reported.items() if w in homes and ran_on.get(w) == homes[w]})
+    return dict(sorted(out.items()))
+
+
 def away(homes: Mapping[int, str], ran_on: Mapping[int, str]) -> list[int]:
     """The workers whose task ran on a host other than their home."""
     return sorted(w for w, h in ran_on.items() if homes.get(w) not in (None, h))
 
 
-__all__ = ["assign_homes", "away"]
+__all__ = ["assign_homes", "away", "home_addresses"]

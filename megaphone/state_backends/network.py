@@ -16,7 +16,8 @@ pipeline registered. A network connection is then, in order:
    store's path from its own local directory and the bound pipeline, and takes the checkpoint
    location from the registration (:func:`network_request`). Only :data:`NETWORK_OPS` are
    served; ``release``, ``destroy``, ``shutdown`` and ``ingest`` (which names files on this
-   disk) stay on the Unix socket.
+   disk; a bin file comes over the network in parts, ``ingest_parts``) stay on the Unix
+   socket.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megaphone.errors import MegaphoneError
-from megaphone.paths import local_stores_path, local_worker_path
+from megaphone.paths import local_worker_path, registration_path
 from megaphone.state_backends import wire
 
 log = logging.getLogger("megaphone.store_service")
@@ -47,13 +48,11 @@ AUTH_TIMEOUT_S = 10.0
 #: Bytes of a pipeline's secret.
 SECRET_BYTES = 32
 #: The operations a network connection may run (on its pipeline's stores only).
-NETWORK_OPS = frozenset({"begin", "read", "timers", "drop", "install", "commit", "export",
-                         "stats"})
+NETWORK_OPS = frozenset({"begin", "read", "timers", "drop", "install", "ingest_parts",
+                         "commit", "export", "stats"})
 #: Request fields a network client may not set: they name paths on this host, or what the
 #: registration fixes.
 _FORBIDDEN = ("path", "prefix", "files", "checkpoint")
-#: The file that keeps a registration, in the pipeline's folder of this host's stores.
-_SECRET_FILE = "secret.json"
 
 
 class NetworkRefused(MegaphoneError, PermissionError):
@@ -115,11 +114,11 @@ class Network:
         """Keep a pipeline's registration (replacing an older one: the same user asks) and
         listen if not yet; the ``[host, port]`` this service listens on."""
         reg = check_registration(pipeline_id, secret, checkpoint)
-        path = local_stores_path(self.host_dir, reg.pipeline_id) / _SECRET_FILE
+        path = registration_path(self.host_dir, reg.pipeline_id)
         with self._lock:
             if self._known.get(reg.pipeline_id) != reg:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f"{_SECRET_FILE}.{os.getpid()}.tmp")
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w") as fh:
                     json.dump({"pipeline_id": reg.pipeline_id, "secret": reg.secret.hex(),
@@ -140,7 +139,7 @@ class Network:
             return known
         try:
             check_registration(pipeline_id, "00" * SECRET_BYTES, "-")  # a nameable folder?
-            path = local_stores_path(self.host_dir, pipeline_id) / _SECRET_FILE
+            path = registration_path(self.host_dir, pipeline_id)
             data = json.loads(path.read_text())
             reg = check_registration(data["pipeline_id"], data["secret"], data["checkpoint"])
         except (OSError, ValueError, KeyError, TypeError):

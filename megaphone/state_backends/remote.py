@@ -13,6 +13,7 @@ write-ahead logs (an epoch a worker committed is then replayed, not applied twic
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,19 +22,24 @@ from typing import Any
 import pyarrow as pa
 
 from megaphone.paths import service_dir
-from megaphone.state_backends.bin_files import BinFile
+from megaphone.state_backends.base import DEFAULT_CHUNK_BYTES
+from megaphone.state_backends.bin_files import BinFile, file_parts
 from megaphone.state_backends.service_client import (
     StoreError,
     StoreUnavailable,
     connect,
     default_local_dir,
     forget,
+    network_connect,
+    network_key,
     release_stores,
     service_pid,
     service_pids,
     service_shards,
 )
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches
+
+log = logging.getLogger("megaphone.store")
 
 
 @dataclass(frozen=True)
@@ -57,24 +63,36 @@ class RemoteStore:
     """A task's handle on one worker's store in the service (see :class:`WorkerStore`)."""
 
     def __init__(self, local_dir: str, path: str, kind: str, key_type: str,
-                 num_bins: int, worker: int, durable: DurableSpec | None = None) -> None:
+                 num_bins: int, worker: int, durable: DurableSpec | None = None,
+                 home: Sequence[Any] | None = None) -> None:
         """Reach the store at ``path`` of ``worker`` through the service of ``local_dir`` that
-        holds that worker's stores (starting it if none runs)."""
+        holds that worker's stores (starting it if none runs). ``home``: the ``[host, port]``
+        of the service on the worker's home, when that is another host (docs/placement.md):
+        the store is reached there, over the network with the durable copy's secret
+        (:attr:`remote`), or here as before if the home cannot be reached
+        (:attr:`home_unreachable`)."""
         if durable is not None and durable.worker != worker:
             raise ValueError(f"the durable copy of worker {durable.worker} given for the store "
                              f"of worker {worker}")
         self.local_dir = service_dir(local_dir, worker % service_shards())
-        self.conn = connect(self.local_dir)
-        assert self.conn is not None
-        self._id: dict[str, Any] = {"path": os.path.abspath(path), "kind": kind,
-                                    "key_type": key_type, "num_bins": num_bins}
-        if durable is not None:
-            self._id.update(checkpoint=durable.uri, worker=durable.worker,
-                            snapshot_every=durable.snapshot_every,
-                            committed_token=durable.committed_token)
+        self._path = os.path.abspath(path)
         self._durable = durable
+        self._home = home
+        #: The store is its worker's home copy on another host, reached over the network.
+        self.remote = False
+        #: The home given could not be reached: the store is this host's copy.
+        self.home_unreachable = False
+        self.conn = self._connect()
+        self._id: dict[str, Any] = {"kind": kind, "key_type": key_type, "num_bins": num_bins}
+        if not self.remote:  # over the network the home's service derives both itself
+            self._id["path"] = self._path
+            if durable is not None:
+                self._id["checkpoint"] = durable.uri
+        if durable is not None:
+            self._id.update(worker=durable.worker, snapshot_every=durable.snapshot_every,
+                            committed_token=durable.committed_token)
         #: ``[host, port]`` where the service holding the store listens for the pipeline's
-        #: tasks on other hosts (once registered: with a durable copy and its secret).
+        #: tasks on other hosts (once registered: a local store with a durable copy's secret).
         self.address = self._register()
         self.lease: int | None = None
         #: What restoring the store from its durable copy did at :meth:`begin`, if it had to.
@@ -85,19 +103,37 @@ class RemoteStore:
 
     @property
     def path(self) -> str:
-        """The store's directory (absolute), as the service knows it."""
-        return self._id["path"]
+        """The store's directory (absolute) on this host."""
+        return self._path
 
     @property
     def service_pid(self) -> int:
         """The pid of the service holding the store."""
         return self.conn.pid
 
+    def _connect(self) -> Any:
+        """The connection to the home's service (:attr:`remote`) or to this host's."""
+        durable, home = self._durable, self._home
+        if home is not None and durable is not None and durable.secret:
+            try:
+                conn = network_connect(home, durable.pipeline_id, durable.secret)
+            except (StoreUnavailable, StoreError) as exc:
+                log.warning("worker %d's home %s:%s cannot be reached (%s); using this host's "
+                            "copy", durable.worker, home[0], home[1], exc)
+                self.home_unreachable = True
+            else:
+                self.remote, self._key = True, network_key(home, durable.pipeline_id)
+                return conn
+        self._key = self.local_dir
+        conn = connect(self.local_dir)
+        assert conn is not None
+        return conn
+
     def _register(self) -> list[Any] | None:
         """Register the pipeline's secret with the service, once per connection (a restarted
         service listens again only once a task registers)."""
         durable = self._durable
-        if durable is None or not durable.secret:
+        if durable is None or not durable.secret or self.remote:
             return None
         known = self.conn.registered.get(durable.pipeline_id)
         if known is None or known[0] != durable.secret:
@@ -111,7 +147,7 @@ class RemoteStore:
         try:
             return self.conn.call(op, **self._id, **fields)
         except StoreUnavailable:
-            forget(self.local_dir)
+            forget(self._key)
             raise
 
     def begin(self, epoch: int, required: int | None = None, run: str = "",
@@ -127,8 +163,7 @@ class RemoteStore:
         try:
             reply = self._call("begin", **fields)
         except StoreUnavailable:  # a service that died since the last epoch: nothing changed
-            self.conn = connect(self.local_dir)  # yet, so start or reach a new one once
-            assert self.conn is not None
+            self.conn = self._connect()  # yet, so start or reach a new one once
             self.address = self._register()
             reply = self._call("begin", **fields)
         self.lease = reply["lease"]
@@ -148,13 +183,23 @@ class RemoteStore:
                 "install", ({"chunk": batch_to_ipc(c)} for c in chunks if c.num_rows),
                 **self._id, lease=self.lease)
         except (StoreUnavailable, StoreError):
-            forget(self.local_dir)  # the stream was cut: the connection is out of step
+            forget(self._key)  # the stream was cut: the connection is out of step
             raise
 
-    def ingest(self, files: Sequence[BinFile]) -> dict[str, Any]:
+    def ingest(self, files: Sequence[BinFile], part_bytes: int = DEFAULT_CHUNK_BYTES
+               ) -> dict[str, Any]:
         """Install arriving bins from whole-bin files in the store's incoming transfer
-        directory; returns the path taken, keys, bytes, seconds."""
-        return self._call("ingest", lease=self.lease, files=[f.to_wire() for f in files])
+        directory on this host (sent to a :attr:`remote` store's home in parts of at most
+        ``part_bytes``); returns the path taken, keys, bytes, seconds."""
+        if not self.remote:
+            return self._call("ingest", lease=self.lease, files=[f.to_wire() for f in files])
+        parts = ({"file": f.to_wire(), "offset": offset, "data": data}
+                 for f in files for offset, data in file_parts(f.path, part_bytes))
+        try:
+            return self.conn.send_stream("ingest_parts", parts, **self._id, lease=self.lease)
+        except (StoreUnavailable, StoreError):
+            forget(self._key)  # the stream was cut: the connection is out of step
+            raise
 
     def read(self, raw_keys: Sequence[bytes]) -> list[bytes | None]:
         """Current values of ``raw_keys``."""
@@ -190,6 +235,8 @@ class RemoteStore:
         ``file_min_bytes``, a bin of at least that many bytes comes as one :class:`BinFile` on
         this host instead, where the backend can write one (the caller deletes it)."""
         finished = False
+        if self.remote:  # a file would be written on the home's disk, out of this task's reach
+            file_min_bytes = None
         try:
             for frame in self.conn.receive_stream("export", **self._id, bins=list(bins),
                                                   chunk_bytes=chunk_bytes, required=required,
@@ -202,7 +249,7 @@ class RemoteStore:
             finished = True
         finally:
             if not finished:  # abandoned or failed mid-stream: the connection is out of step
-                forget(self.local_dir)
+                forget(self._key)
 
     def stats(self, required: int | None = None, current: int | None = None, run: str = ""
               ) -> list[tuple[int, int, int]]:

@@ -211,6 +211,24 @@ def dial_network(address: tuple[str, int] | list, pipeline_id: str, secret: str,
     return conn
 
 
+def network_connect(address: tuple[str, int] | list, pipeline_id: str, secret: str
+                    ) -> _Connection:
+    """This process's authenticated connection to the service at ``address`` for
+    ``pipeline_id`` (:func:`dial_network`), kept for the next task like a local one."""
+    key = network_key(address, pipeline_id)
+    conn = _CONNECTIONS.get(key)
+    if conn is not None and conn.alive():
+        return conn
+    forget(key)
+    conn = _CONNECTIONS[key] = dial_network(address, pipeline_id, secret)
+    return conn
+
+
+def network_key(address: tuple[str, int] | list, pipeline_id: str) -> str:
+    """The key :func:`forget` drops a :func:`network_connect` connection by."""
+    return f"tcp://{address[0]}:{address[1]}/{pipeline_id}"
+
+
 def _running(pid: int) -> bool:
     """Whether process ``pid`` exists and has not exited (a zombie has)."""
     try:

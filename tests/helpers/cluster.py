@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -51,6 +52,26 @@ class TwoHosts:
             if self.procs[1 + i].poll() is not None:
                 self.procs[1 + i] = self._launch(i)
                 _wait_for_registration(self.shared / f"host{i}.log", self.procs[1 + i])
+
+
+def kill_host(proc: subprocess.Popen) -> list[int]:
+    """Lose a simulated host as a machine is lost: SIGKILL every process in the mount
+    namespace of its worker ``proc`` (the Spark worker, its executor and Python workers, and
+    the store services they started, which run in sessions of their own); the pids killed."""
+    def namespace(pid: int | str) -> str | None:
+        try:
+            return os.readlink(f"/proc/{pid}/ns/mnt")
+        except OSError:
+            return None
+
+    host = namespace(proc.pid)
+    assert host is not None and host != namespace("self"), "not a simulated host's process"
+    killed = [int(p) for p in os.listdir("/proc") if p.isdigit() and namespace(p) == host]
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    return killed
 
 
 def namespaces_permitted(probe: Path) -> bool:

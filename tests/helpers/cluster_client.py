@@ -47,7 +47,8 @@ def main(master: str, state_dir: str, local_dir: str, out: str, checkpoint: str 
     spark = spark_session(master, "megaphone-cluster-test", CLUSTER_CONF)
     pipe = Pipeline(spark, state_dir, key="k", update="count", workers=2, num_bins=NUM_BINS,
                     key_type="int64", local_dir=local_dir, checkpoint=checkpoint)
-    result: dict = {"outputs": {}, "restored": {}, "ran_on": {}, "away": {}}
+    result: dict = {"outputs": {}, "restored": {}, "ran_on": {}, "away": {}, "remote": {},
+                    "unreachable": {}, "homes": {}}
     try:
         if checkpoint is None:
             pipe.process(spark.createDataFrame([(k,) for k in range(40)], "k long"))
@@ -66,6 +67,10 @@ def main(master: str, state_dir: str, local_dir: str, out: str, checkpoint: str 
                     result["restored"].setdefault(w, []).append(epoch)
             result["ran_on"][epoch] = {w: m.host for w, m in record.per_worker.items() if m.host}
             result["away"][epoch] = record.away
+            result["homes"][epoch] = pipe.state_dir.read_commit().homes
+            result["remote"][epoch] = sorted(w for w, m in record.per_worker.items() if m.remote)
+            result["unreachable"][epoch] = sorted(w for w, m in record.per_worker.items()
+                                                  if m.home_unreachable)
             if pause_after is not None and epoch == int(pause_after):
                 Path(out + ".paused").write_text(str(epoch))
                 deadline = time.monotonic() + 300
@@ -74,7 +79,6 @@ def main(master: str, state_dir: str, local_dir: str, out: str, checkpoint: str 
         if checkpoint is not None:
             result["state"] = {r[0]: r[1] for r in pipe.state().collect()}
             result["owners"] = [int(w) for w in pipe.routing.owners()]
-            result["homes"] = pipe.state_dir.read_commit().homes
         result["error"] = None
     except Exception as exc:  # what the user sees
         result["error"] = str(exc)

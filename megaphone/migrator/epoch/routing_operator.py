@@ -16,7 +16,7 @@ from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.plans.hot_keys import HeavyHitters
 from megaphone.records import WorkerMetrics
-from megaphone.routing.placement import assign_homes
+from megaphone.routing.placement import assign_homes, home_addresses
 from megaphone.routing.table import Move, RoutingTable
 
 
@@ -80,7 +80,16 @@ def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: Rout
         else frozenset(),
         state_dir=str(state.path.absolute()), backend=state.manifest["backend"],
         key_type=fp.key_type, num_bins=fp.num_bins, pipeline_id=fp.pipeline_id,
-        secret=state.secret() if fields.get("checkpoint") else "", **fields)
+        **fields, **placement_fields(state, commit, fields.get("checkpoint")))
+
+
+def placement_fields(state: StateDir, commit: Commit, checkpoint: str | None
+                     ) -> dict[str, Any]:
+    """What a checkpointed pipeline's tasks need to reach each worker's home
+    (docs/placement.md): the pipeline's secret and the homes with their services' addresses."""
+    if not checkpoint:
+        return {}
+    return {"secret": state.secret(), "homes": commit.home_services()}
 
 
 def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[str, Any]],
@@ -91,8 +100,12 @@ def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[
     epoch label (``before``'s; a group sets its epochs' own), the hot keys so far
     (:func:`hot_summary`) and the workers' homes (:func:`~megaphone.routing.placement.
     assign_homes`: of the workers that hold state after the epoch)."""
-    homes = assign_homes(before.worker_homes(), layout.live | {m.src for m in layout.moves},
-                         ran_on(per_worker))
+    hosts, homes_before = ran_on(per_worker), before.worker_homes()
+    homes = assign_homes(homes_before, layout.live | {m.src for m in layout.moves}, hosts,
+                         [w for w, m in per_worker.items() if m.home_unreachable])
+    addresses = home_addresses({int(w): a for w, a in before.addresses.items()}, homes_before,
+                               homes, hosts, {w: m.address for w, m in per_worker.items()
+                                              if m.address is not None})
     times = [m.max_event_time for m in per_worker.values() if m.max_event_time is not None]
     if before.max_event_time is not None:
         times.append(before.max_event_time)
@@ -102,7 +115,8 @@ def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[
                                        if m.token},
                   max_event_time=max(times) if times else None, label=before.label,
                   hot=hot_summary(before.hot, per_worker),
-                  homes={str(w): h for w, h in homes.items()})
+                  homes={str(w): h for w, h in homes.items()},
+                  addresses={str(w): list(a) for w, a in addresses.items()})
 
 
 def ran_on(per_worker: Mapping[int, WorkerMetrics]) -> dict[int, str]:

@@ -81,7 +81,8 @@ class Commit:
     watched), whence the next epoch's split: a re-run of an epoch splits alike.
     ``label``: the epoch's label when it ran from a batch's epoch column (docs/groups.md): a
     later batch's labels must be larger. ``homes``: per worker that holds state, the id of the
-    host where its state is at home (docs/placement.md).
+    host where its state is at home, and ``addresses``: the ``[host, port]`` of the service
+    holding it there, as a task at home last reported it (docs/placement.md).
     """
 
     epoch: int = -1
@@ -95,6 +96,7 @@ class Commit:
     hot: dict[str, Any] = field(default_factory=dict)
     label: int | None = None
     homes: dict[str, str] = field(default_factory=dict)
+    addresses: dict[str, list[Any]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any) -> Commit:
@@ -113,6 +115,12 @@ class Commit:
                     isinstance(w, str) and w.isdigit() and isinstance(t, str)
                     for w, t in value.items()):
                 raise ValueError(f"commit.json is malformed: {name} must map workers to strings")
+        if not isinstance(commit.addresses, dict) or not all(
+                isinstance(w, str) and w.isdigit() and isinstance(a, list) and len(a) == 2
+                and isinstance(a[0], str) and isinstance(a[1], int)
+                for w, a in commit.addresses.items()):
+            raise ValueError("commit.json is malformed: addresses must map workers to "
+                             "[host, port]")
         if not isinstance(commit.hot, dict):
             raise ValueError("commit.json is malformed: hot must be an object")
         return commit
@@ -128,3 +136,8 @@ class Commit:
     def worker_homes(self) -> dict[int, str]:
         """``homes`` by worker number."""
         return {int(w): h for w, h in self.homes.items()}
+
+    def home_services(self) -> dict[int, tuple[str, tuple[str, int]]]:
+        """Per worker whose home's service address is known: its home and that address."""
+        return {int(w): (h, (self.addresses[w][0], self.addresses[w][1]))
+                for w, h in self.homes.items() if w in self.addresses}

@@ -81,6 +81,8 @@ class EpochSpec:
     #: The pipeline's secret (hex, with a checkpoint location): tasks register it with their
     #: host's store service (docs/placement.md). Never printed.
     secret: str = field(default="", repr=False)
+    #: Per worker whose home's service is known: its home host and that service's address.
+    homes: dict[int, tuple[str, tuple[str, int]]] = field(default_factory=dict)
     labels: tuple[int, ...] = ()
     watermarks: tuple[int | None, ...] = ()
 

@@ -126,14 +126,18 @@ def check_state_dir(spec: EpochSpec) -> None:
     _SEEN_STATE_DIRS.add((spec.state_dir, spec.pipeline_id))
 
 
-def open_store(spec: EpochSpec, worker: int) -> RemoteStore:
-    """A task's handle on ``worker``'s store in its host's store service (with its durable
-    copy's spec when the pipeline has a checkpoint location)."""
+def open_store(spec: EpochSpec, worker: int, at_home: bool = True) -> RemoteStore:
+    """A task's handle on ``worker``'s store (with its durable copy's spec when the pipeline
+    has a checkpoint location): at the worker's home when that is another host whose service
+    is known and ``at_home`` (docs/placement.md), else in this host's store service."""
     durable = None if spec.checkpoint is None else \
         DurableSpec(spec.checkpoint, worker, spec.snapshot_every,
                     spec.committed_tokens.get(worker, ""), spec.pipeline_id or "", spec.secret)
+    home = spec.homes.get(worker) if at_home else None
     return RemoteStore(spec.local_dir, str(spec.worker_path(worker)), spec.backend,
-                       spec.key_type, spec.num_bins, worker, durable)
+                       spec.key_type, spec.num_bins, worker, durable,
+                       home[1] if home is not None and home[0] != host_id(spec.local_dir)
+                       else None)
 
 
 def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -175,7 +179,7 @@ def apply_worker(
             pass
         if spec.worker_path(worker).exists() and worker not in spec.outgoing:
             # Scale in: its last bins left in an earlier, committed epoch; release its storage.
-            open_store(spec, worker).destroy()
+            open_store(spec, worker, at_home=False).destroy()
         if timed.export_reports:
             yield _tagged(spec, report_rows(schema, timed.export_reports), spec.epoch)
         return
@@ -191,6 +195,8 @@ def apply_worker(
     metrics.begin_s = time.perf_counter() - t0
     marks["begun"] = time.time()
     metrics.restored = store.restored
+    metrics.remote, metrics.address = store.remote or None, store.address
+    metrics.home_unreachable = store.home_unreachable or None
     if apply:
         store.drop_bins(sorted(set(spec.drops.get(worker, ())) | set(incoming)))
         first = spec.for_epoch(0)
@@ -285,9 +291,8 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     if spec.has_event_time and table.num_rows:  # partial rows carry their records' latest
         metrics.max_event_time = pc.max(table.column(EVENT_TIME)).as_py()
     table, partials = take_partials(table)  # hot keys' partials from lessees, if any
-    null_keys = table.column(KEY).null_count
-    if null_keys:  # a key of its own, applied like any (bin 0); counted to stay visible
-        metrics.null_keys = null_keys
+    # A null key is a key of its own, applied like any (bin 0); counted to stay visible.
+    metrics.null_keys = table.column(KEY).null_count or None
     metrics.records_in = table.num_rows + (partials.total if partials else 0)
     if metrics.records_in:
         load = _load(table, partials)
@@ -311,22 +316,17 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     metrics.commit_s = time.perf_counter() - t0
     marks["committed"] = time.time()
     metrics.store_commit_s = health["seconds"]
-    metrics.stall_s = health["stall_s"]
-    metrics.pending_compaction_bytes = health["pending_compaction_bytes"]
-    metrics.l0_files = health["l0_files"]
+    for name in ("stall_s", "pending_compaction_bytes", "l0_files"):
+        setattr(metrics, name, health[name])
     return outputs, load
 
 
 def replayed_max_event_time(spec: EpochSpec, batches) -> int | None:
     """The largest event time among the records of an epoch replayed (the same records as
     when it was applied: the same max event time); ``None`` without event times."""
-    high = None
-    for batch in batches:
-        if spec.has_event_time and batch.num_rows:
-            top = pc.max(batch.column(EVENT_TIME)).as_py()
-            if top is not None and (high is None or top > high):
-                high = top
-    return high
+    tops = [pc.max(b.column(EVENT_TIME)).as_py() for b in batches
+            if spec.has_event_time and b.num_rows]
+    return max((t for t in tops if t is not None), default=None)
 
 
 def report_rows(schema: pa.Schema, reports: list[str],

@@ -206,7 +206,7 @@ class Arrivals:
             raise RuntimeError(f"worker {self.worker} received files of bins {stray} at epoch "
                                f"{self.spec.epoch} but does not install them: the epoch's "
                                "layout is inconsistent")
-        reply = store.ingest(files)
+        reply = store.ingest(files, self.spec.chunk_bytes)
         self.metrics.keys_in += reply["keys"]
         self.metrics.bytes_in += reply["bytes"]
         self.metrics.files_in = len(files)
