@@ -112,6 +112,8 @@ class WorkerMetrics(_Record):
     #: ``[host, port]`` of the service holding the worker's store, when the task ran at home
     #: (the driver keeps it for the tasks that run elsewhere).
     address: list[Any] | None = None
+    #: Workers at home elsewhere whose copies on the task's host it had deleted first.
+    pruned: list[int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -241,3 +241,21 @@ def bin_of(key: int) -> int:
     from megaphone.routing.bins import bin_of as of
 
     return int(of(np.asarray([key], np.int64), BINS)[0])
+
+
+def test_copies_of_workers_at_home_elsewhere_are_deleted_unless_in_use(home):
+    """``prune`` deletes a host's copy of a worker homed elsewhere once it is closed or idle,
+    keeps one in use, and refuses a pipeline id that cannot name a folder."""
+    from megaphone.state_backends.remote import prune_copies, release_stores
+
+    p1, store, _, _ = home
+    local = p1.local_dir
+    other = store("p1", worker=1)
+    assert other.begin(0) == (True, b"")
+    one_epoch(other, 0, [7])
+    release_stores(local, os.path.dirname(other.path))  # closed: nothing uses them now
+    assert counts(p1, [1, 2]) == [1, 1]  # worker 0's copy is in use again
+    assert prune_copies(local, "p1", [0, 1, 5]) == [1]  # 5 has no copy here
+    assert not os.path.exists(other.path) and counts(p1, [1, 2]) == [1, 1]
+    with pytest.raises(StoreError, match="cannot name a folder"):
+        p1.conn.call("prune", pipeline="../p1", workers=[0])

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from megaphone.paths import service_dir
+from megaphone.paths import local_worker_path, service_dir
 from megaphone.state_backends.base import DEFAULT_CHUNK_BYTES
 from megaphone.state_backends.bin_files import BinFile, file_parts
 from megaphone.state_backends.service_client import (
@@ -263,6 +263,23 @@ class RemoteStore:
         self._call("destroy")
 
 
+def prune_copies(local_dir: str, pipeline_id: str, workers: Iterable[int]) -> list[int]:
+    """Ask this host's services to delete their copies of ``pipeline_id``'s ``workers``,
+    which are at home on other hosts (docs/placement.md); the workers whose copy went. Only
+    copies found on this host's disk are named (a service is started for them if none runs)."""
+    shards = service_shards()
+    by_shard: dict[int, list[int]] = {}
+    for w in workers:
+        if os.path.isdir(local_worker_path(local_dir, pipeline_id, w)):
+            by_shard.setdefault(w % shards, []).append(int(w))
+    deleted: list[int] = []
+    for shard, names in sorted(by_shard.items()):
+        conn = connect(service_dir(local_dir, shard))
+        assert conn is not None
+        deleted += conn.call("prune", pipeline=pipeline_id, workers=names)["deleted"]
+    return deleted
+
+
 __all__ = ["DurableSpec", "RemoteStore", "StoreError", "StoreUnavailable", "connect",
-           "default_local_dir", "forget", "release_stores", "service_pid", "service_pids",
-           "service_shards"]
+           "default_local_dir", "forget", "prune_copies", "release_stores", "service_pid",
+           "service_pids", "service_shards"]

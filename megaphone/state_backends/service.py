@@ -42,11 +42,17 @@ from typing import Any
 import pyarrow as pa
 
 from megaphone.errors import MegaphoneError
+from megaphone.paths import local_worker_path
 from megaphone.state_backends import wire
 from megaphone.state_backends.base import StateBackend
 from megaphone.state_backends.bin_files import BinFile, FileAssembler, transfer_dir
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
-from megaphone.state_backends.network import Network, NetworkRefused
+from megaphone.state_backends.network import (
+    SECRET_BYTES,
+    Network,
+    NetworkRefused,
+    check_registration,
+)
 from megaphone.state_backends.rocksdb_tuning import LogTrim
 from megaphone.state_backends.service_identity import code_id, process_start
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
@@ -58,6 +64,8 @@ log = logging.getLogger("megaphone.store_service")
 STORE_IDLE_CLOSE_S = 600.0
 #: The service exits after this long with no store open and no connection.
 IDLE_EXIT_S = 30.0
+#: A copy of a worker at home elsewhere is deleted once unused for this long (``prune``).
+PRUNE_IDLE_S = 60.0
 
 
 # -- the service --------------------------------------------------------------------------------
@@ -378,6 +386,33 @@ class StoreService:
             raise ValueError("this store service was started without a host directory")
         return {"address": self.network.register(req.get("pipeline"), req.get("secret"),
                                                  req.get("checkpoint"))}
+
+    def op_prune(self, req: dict[str, Any], owner) -> dict[str, Any]:
+        """Delete this host's copies of a pipeline's ``workers`` that are at home on another
+        host (a task of the pipeline hands on the driver's homes), so that the cluster keeps
+        one working copy per worker. A copy used in the last :data:`PRUNE_IDLE_S` is kept: a
+        task whose home could not be reached may be using it. The workers deleted."""
+        if self.network is None:
+            raise ValueError("this store service was started without a host directory")
+        pipeline = check_registration(req.get("pipeline"), "00" * SECRET_BYTES, "-").pipeline_id
+        deleted = []
+        for worker in req.get("workers", []):
+            path = os.path.abspath(local_worker_path(self.network.host_dir, pipeline,
+                                                     int(worker)))
+            with self._lock:  # nothing opens the copy while it goes
+                entry = self.stores.get(path)
+                if entry is not None and (time.monotonic() - entry.last_used < PRUNE_IDLE_S
+                                          or entry.lock.locked()):
+                    continue
+                if entry is None and not os.path.isdir(path):
+                    continue
+                if entry is not None:
+                    del self.stores[path]
+                    entry.store.close()
+                shutil.rmtree(path, ignore_errors=True)
+            log.info("deleted %s: its worker is at home on another host", path)
+            deleted.append(int(worker))
+        return {"deleted": deleted}
 
     def op_shutdown(self, req: dict[str, Any], owner) -> None:
         """Close every store and stop the service."""

@@ -18,7 +18,6 @@ deleted there only in the next epoch, so a re-run of the epoch can export them a
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Generator, Iterator
 
@@ -26,7 +25,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.statedir.faults import crash_point
 from megaphone.migrator.task.columns import (
     BIN,
@@ -41,6 +39,7 @@ from megaphone.migrator.task.columns import (
     VALUE,
     RowKind,
 )
+from megaphone.migrator.task.host_duties import check_state_dir, prune_away_copies
 from megaphone.migrator.task.hot_split import (
     Partials,
     builtin_partials,
@@ -58,7 +57,6 @@ from megaphone.migrator.task.updates import (
     partial_aggregates,
 )
 from megaphone.records import WorkerMetrics, WorkerReport
-from megaphone.state_backends.durable import check_checkpoint
 from megaphone.state_backends.encoding import encode_keys
 from megaphone.state_backends.host import host_id
 from megaphone.state_backends.remote import DurableSpec, RemoteStore
@@ -91,39 +89,6 @@ def bin_counts(bins: np.ndarray, weights: np.ndarray | None = None
     counts = np.bincount(bins, weights=weights).astype(np.int64)
     hot = np.flatnonzero(counts)
     return hot.astype(np.int32), counts[hot].astype(np.int32)
-
-
-#: ``(state_dir, pipeline_id)`` pairs this Python worker has found on its host.
-_SEEN_STATE_DIRS: set[tuple[str, str]] = set()
-
-
-def check_state_dir(spec: EpochSpec) -> None:
-    """Fail loudly unless this host sees the pipeline's state directory (its manifest, with the
-    pipeline's id): an executor that cannot see it would otherwise create state of its own
-    under the same path, and outputs would be quietly wrong."""
-    if spec.pipeline_id is None or (spec.state_dir, spec.pipeline_id) in _SEEN_STATE_DIRS:
-        return
-    if spec.checkpoint is not None:  # executors need only the checkpoint location
-        try:
-            check_checkpoint(spec.checkpoint, spec.pipeline_id)
-        except ValueError as exc:
-            raise RuntimeError(f"on host {socket.gethostname()}: {exc}") from None
-        _SEEN_STATE_DIRS.add((spec.state_dir, spec.pipeline_id))
-        return
-    try:
-        found = StateDir.open(spec.state_dir).fingerprint.pipeline_id
-    except (ValueError, KeyError) as exc:  # NotAStateDir, or a manifest without its fingerprint
-        raise RuntimeError(
-            f"the state directory {spec.state_dir} is not readable on host "
-            f"{socket.gethostname()} ({exc}). Worker state lives under it, so every executor "
-            "must reach it: on a cluster put it on storage all executors mount (README: State "
-            "directory)") from None
-    if found != spec.pipeline_id:
-        raise RuntimeError(
-            f"the state directory {spec.state_dir} on host {socket.gethostname()} belongs to "
-            f"pipeline {found!r}, not {spec.pipeline_id!r}: this executor sees another "
-            "directory under the same path")
-    _SEEN_STATE_DIRS.add((spec.state_dir, spec.pipeline_id))
 
 
 def open_store(spec: EpochSpec, worker: int, at_home: bool = True) -> RemoteStore:
@@ -171,6 +136,7 @@ def apply_worker(
     """
     started = time.perf_counter()
     check_state_dir(spec)
+    pruned = prune_away_copies(spec)
     timed = TimedInput(batches)
     schema = result_schema(spec.output_schema, spec.grouped)
     incoming = spec.incoming.get(worker, ())
@@ -196,7 +162,7 @@ def apply_worker(
     marks["begun"] = time.time()
     metrics.restored = store.restored
     metrics.remote, metrics.address = store.remote or None, store.address
-    metrics.home_unreachable = store.home_unreachable or None
+    metrics.home_unreachable, metrics.pruned = store.home_unreachable or None, pruned or None
     if apply:
         store.drop_bins(sorted(set(spec.drops.get(worker, ())) | set(incoming)))
         first = spec.for_epoch(0)
