@@ -3,12 +3,12 @@
 Starts the two simulated hosts of ``tests/helpers/cluster.py`` (a Spark standalone master and
 two single-core workers on 127.0.0.1, each in its own mount namespace: needs root), and drives a
 keyed count with a checkpoint location both hosts see. It loads ``--keys`` keys in one epoch,
-runs ``--before`` epochs of ``--records`` records, then kills host 1 (its Spark worker,
-executor and store service: SIGKILL) ``--kill-at`` of a steady epoch into the next one, and runs
-``--after`` more epochs on host 0 alone. Prints the steady epoch before, the epoch host 1 died
-in (Spark notices the lost executor, reruns the lost map output, and host 1's workers are
-restored on host 0 from the checkpoint), the epochs after, every restore, and checks that the
-final state counts every record exactly once.
+runs ``--before`` epochs of ``--records`` records, then kills host 1 (every process in its
+namespace: its Spark worker, executor and store services; SIGKILL) ``--kill-at`` of a steady
+epoch into the next one, and runs ``--after`` more epochs on host 0 alone. Prints the steady
+epoch before, the epoch host 1 died in (Spark notices the lost executor, reruns the lost map
+output, and host 1's workers are restored on host 0 from the checkpoint), the epochs after,
+every restore, and checks that the final state counts every record exactly once.
 
     python bench/executor_loss.py
     python bench/executor_loss.py --keys 1e6 --json bench/results/executor-loss/run1.json
@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import signal
 import statistics
 import sys
 import tempfile
@@ -35,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import megaphone
 from bench.epoch_floor import epoch_frame, machine
 from megaphone.spark import spark_session
-from tests.helpers.cluster import CLUSTER_CONF, namespaces_permitted, two_hosts
+from tests.helpers.cluster import CLUSTER_CONF, kill_host, namespaces_permitted, two_hosts
 
 
 def restores(pipe: megaphone.Pipeline) -> list[dict]:
@@ -136,7 +134,7 @@ def _run(spark, pipe: megaphone.Pipeline, host1, args: argparse.Namespace) -> di
         timer = None
         if i == args.before:
             kill_after = args.kill_at * statistics.median(times)
-            timer = threading.Timer(kill_after, os.killpg, (host1.pid, signal.SIGKILL))
+            timer = threading.Timer(kill_after, kill_host, (host1,))
         t0 = time.perf_counter()
         if timer is not None:
             timer.start()

@@ -10,8 +10,16 @@ on when several tie (its working copy is there already).
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
+
+
+def homes_enforced() -> bool:
+    """Whether tasks away from a worker's home use its store there (the default), or, with
+    ``MEGAPHONE_PLACEMENT=0`` on the driver, their own host's copy as before homes existed
+    (the placement benchmark's baseline; homes are still recorded)."""
+    return os.environ.get("MEGAPHONE_PLACEMENT", "1") != "0"
 
 
 def assign_homes(homes: Mapping[int, str], workers: Iterable[int],
@@ -53,4 +61,4 @@ def away(homes: Mapping[int, str], ran_on: Mapping[int, str]) -> list[int]:
     return sorted(w for w, h in ran_on.items() if homes.get(w) not in (None, h))
 
 
-__all__ = ["assign_homes", "away", "home_addresses"]
+__all__ = ["assign_homes", "away", "home_addresses", "homes_enforced"]

@@ -65,7 +65,7 @@ STORE_IDLE_CLOSE_S = 600.0
 #: The service exits after this long with no store open and no connection.
 IDLE_EXIT_S = 30.0
 #: A copy of a worker at home elsewhere is deleted once unused for this long (``prune``).
-PRUNE_IDLE_S = 60.0
+PRUNE_IDLE_S = 20.0
 
 
 # -- the service --------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.plans.hot_keys import HeavyHitters
 from megaphone.records import WorkerMetrics
-from megaphone.routing.placement import assign_homes, home_addresses
+from megaphone.routing.placement import assign_homes, home_addresses, homes_enforced
 from megaphone.routing.table import Move, RoutingTable
 
 
@@ -89,7 +89,8 @@ def placement_fields(state: StateDir, commit: Commit, checkpoint: str | None
     (docs/placement.md): the pipeline's secret and the homes with their services' addresses."""
     if not checkpoint:
         return {}
-    return {"secret": state.secret(), "homes": commit.home_services()}
+    return {"secret": state.secret(),
+            "homes": commit.home_services() if homes_enforced() else {}}
 
 
 def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[str, Any]],

@@ -1,0 +1,161 @@
+"""Placement: where workers' state lives on two hosts, before homes and with them, side by side.
+
+Starts the two simulated hosts of ``tests/helpers/cluster.py`` (a Spark standalone master and two
+single-core workers on 127.0.0.1, each in its own mount namespace: needs root) and runs the same
+checkpointed keyed count twice in one run, each on fresh state: first as before homes
+(``MEGAPHONE_PLACEMENT=0`` on the driver: a task uses its own host's copy and catches it up),
+then with homes (docs/placement.md: a task away from its worker's home uses the store there).
+Each run loads ``--keys`` keys on ``--workers`` workers, runs ``--epochs`` steady epochs of
+``--records`` records, reads the working copies' bytes on each host, then loses host 1 (every
+process in its namespace, store services too) and runs ``--after`` epochs on host 0. Printed per
+run: restores (and catch-ups) per steady epoch after ``--warmup``, tasks away from home and
+those that reached their home, working-copy bytes per host against one copy, epoch p50, the
+epochs after the loss, and whether the final state counts every record once.
+
+    python bench/placement.py
+    python bench/placement.py --keys 1e7 --json bench/results/placement/run1.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+import megaphone
+from bench.epoch_floor import epoch_frame, machine
+from megaphone.paths import local_stores_path
+from megaphone.spark import spark_session
+from tests.helpers.cluster import CLUSTER_CONF, kill_host, namespaces_permitted, two_hosts
+
+RUNS = {"before homes": "0", "homes": "1"}
+
+
+def host_bytes(proc, path: Path) -> int:
+    """Bytes of the files under ``path`` as the simulated host of ``proc`` sees them."""
+    root = Path(f"/proc/{proc.pid}/root") / path.relative_to("/")
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
+def run_once(hosts, name: str, args: argparse.Namespace) -> dict:
+    """One run on fresh state: load, steady epochs, copies per host, host 1 lost, epochs."""
+    os.environ["MEGAPHONE_PLACEMENT"] = RUNS[name]
+    hosts.ensure_hosts()
+    spark = spark_session(hosts.master, f"placement-{RUNS[name]}", CLUSTER_CONF)
+    tag = name.replace(" ", "-")
+    pipe = megaphone.Pipeline(
+        spark, str(hosts.hidden / f"state-{tag}"), key="key", update="count",
+        workers=args.workers, num_bins=args.bins, local_dir=str(hosts.hidden / "local"),
+        checkpoint=str(hosts.shared / f"checkpoint-{tag}"))
+    epochs: list[dict] = []
+    try:
+        t0 = time.perf_counter()
+        pipe.process_arrow(spark.range(args.keys, numPartitions=2)
+                           .withColumnRenamed("id", "key"))
+        load_s = time.perf_counter() - t0
+        for i in tqdm(range(args.epochs + args.after), desc=name, leave=False):
+            if i == args.epochs:
+                stores = local_stores_path(hosts.hidden / "local", pipe.fingerprint.pipeline_id)
+                copies = [host_bytes(hosts.procs[1 + h], stores) for h in (0, 1)]
+                kill_host(hosts.procs[2])
+            t0 = time.perf_counter()
+            pipe.process_arrow(epoch_frame(spark, i + 1, args.records, args.keys))
+            seconds = time.perf_counter() - t0
+            m = pipe.metric_records(last=1)[0]
+            epochs.append({
+                "epoch_s": seconds,
+                "restores": sum(1 for w in m.per_worker.values() if w.restored),
+                "catch_ups": sum(1 for w in m.per_worker.values()
+                                 if w.restored and w.restored.get("since") is not None),
+                "away": len(m.away),
+                "remote": sum(1 for w in m.per_worker.values() if w.remote),
+                "tasks": sum(1 for w in m.per_worker.values() if w.records_in is not None)})
+        total = pipe.state().groupBy().sum("state").first()[0]
+    finally:
+        pipe.close()
+        spark.stop()
+    return {"load_s": load_s, "epochs": epochs, "copy_bytes": copies, "state_total": total,
+            "expected_total": args.keys + args.records * (args.epochs + args.after)}
+
+
+def summary(run: dict, args: argparse.Namespace) -> dict:
+    """The figures compared: per steady epoch after the warm-up, and after the loss."""
+    steady = run["epochs"][args.warmup:args.epochs]
+    after = run["epochs"][args.epochs:]
+    tasks = sum(e["tasks"] for e in steady)
+    return {
+        "restores_per_epoch": sum(e["restores"] for e in steady) / len(steady),
+        "catch_ups_per_epoch": sum(e["catch_ups"] for e in steady) / len(steady),
+        "away_share": sum(e["away"] for e in steady) / tasks,
+        "remote_share": sum(e["remote"] for e in steady) / tasks,
+        "epoch_p50_s": statistics.median(e["epoch_s"] for e in steady),
+        "copy_bytes": run["copy_bytes"],
+        "after_loss_max_s": max(e["epoch_s"] for e in after),
+        "after_loss_p50_s": statistics.median(e["epoch_s"] for e in after),
+        "restores_after_loss": sum(e["restores"] for e in after),
+        "exact": run["state_total"] == run["expected_total"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run before homes and with homes on two simulated hosts; print the comparison."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--keys", type=lambda s: int(float(s)), default=1_000_000)
+    p.add_argument("--records", type=lambda s: int(float(s)), default=20_000)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--bins", type=int, default=4096)
+    p.add_argument("--epochs", type=int, default=40, help="steady epochs before the loss")
+    p.add_argument("--warmup", type=int, default=10, help="steady epochs not counted")
+    p.add_argument("--after", type=int, default=5, help="epochs after host 1 is lost")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    if not 0 <= args.warmup < args.epochs or args.after < 1:
+        p.error("need 0 <= --warmup < --epochs and --after >= 1")
+    mach = machine()
+    command = "python " + shlex.join([sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
+    print(f"# placement: nproc {mach['nproc']}, {mach['platform']}, PySpark {mach['pyspark']}")
+    print(f"# command: {command}")
+    with tempfile.TemporaryDirectory(prefix="placement-") as tmp:
+        base = Path(tmp)
+        if not namespaces_permitted(base / "probe"):
+            print("mount namespaces are not permitted here (needs root)", file=sys.stderr)
+            return 2
+        with two_hosts(base) as hosts:
+            runs = {name: run_once(hosts, name, args) for name in RUNS}
+    rows = {name: summary(run, args) for name, run in runs.items()}
+    print(f"\n## {args.keys:,} keys, {args.records:,} records per epoch, {args.workers} workers "
+          f"on 2 hosts of 1 core; steady epochs {args.warmup}-{args.epochs - 1}, then host 1 "
+          f"lost and {args.after} epochs")
+    print("| | restores / epoch | catch-ups / epoch | tasks away | away, at home's store | "
+          "copy bytes host 0 + host 1 | epoch p50 s | after loss p50 / max s | exact |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['restores_per_epoch']:.2f} | {r['catch_ups_per_epoch']:.2f} | "
+              f"{r['away_share']:.0%} | {r['remote_share']:.0%} | "
+              f"{r['copy_bytes'][0]:,} + {r['copy_bytes'][1]:,} | {r['epoch_p50_s']:.2f} | "
+              f"{r['after_loss_p50_s']:.2f} / {r['after_loss_max_s']:.2f} | {r['exact']} |")
+    before, homes = rows["before homes"], rows["homes"]
+    copies = sum(homes["copy_bytes"]) / max(1, sum(before["copy_bytes"]))
+    print(f"\nepoch p50 with homes / before: {homes['epoch_p50_s'] / before['epoch_p50_s']:.2f}x; "
+          f"copy bytes with homes / before: {copies:.2f}x")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "command": command, "machine": mach,
+            "config": {k: str(v) for k, v in vars(args).items()}, "runs": runs,
+            "summary": rows}, indent=2) + "\n")
+    return 0 if all(r["exact"] for r in rows.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
