@@ -27,11 +27,14 @@ from megaphone import Chain, Pipeline
 from megaphone.nexmark import sql
 from megaphone.nexmark.definitions import SMALL_RUN
 from megaphone.nexmark.generator import generate
-from tests.helpers.chain_stream_driver import EPOCHS, PER_EPOCH
+from megaphone.nexmark.queries import Q4
+from tests.helpers.chain_stream_driver import NUM_BINS
 from tests.test_recovery import wait_for_service_exit
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCHES = [[1, 2, 2], [2, 3], [1, 1, 4]]
+#: Q4's stream: micro-batches of generated events.
+EPOCHS, PER_EPOCH = 4, 500
 
 
 def reference(batches) -> tuple[list[dict[int, int]], dict[int, int]]:
@@ -129,6 +132,21 @@ def test_start_runs_each_micro_batch_as_a_chain_epoch(spark, tmp_path, monkeypat
     chain.close()
 
 
+def write_source(spark, tmp_path: Path) -> None:
+    """One parquet file per epoch of Q4's first-stage input, oldest first (a file source
+    reads them in modification-time order)."""
+    source = tmp_path / "src"
+    source.mkdir()
+    base = time.time() - 1000
+    with Q4(spark, tmp_path / "writer", num_bins=NUM_BINS) as query:
+        for i in range(EPOCHS):
+            tables = query.inputs(generate(SMALL_RUN, i * PER_EPOCH, PER_EPOCH))
+            frames = {n: spark.createDataFrame(t) for n, t in tables.items()}
+            path = source / f"part-{i:03d}.parquet"
+            pq.write_table(query.batch(**frames).toArrow(), path)
+            os.utime(path, (base + i, base + i))
+
+
 def run_driver(base: Path, crash_at: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MEGAPHONE_LOCAL_DIR": str(base / "local")}
     env.pop("MEGAPHONE_CRASH_AT", None)
@@ -144,6 +162,7 @@ def test_q4_on_a_stream_rescaled_live_and_killed_between_stages_equals_batch_sql
         spark, tmp_path):
     # Killed once the first stage committed epoch 2 (the second step of both plans), before
     # the second stage ran it; the restart resumes the stream at micro-batch 2.
+    write_source(spark, tmp_path)
     result = run_driver(tmp_path, "cleanup:2")
     assert result.returncode == -9, result.stderr[-3000:]
     wait_for_service_exit(tmp_path / "state")

@@ -2,12 +2,12 @@
 after crashes (tests/test_chain_stream.py).
 
 Usage: ``python -m tests.helpers.chain_stream_driver STATE_DIR SOURCE CHECKPOINT SINK OUT``.
-The first run writes SOURCE: one parquet file per epoch, Q4's first-stage input of
-``PER_EPOCH`` generated events each. The query reads one file per micro-batch
+SOURCE holds one parquet file per epoch, Q4's first-stage input
+(:func:`tests.test_chain_stream.write_source`). The query reads one file per micro-batch
 (``availableNow``) with the query checkpoint CHECKPOINT; its sink appends one JSON line per
 delivery to SINK (``{"epoch": ..., "rows": [[category, average, auctions], ...]}``) and, at
-epoch 0, submits two live plans: stage 0 from 2 to 3 workers, stage 1 from 2 to 4, over two
-epochs each. At the end OUT (JSON) gets each stage's epoch when opened and at the end, its
+epoch 0, submits two live plans (batched, from epoch 1 on): stage 0 from 2 to 3 workers,
+stage 1 from 2 to 4. At the end OUT (JSON) gets each stage's epoch when opened and at the end, its
 workers, its plans in flight and the epochs of its metrics records.
 """
 
@@ -16,32 +16,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from megaphone import rescale
-from megaphone.nexmark.definitions import SMALL_RUN
-from megaphone.nexmark.generator import generate
 from megaphone.nexmark.queries import Q4
 from megaphone.spark import spark_session
 
-EPOCHS, PER_EPOCH = 5, 500
 NUM_BINS = 16
-
-
-def write_source(query: Q4, source: Path) -> None:
-    """One parquet file per epoch of Q4's first-stage input, oldest first (a file source
-    reads them in modification-time order)."""
-    source.mkdir()
-    base = time.time() - 1000
-    for i in range(EPOCHS):
-        tables = query.inputs(generate(SMALL_RUN, i * PER_EPOCH, PER_EPOCH))
-        batch = query.batch(**{n: query.spark.createDataFrame(t) for n, t in tables.items()})
-        path = source / f"part-{i:03d}.parquet"
-        pq.write_table(batch.toArrow(), path)
-        os.utime(path, (base + i, base + i))
 
 
 def main(state_dir: str, source: str, checkpoint: str, sink_path: str, out: str) -> None:
@@ -49,8 +30,6 @@ def main(state_dir: str, source: str, checkpoint: str, sink_path: str, out: str)
     query = Q4(spark, state_dir, workers=2, num_bins=NUM_BINS)
     stages = query.stages
     opened = [s.epoch for s in stages]
-    if not Path(source).exists():
-        write_source(query, Path(source))
 
     def sink(outputs, epoch: int) -> None:
         rows = sorted(list(r) for r in query.rows(outputs).collect())
