@@ -9,15 +9,23 @@ Exactly once: the stages share epoch numbers. If a crash left the first stages o
 ahead of the last ones, :attr:`Chain.epoch` is the last epoch every stage committed, the
 caller feeds the next batch again, and stages that committed that epoch already hand on their
 kept outputs (``Pipeline(keep_outputs=...)`` epochs of them) instead of applying it twice.
+
+On Structured Streaming (:meth:`Chain.start`) a micro-batch is one chain epoch, and every
+stage's commit records the query's position (checkpoint location, batch id), as a pipeline's
+own stream does: Spark replays a batch whose run a crash cut short, and each stage that
+committed that batch id hands on its kept outputs, by batch id rather than by epoch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from pyspark.sql import DataFrame
 
 from megaphone.migrator.pipeline.facade import Pipeline
+from megaphone.migrator.pipeline.stream_runner import Sink
+from megaphone.spark import is_connect
 
 Link = Callable[[DataFrame], DataFrame]
 
@@ -34,6 +42,8 @@ class Chain:
     ...     out.output.end.cast("long").alias("end"), out.output.value.alias("count"))])
     ... # doctest: +SKIP
     >>> chain.process(bids)  # doctest: +SKIP
+    >>> query = chain.start(bid_stream, lambda out, epoch: out.show())  # doctest: +SKIP
+    >>> hottest.migrate(megaphone.rescale(hottest, workers=3))  # live  # doctest: +SKIP
     """
 
     def __init__(self, stages: Sequence[Pipeline], links: Sequence[Link | None] = ()) -> None:
@@ -46,6 +56,10 @@ class Chain:
             raise ValueError("a pipeline can be only one stage of a chain")
         self.stages = list(stages)
         self.links: list[Link | None] = [*links, *[None] * (len(stages) - 1 - len(links))]
+        self._check_epochs()
+
+    def _check_epochs(self) -> None:
+        """Refuse stages whose epochs no crash between two stages can explain."""
         epochs = [s.epoch for s in self.stages]
         if max(epochs) - min(epochs) > 1 or epochs != sorted(epochs, reverse=True):
             raise ValueError(
@@ -76,7 +90,73 @@ class Chain:
                 data = link(data)
         return data
 
+    @property
+    def streaming(self) -> bool:
+        """True while a query started by :meth:`start` is running."""
+        return self.stages[0].streaming
+
+    def start(self, stream: DataFrame, sink: Sink, trigger: dict[str, Any] | None = None,
+              checkpoint_location: str | None = None) -> Any:
+        """Run on Structured Streaming: each micro-batch is one chain epoch through every
+        stage in order; ``sink(outputs, epoch)`` gets the last stage's outputs (after no link).
+
+        As :meth:`Pipeline.start <megaphone.Pipeline.start>`: ``trigger`` goes to
+        ``DataStreamWriter.trigger``, ``checkpoint_location`` defaults to the first stage's,
+        and the ``StreamingQuery`` is returned. Restarting with the same checkpoint replays the
+        batch a crash cut short; a stage that committed that batch id hands on its kept
+        outputs instead of applying it again, and a batch every stage committed reaches
+        ``sink`` once more with its stored outputs. ``chain.stages[i].migrate(plan)`` works
+        while the query runs; the stages' ``process()`` is refused. Not over Spark Connect.
+        """
+        first = self.stages[0]
+        if is_connect(first.spark):
+            raise NotImplementedError(
+                "Chain.start() does not run over Spark Connect (its micro-batches would have to "
+                "open every stage on the server): run the chain's epochs with process(), or "
+                "use a classic SparkSession")
+        if any(s.streaming for s in self.stages):
+            raise RuntimeError("a stage of the chain is running a stream: stop() it first")
+        location = checkpoint_location or first._runner.local_location
+        self._check_epochs()
+        self._check_positions(location)
+        return first._runner.start(stream, sink, trigger, location, None, run=self._run_batch,
+                                   along=[s._runner for s in self.stages[1:]])
+
+    def _run_batch(self, batch: DataFrame, batch_id: int, location: str
+                   ) -> tuple[DataFrame, int]:
+        """Micro-batch ``batch_id`` of the query at ``location`` as one chain epoch: the last
+        stage's outputs and epoch. A stage that committed this batch id hands on its kept
+        outputs (:meth:`StreamRunner.run_batch
+        <megaphone.migrator.pipeline.stream_runner.StreamRunner.run_batch>`)."""
+        data, epoch = batch, self.epoch
+        for stage, link in zip(self.stages, [*self.links, None], strict=True):
+            data, epoch = stage._runner.run_batch(data, batch_id, location)
+            data = data if link is None else link(data)
+        return data, epoch
+
+    def _check_positions(self, location: str) -> None:
+        """Refuse stages that the query at ``location`` would not keep in step: those at the
+        last epoch must have committed one batch id of it, and those an epoch behind (a crash
+        in a micro-batch) the one before, not stages an epoch of :meth:`process` put apart."""
+        ran = [s._holder.commit.stream.ran(location) for s in self.stages]
+        top = max(s.epoch for s in self.stages)
+        ahead = {r for s, r in zip(self.stages, ran, strict=True) if s.epoch == top}
+        behind = {r for s, r in zip(self.stages, ran, strict=True) if s.epoch < top}
+        if len(ahead) > 1 or (behind and (min(ahead) < 0 or behind != {min(ahead) - 1})):
+            raise ValueError(
+                f"the stages are at epochs {[s.epoch for s in self.stages]} and committed "
+                f"micro-batches {ran} of the query at {location}: they ran apart outside it "
+                "(process() after a crash?), so its replay would not be recognised; finish a "
+                "cut-short epoch with process() and start a query of another "
+                "checkpoint_location")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the stream started by :meth:`start` between two micro-batches
+        (:meth:`Pipeline.stop <megaphone.Pipeline.stop>`)."""
+        self.stages[0].stop(timeout)
+
     def close(self) -> None:
-        """Close every stage."""
+        """Stop a running stream and close every stage."""
+        self.stop()
         for stage in self.stages:
             stage.close()

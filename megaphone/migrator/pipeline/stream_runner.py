@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,13 +98,20 @@ class StreamRunner:
         self.on_server = False
         self._query: Any = None
         self._watcher: threading.Thread | None = None
+        self._along: list[StreamRunner] = []  # the other stages of a chain's query
 
     def start(self, stream: DataFrame, sink: Sink, trigger: dict[str, Any] | None,
-              checkpoint_location: str | None, epoch_column: str | None) -> Any:
+              checkpoint_location: str | None, epoch_column: str | None, *,
+              run: ServeBatch | None = None, along: Sequence[StreamRunner] = ()) -> Any:
         """Start the query (:meth:`Pipeline.start`); returns the ``StreamingQuery``. A bad
-        ``epoch_column`` for the stream's schema is refused now, before the query starts."""
-        if epoch_column is None:
-            run_batch: ServeBatch = self.run_batch
+        ``epoch_column`` for the stream's schema is refused now, before the query starts.
+        ``run`` does each micro-batch's work instead of this pipeline's epoch, and the runners
+        ``along`` count as running while the query does: a chain's stream, run by its first
+        stage's runner (:meth:`~megaphone.Chain.start`; not over Spark Connect)."""
+        if run is not None:
+            run_batch: ServeBatch = run
+        elif epoch_column is None:
+            run_batch = self.run_batch
         else:
             self.driver.labelled_schema(stream.schema, epoch_column)
             run_batch = functools.partial(self.run_stream_epochs, column=epoch_column)
@@ -126,11 +133,12 @@ class StreamRunner:
         )
         if trigger:
             writer = writer.trigger(**trigger)
-        self.running = True
+        self._along = list(along)
+        self._mark(True)
         try:
             query = writer.start()
         except BaseException:
-            self.running = False
+            self._mark(False)
             if self.on_server:
                 self.rejoin()
             raise
@@ -167,7 +175,12 @@ class StreamRunner:
                 log.exception("the pipeline could not be brought forward from its checkpoint "
                               "after its stream on the Spark Connect server ended")
             finally:
-                self.running = False
+                self._mark(False)
+
+    def _mark(self, running: bool) -> None:
+        """Set :attr:`running` of this runner and of those running along with its query."""
+        for runner in (self, *self._along):
+            runner.running = running
 
     def run_batch(self, batch: DataFrame, batch_id: int, location: str
                   ) -> tuple[DataFrame, int]:
