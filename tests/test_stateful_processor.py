@@ -20,6 +20,7 @@ import msgpack
 import pytest
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.types import StructType
 
 from megaphone import MigrationPlan, Move, Pipeline, PlanStep, bin_of
 from megaphone.state_backends import open_backend
@@ -47,9 +48,19 @@ CASES = {
 }
 
 
+#: Spark's outputs per processor, run once per session (the batches are always the same).
+_SPARK_OUTPUTS: dict[str, Counter] = {}
+
+
 def in_spark(spark, files: Path, tmp: Path, name: str) -> Counter:
     """The processor's outputs in Spark's ``transformWithState`` over the file stream (one
     file per batch), as a multiset of tuples."""
+    if name not in _SPARK_OUTPUTS:
+        _SPARK_OUTPUTS[name] = _run_spark(spark, files, tmp, name)
+    return _SPARK_OUTPUTS[name]
+
+
+def _run_spark(spark, files: Path, tmp: Path, name: str) -> Counter:
     cls, out, mode = CASES[name]
     saved = spark.conf.get(PROVIDER, None)
     spark.conf.set(PROVIDER, ROCKSDB)
@@ -207,6 +218,7 @@ def test_a_timer_in_time_mode_none_fails_the_epoch_as_in_spark(spark, tmp_path):
     pipe.close()
 
 
+@pytest.mark.slow
 def test_a_driver_crash_changes_nothing(spark, tmp_path):
     """The session processor, killed at the commit of a migrating epoch, resumed: the same
     outputs as Spark's."""
@@ -224,3 +236,74 @@ def test_a_driver_crash_changes_nothing(spark, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got = Counter(tuple(r) for r in json.loads((tmp_path / "out.json").read_text()))
     assert got == expected
+
+
+def test_the_readme_example_runs(spark, capsys):
+    """The README's example, run as it stands (its spark_session() finds the test session)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Already have a `transformWithState` processor?")[1]
+    code = section.split("```python\n")[1].split("```")[0]
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+    assert capsys.readouterr().out.strip().endswith("[('a', 2), ('b', 1)]")
+
+
+class _Recent(StatefulProcessor):
+    """Keeps the key's last two scores in a ListState and emits them as a pandas frame; a
+    timer 1 s after each row; close is counted."""
+
+    closed = 0
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.recent = handle.getListState("recent", "score long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        import pandas as pd
+
+        for row in rows:
+            self.recent.appendValue((row.score,))
+            self.handle.registerTimer(int(row.time.timestamp() * 1000) + 1000)
+        self.recent.put(list(self.recent.get())[-2:])
+        yield pd.DataFrame({"id": [key[0]] * 2, "score": [s for (s,) in self.recent.get()]
+                            + [None] * (2 - len(list(self.recent.get())))})
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        yield Row(id=key[0], score=-expiredTimerInfo.getExpiryTimeInMs())
+
+    def close(self) -> None:
+        type(self).closed += 1
+
+
+def test_list_state_pandas_outputs_timer_order_and_close_without_spark():
+    """Per key: rows first, then the timers that expired (time < watermark, in ms), each once,
+    then deleted; the state value holds the list and the timers; close once per epoch."""
+
+    import pyarrow as pa
+
+    from megaphone.operators.process import Context, run_keys
+    from megaphone.operators.stateful_processor import TransformWithState
+
+    fn = TransformWithState(_Recent(), _struct(), "EventTime", 0)
+    fn.output_type(pa.struct([("id", pa.string()), ("time", pa.timestamp("us", tz="UTC")),
+                              ("score", pa.int64())]))
+    _Recent.closed = 0
+    t0 = 1_000_000_000  # us
+    rows = [[(t0 + i * 1000, {"id": "a", "time": t0 + i * 1000, "score": i}) for i in range(3)]]
+    ctx = Context(0, None)
+    first = run_keys(fn, ["a"], [[]], rows, [None], ctx)
+    assert [v["score"] for v in first.out_values] == [1, 2]
+    state = first.states[0]
+    assert state["l"]["recent"] == [[1], [2]] and state["t"] == [1001000 + i for i in (0, 1, 2)]
+    assert first.set[0] == {(t + 1) * 1000 for t in state["t"]}
+    # Watermark 1,001,002 ms: timers ...000 and ...001 expired (strictly before it), ...002
+    # not yet; one megaphone wake-up fires both, in time order.
+    ctx = Context(1, 1_001_002_000)
+    second = run_keys(fn, ["a"], [[1_001_001_000]], [[]], [state], ctx)
+    assert [v["score"] for v in second.out_values] == [-1_001_000, -1_001_001]
+    assert second.states[0]["t"] == [1_001_002] and _Recent.closed == 2
+
+
+def _struct() -> StructType:
+    from pyspark.sql.types import LongType, StringType, StructField
+
+    return StructType([StructField("id", StringType()), StructField("score", LongType())])

@@ -119,6 +119,7 @@ def run_keys(fn: ProcessFunction, keys: Sequence[Any], timers: Sequence[Sequence
     """
     out = KeyResults()
     rows_first = getattr(fn, "rows_first", False)
+    done = False
     try:
         for key, due, key_rows, state in zip(keys, timers, rows, states, strict=True):
             outputs: list[Any] = []
@@ -141,12 +142,27 @@ def run_keys(fn: ProcessFunction, keys: Sequence[Any], timers: Sequence[Sequence
             out.set.append(ctx.take_timers())
             out.out_keys += [key] * len(outputs)
             out.out_values += outputs
+        done = True
     finally:
-        end_epoch = getattr(fn, "end_epoch", None)
-        if end_epoch is not None:
-            end_epoch()
+        _end_epoch(fn, done, on_error)
     out.late = ctx.late
     return out
+
+
+def _end_epoch(fn: ProcessFunction, done: bool,
+               on_error: Callable[[str, Any, BaseException], BaseException] | None) -> None:
+    """Call ``fn.end_epoch()`` if it has one; its error is raised when the epoch's keys were
+    done (else the keys' error, already raising, wins)."""
+    end_epoch = getattr(fn, "end_epoch", None)
+    if end_epoch is None:
+        return
+    try:
+        end_epoch()
+    except Exception as exc:
+        if done:
+            if on_error is None:
+                raise
+            raise on_error("its end of epoch raised", None, exc) from exc
 
 
 def _time(row: Row) -> int:
