@@ -11,6 +11,7 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
+#: A state value (or a map state's user key): a tuple of fields, as Spark's state clients give.
 Fields = tuple[Any, ...]
 
 
