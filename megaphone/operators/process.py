@@ -113,29 +113,56 @@ def run_keys(fn: ProcessFunction, keys: Sequence[Any], timers: Sequence[Sequence
 
     ``states`` are the keys' current states (decoded). ``on_error(what, key, exc)`` turns an
     error of ``fn`` into the error raised (it names key and epoch); by default it propagates.
-    A timer fired and set again in the same epoch stays set.
+    A timer fired and set again in the same epoch stays set. A function with a true
+    ``rows_first`` attribute gets each key's rows before its timers (Spark's order), and one
+    with an ``end_epoch()`` method has it called once the epoch's keys are done (or failed).
     """
     out = KeyResults()
-    for key, due, key_rows, state in zip(keys, timers, rows, states, strict=True):
-        outputs: list[Any] = []
-        try:
-            for time_us in sorted(due):
-                state, emitted = fn.on_timer(key, time_us, state, ctx)
-                outputs += emitted
-            if key_rows:
-                state, emitted = fn.process(key, sorted(key_rows, key=_time), state, ctx)
-                outputs += emitted
-        except Exception as exc:
-            if on_error is None:
-                raise
-            raise on_error("it raised", key, exc) from exc
-        out.states.append(state)
-        out.fired.append(list(due))
-        out.set.append(ctx.take_timers())
-        out.out_keys += [key] * len(outputs)
-        out.out_values += outputs
+    rows_first = getattr(fn, "rows_first", False)
+    done = False
+    try:
+        for key, due, key_rows, state in zip(keys, timers, rows, states, strict=True):
+            outputs: list[Any] = []
+            try:
+                if key_rows and rows_first:
+                    state, emitted = fn.process(key, sorted(key_rows, key=_time), state, ctx)
+                    outputs += emitted
+                for time_us in sorted(due):
+                    state, emitted = fn.on_timer(key, time_us, state, ctx)
+                    outputs += emitted
+                if key_rows and not rows_first:
+                    state, emitted = fn.process(key, sorted(key_rows, key=_time), state, ctx)
+                    outputs += emitted
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                raise on_error("it raised", key, exc) from exc
+            out.states.append(state)
+            out.fired.append(list(due))
+            out.set.append(ctx.take_timers())
+            out.out_keys += [key] * len(outputs)
+            out.out_values += outputs
+        done = True
+    finally:
+        _end_epoch(fn, done, on_error)
     out.late = ctx.late
     return out
+
+
+def _end_epoch(fn: ProcessFunction, done: bool,
+               on_error: Callable[[str, Any, BaseException], BaseException] | None) -> None:
+    """Call ``fn.end_epoch()`` if it has one; its error is raised when the epoch's keys were
+    done (else the keys' error, already raising, wins)."""
+    end_epoch = getattr(fn, "end_epoch", None)
+    if end_epoch is None:
+        return
+    try:
+        end_epoch()
+    except Exception as exc:
+        if done:
+            if on_error is None:
+                raise
+            raise on_error("its end of epoch raised", None, exc) from exc
 
 
 def _time(row: Row) -> int:

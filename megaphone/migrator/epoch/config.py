@@ -97,7 +97,7 @@ def update_setting(update: str | UpdateFn | ProcessFunction, event_time: str | N
     if isinstance(update, str):
         return update
     if isinstance(update, ProcessFunction):
-        if event_time is None:
+        if event_time is None and getattr(update, "needs_event_time", True):
             raise ValueError(f"the operator {type(update).__name__} runs on event time: give "
                              "the pipeline an event_time column")
         return f"process:{update!r}" if dataclasses.is_dataclass(update) else \

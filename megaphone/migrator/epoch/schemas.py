@@ -57,6 +57,8 @@ class PipelineSchema:
         self.output_type = output_type
         # Built once: every Column costs the driver a dozen JVM calls, and they are reusable.
         self._columns: tuple[tuple[str, str | None], dict[str, Column]] | None = None
+        #: The update reads whole rows (every column, as one struct value): a Spark processor.
+        self.whole_rows = getattr(update, "reads_rows", False)
 
     def update(self, manifest: Mapping[str, Any], value_type: T.DataType | None) -> Update:
         """The update, its value kind from ``value_type`` (a batch's) or from the state
@@ -83,6 +85,8 @@ class PipelineSchema:
             if column is not None and column not in schema.names:
                 raise ValueError(f"column {column!r} not in the batch (columns: {schema.names})")
         key_type = key_type_of(schema[self.key].dataType, self.key)
+        if self.whole_rows:
+            return key_type, schema
         return key_type, schema[self.value].dataType if self.value else None
 
     def outputs(self, key_type: str | None, update: Update) -> T.StructType:
@@ -115,7 +119,9 @@ class PipelineSchema:
             value_cast = "long" if update.value_kind == "int" else "double"
         if self._columns is None or self._columns[0] != (key_cast, value_cast):
             cols: dict[str, Column] = {KEY: F.col(self.key).cast(key_cast)}
-            if self.value:
+            if self.whole_rows:
+                cols[VALUE] = F.struct(F.col("*"))
+            elif self.value:
                 cols[VALUE] = F.col(self.value) if value_cast is None else \
                     F.col(self.value).cast(value_cast)
             if self.event_time:
@@ -128,7 +134,7 @@ class PipelineSchema:
         """The Arrow schemas of an epoch's tasks, derived once when a batch is admitted: its
         shuffle's (:func:`~megaphone.migrator.task.spec.shuffle_schema`: the batch's key and
         value as the update reads them) and its outputs' (the update as ``manifest`` fixes it)."""
-        value_arrow = None
+        value_arrow = arrow_type(batch) if self.whole_rows else None
         if self.value:
             value_arrow = (pa.int64() if update.value_kind == "int" else pa.float64()) \
                 if update.is_builtin else arrow_type(batch[self.value].dataType)

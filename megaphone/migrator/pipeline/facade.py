@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from megaphone.migrator.control.ds2_controller import DS2Controller
 from megaphone.migrator.epoch.config import AUTO, PipelineConfig
@@ -39,6 +40,7 @@ from megaphone.migrator.pipeline.stream_runner import ServeBatch, Sink, StreamRu
 from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.statedir.recovery import RecoveryReport
 from megaphone.migrator.task.updates import UpdateArg
+from megaphone.operators.stateful_processor import transform_with_state
 from megaphone.paths import StateDirPaths
 from megaphone.plans.hot_keys import DEFAULT_CAPACITY, HeavyHitters, SplitPolicy
 from megaphone.plans.plan import MigrationPlan
@@ -71,6 +73,10 @@ class Pipeline:
     the rest as rows), ``"files"`` or ``"rows"``, in shuffle rows of up to ``chunk_bytes``.
     ``group_size``: epochs per Spark job when a batch holds several (``process(batch,
     epoch_column=...)``): a fixed int, or ``"auto"``, Drizzle's rule (docs/groups.md).
+    ``update`` may also be a Spark ``StatefulProcessor`` (as given to ``transformWithState``),
+    with ``output_type`` its output schema (a StructType or DDL), ``time_mode`` ``"None"`` or
+    ``"EventTime"`` and, for event time, ``event_time`` and ``watermark_delay`` (Spark's
+    ``withWatermark``); docs/operators.md.
 
     >>> pipe = Pipeline(spark, "/tmp/wc", key="word", update="count")  # doctest: +SKIP
     >>> pipe.process(spark.createDataFrame([("a",), ("b",), ("a",)], "word string")).show()
@@ -97,7 +103,7 @@ class Pipeline:
         key_type: str | None = None,
         pipeline_id: str | None = None,
         event_time: str | None = None,
-        output_type: str = "string",
+        output_type: str | T.StructType = "string",
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         transfer: str = "auto",
         keep_outputs: int = 8,
@@ -105,7 +111,17 @@ class Pipeline:
         checkpoint: str | None = None,
         snapshot_every: int = SNAPSHOT_EVERY,
         group_size: int | str = AUTO,
+        time_mode: str | None = None,
+        watermark_delay: int | float | str | None = None,
     ) -> None:
+        if isinstance(update, StatefulProcessor):  # Spark's transformWithState processor
+            out = output_type if isinstance(output_type, T.StructType) else \
+                T._parse_datatype_string(output_type)
+            update = transform_with_state(update, out, time_mode, event_time, watermark_delay)
+            output_type = out.simpleString()
+        elif time_mode is not None or watermark_delay is not None:
+            raise ValueError("time_mode and watermark_delay are for a Spark StatefulProcessor "
+                             "update")
         config = PipelineConfig(
             key=key, value=value, update=update, workers=workers, num_bins=num_bins,
             backend=backend, key_type=key_type, pipeline_id=pipeline_id, event_time=event_time,

@@ -89,8 +89,10 @@ def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: 
         values = table.column(VALUE) if VALUE in table.column_names else None
         vals = values.cast(plain_type(values.type)).to_pylist() if values is not None \
             else [None] * table.num_rows
+        times = table.column(EVENT_TIME).to_pylist() if EVENT_TIME in table.column_names \
+            else [0] * table.num_rows  # an operator without event time (Spark's TimeMode None)
         for b, k, t, v in zip(table.column(BIN).to_pylist(), table.column(KEY).to_pylist(),
-                              table.column(EVENT_TIME).to_pylist(), vals, strict=True):
+                              times, vals, strict=True):
             if t is None:
                 raise ValueError(f"a record of key {k!r} has no event time: an event-time "
                                  "operator needs one on every record")
