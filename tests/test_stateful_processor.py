@@ -307,3 +307,17 @@ def _struct() -> StructType:
     from pyspark.sql.types import LongType, StringType, StructField
 
     return StructType([StructField("id", StringType()), StructField("score", LongType())])
+
+
+def test_a_state_directory_is_not_reopened_with_another_processor(spark, tmp_path):
+    pipe = Pipeline(spark, str(tmp_path / "s"), key="id", update=RunningCount(),
+                    output_type=COUNT_OUT, time_mode="None", num_bins=NUM_BINS)
+    pipe.process(spark.createDataFrame([("a",)], "id string"))
+    pipe.close()
+    with pytest.raises(ValueError, match=r"another pipeline configuration.*TopTwo"):
+        Pipeline(spark, str(tmp_path / "s"), key="id", update=TopTwo(), output_type=TOP_OUT,
+                 time_mode="None", num_bins=NUM_BINS)
+    again = Pipeline(spark, str(tmp_path / "s"), key="id", update=RunningCount(),
+                     output_type=COUNT_OUT, time_mode="None", num_bins=NUM_BINS)
+    assert again.epoch == 0
+    again.close()

@@ -81,6 +81,15 @@ class TransformWithState:
         processor.init(probe)  # refuses TTL and timers in init now, not in an epoch
         processor.close()
 
+    @property
+    def setting(self) -> str:
+        """What the state directory's manifest keeps of it: the processor's class and the
+        options, so that one processor's state is never opened with another's."""
+        cls = type(self.processor)
+        return (f"TransformWithState({cls.__module__}.{cls.__qualname__}, "
+                f"time_mode={self.time_mode}, lateness_us={self.lateness_us}, "
+                f"output={self.output_schema.simpleString()})")
+
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_handle": None}
 

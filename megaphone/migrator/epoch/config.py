@@ -92,14 +92,17 @@ def check_group_size(group_size: Any) -> int | str:
 def update_setting(update: str | UpdateFn | ProcessFunction, event_time: str | None) -> str:
     """The manifest's name of ``update``: the aggregation, ``custom`` for a general ``f``, or
     ``process:<class>`` for an event-time operator (which needs an ``event_time`` column),
-    with its parameters when it is a dataclass (a window of another size is another
-    pipeline's state)."""
+    with its parameters when it is a dataclass or says them (``setting``: a window of another
+    size, or another Spark processor, is another pipeline's state)."""
     if isinstance(update, str):
         return update
     if isinstance(update, ProcessFunction):
         if event_time is None and getattr(update, "needs_event_time", True):
             raise ValueError(f"the operator {type(update).__name__} runs on event time: give "
                              "the pipeline an event_time column")
+        setting = getattr(update, "setting", None)  # an operator that says what it is
+        if isinstance(setting, str):
+            return f"process:{setting}"
         return f"process:{update!r}" if dataclasses.is_dataclass(update) else \
             f"process:{type(update).__name__}"
     return "custom"
