@@ -30,7 +30,9 @@ POSTED = "posted"
 
 def committed(copy: DriverCopy) -> tuple[dict[str, Any], RoutingTable]:
     """The copy's last commit record and the routing table as of it (read again while a
-    commit lands in between, so the two match)."""
+    commit lands in between, so the two match); a ``PlanError`` while it holds no commit."""
+    if copy.manifest() is None:
+        raise PlanError(f"the checkpoint {copy.uri} holds no commit of the pipeline yet")
     while True:
         commit = copy.latest_commit()
         table = RoutingTable.from_dict(json.loads(copy.read(ROUTING)))
