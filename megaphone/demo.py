@@ -55,9 +55,10 @@ def run(args: argparse.Namespace) -> int:
     from megaphone.spark import spark_session
 
     if args.master.startswith("sc://"):
-        raise SystemExit("megaphone demo: the demo migrates while its stream runs, which needs a "
-                         "classic session (--master local[*], spark://, yarn, k8s://); over Spark "
-                         "Connect, migrate before start() or between process() calls")
+        raise SystemExit("megaphone demo: the demo's sink reads the pipeline's metrics every "
+                         "epoch, which over Spark Connect runs on the server, away from the "
+                         "client's pipeline: it needs a classic session (--master local[*], "
+                         "spark://, yarn, k8s://)")
     spark = spark_session(args.master, "megaphone-demo")
     state_dir = args.state_dir or tempfile.mkdtemp(prefix="megaphone-demo-")
     pipe = Pipeline(spark, state_dir, key="word", update="count", workers=2,

@@ -62,7 +62,7 @@ def test_a_pipeline_migrates_live_over_spark_connect(connect_url, tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(out.read_text())
     # Against a plain Python count: each epoch's outputs, and the state at the end; the last
-    # STREAM_EPOCHS ran as a stream on the server, while a plan moved two bins back.
+    # STREAM_EPOCHS ran as a stream on the server, while plans moved three bins back.
     seen: Counter = Counter()
     for epoch in range(EPOCHS + STREAM_EPOCHS):
         batch = Counter(batch_keys(epoch))
@@ -70,7 +70,12 @@ def test_a_pipeline_migrates_live_over_spark_connect(connect_url, tmp_path):
         assert result["outputs"][str(epoch)] == {str(k): seen[k] for k in batch}, epoch
     assert {int(k): v for k, v in result["state"].items()} == dict(seen)
     assert result["epoch"] == EPOCHS + STREAM_EPOCHS - 1 and result["in_flight"] == 0
-    assert result["owners"] == [m.src for m in MOVES[:2]] + [m.dst for m in MOVES[2:]]
+    # The third plan, posted from the client to the server, ran at the last epoch there; the
+    # client saw it done and the server's routing; a stale plan was refused at once.
+    assert result["owners"] == [m.src for m in MOVES[:3]] + [m.dst for m in MOVES[3:]]
+    posted = result["posted"]
+    assert posted["done"] and posted["epochs"] == [EPOCHS + STREAM_EPOCHS - 1]
+    assert posted["owner"] == MOVES[2].src and "stale plan" in posted["stale"]
     assert result["records_in"] == [len(batch_keys(e)) for e in range(EPOCHS + STREAM_EPOCHS)]
     assert "running a stream" in result["refused"]  # the client stepped aside meanwhile
 
@@ -104,3 +109,45 @@ def test_task_slots_of_a_connect_server_come_from_its_settings(values, slots):
 
     session = _connect_session(values)
     assert is_connect(session) and task_slots(session) == slots
+
+
+def test_a_plan_posted_through_the_checkpoint_is_answered_once_and_followed(tmp_path):
+    """The inbox of the checkpoint's driver copy, without a server: a plan taken is followed
+    to its commit; one the pipeline already holds (taken before a restart) is answered, not
+    submitted again; one the pipeline rejects fails its handle with the pipeline's error."""
+    from megaphone.migrator.statedir import posted
+    from megaphone.migrator.statedir.commit import Commit
+    from megaphone.migrator.statedir.driver_copy import DriverCopy
+    from megaphone.plans.plan import MigrationPlan, PlanError
+    from megaphone.routing.fingerprint import Fingerprint
+    from megaphone.routing.table import Move, RoutingTable
+
+    uri, routing_file = str(tmp_path / "checkpoint"), tmp_path / "routing.json"
+    table = RoutingTable.initial(Fingerprint("p", 8, "int64"), 2)
+
+    def commit(epoch: int, seq: int) -> None:
+        table.save(routing_file)
+        DriverCopy(uri).write_commit({**Commit(epoch, table.version).to_dict(), "seq": seq},
+                                     routing_file)
+
+    DriverCopy(uri).write_manifest({})
+    commit(2, 1)
+    submitted: list[MigrationPlan] = []
+    handle = posted.post(uri, MigrationPlan.from_moves(table, [[Move(1, 1, 2)]]))
+    posted.take(DriverCopy(uri), [], submitted.append)
+    assert [p.moves for p in submitted] == [[Move(1, 1, 2)]] and not handle.done
+    table.apply_step([Move(1, 1, 2)], 3)
+    commit(3, 2)
+    assert handle.wait(5) and handle.progress.epochs == [3] and handle.progress.bins_done == 1
+    again = posted.post(uri, MigrationPlan.from_moves(table, [[Move(3, 1, 2)]]))
+    posted.take(DriverCopy(uri), [{"plan": again.plan.to_dict()}], submitted.append)
+    assert len(submitted) == 1 and not again.done and again._accepted
+    refused = posted.post(uri, MigrationPlan.from_moves(table, [[Move(5, 1, 2)]]))
+
+    def refuse(plan: MigrationPlan) -> None:
+        raise PlanError("refused by the pipeline")
+
+    posted.take(DriverCopy(uri), [], refuse)
+    with pytest.raises(PlanError, match="refused by the pipeline"):
+        refused.wait(5)
+    assert DriverCopy(uri).names("inbox") == []

@@ -190,7 +190,10 @@ class Pipeline:
 
     @property
     def routing(self) -> RoutingTable:
-        """The pipeline's routing table (read it; change it only through :meth:`migrate`)."""
+        """The pipeline's routing table (read it; change it only through :meth:`migrate`);
+        while a stream runs the pipeline on a Spark Connect server, as its last commit has it."""
+        if self._runner.on_server:
+            return self._runner.committed_routing()
         return self._holder.routing
 
     @property
@@ -279,7 +282,8 @@ class Pipeline:
         pipeline there from its checkpoint location (``Pipeline(checkpoint=...)`` is needed, and
         ``checkpoint_location`` a path of the server's), ``sink`` runs there too, and this
         object is brought forward from the checkpoint when the query ends; meanwhile
-        :meth:`process` and :meth:`migrate` are refused (submit plans before :meth:`start`).
+        :meth:`process` is refused and :meth:`migrate` posts its plan to the server through
+        the checkpoint.
         """
         return self._runner.start(stream, sink, trigger, checkpoint_location, epoch_column)
 
@@ -299,10 +303,16 @@ class Pipeline:
         (nothing to move) is done at once, never queued. An adaptive plan (``strategy=
         "deadline"``, or any plan with ``policy=``, a callable ``policy(view) -> moves`` of
         :mod:`megaphone.plans.policy`) starts its moves when its policy says so, every epoch.
+
+        While :meth:`start`'s stream runs the pipeline on a Spark Connect server, the plan is
+        checked against the last commit in the checkpoint and posted there; the server takes it
+        before its next micro-batch, and the handle follows the checkpoint's commits (a plan the
+        server rejects fails ``wait()`` with its ``PlanError``). Only fixed plans without
+        ``policy`` can be posted (:mod:`megaphone.migrator.statedir.posted`).
         """
-        if self._runner.on_server:
-            raise RuntimeError("the pipeline's stream runs it on the Spark Connect server: "
-                               "submit plans before start(), or stop() the stream first")
+        posted = self._runner.post_plan(plan, policy)
+        if posted is not None:  # the stream runs this pipeline on a Spark Connect server
+            return posted
         return self._holder.submit_plan(plan, policy)  # durable once this returns
 
     def autoscale(self, policy: Any = None, **kw: Any) -> Any:

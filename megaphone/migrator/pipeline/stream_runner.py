@@ -32,8 +32,14 @@ from megaphone.migrator.epoch.driver import EpochDriver
 from megaphone.migrator.epoch.groups import concat, frame, labelled
 from megaphone.migrator.epoch.labels import EpochLabels, scan_labels
 from megaphone.migrator.epoch.state_holder import StateHolder
+from megaphone.migrator.statedir import posted
 from megaphone.migrator.statedir.commit import StreamPosition
+from megaphone.migrator.statedir.driver_copy import DriverCopy
 from megaphone.paths import driver_state_path
+from megaphone.plans.plan import MigrationPlan, PlanError
+from megaphone.plans.plan_queue import MigrationHandle
+from megaphone.plans.policy import MigrationPolicy
+from megaphone.routing.table import RoutingTable
 from megaphone.spark import is_connect
 from megaphone.state_backends.remote import default_local_dir
 
@@ -259,7 +265,8 @@ class StreamRunner:
                     epoch_column: str | None = None) -> tuple[DataFrame, int]:
         """A stream's micro-batch on the Spark Connect server (as the epochs of its
         ``epoch_column``'s labels if given); its metrics go into the checkpoint now, since the
-        client reads them there."""
+        client reads them there. Plans the client posted to the checkpoint are taken first."""
+        self.take_posted()
         if epoch_column is not None:
             outputs, epoch = self.run_stream_epochs(batch, batch_id, location, epoch_column)
         else:
@@ -268,6 +275,37 @@ class StreamRunner:
         return outputs, epoch
 
     def rejoin(self) -> None:
-        """Bring the pipeline forward from the checkpoint after its stream ran on the server."""
-        self.holder.rejoin()
-        self.on_server = False
+        """Bring the pipeline forward from the checkpoint after its stream ran on the server,
+        and take the plans posted there that the server did not."""
+        with self.holder.lock:  # a plan is posted under it (:meth:`post_plan`)
+            self.holder.rejoin()
+            self.take_posted()
+            self.on_server = False
+
+    def post_plan(self, plan: MigrationPlan, policy: MigrationPolicy | None
+                  ) -> MigrationHandle | None:
+        """While the stream runs this pipeline on the server, post ``plan`` to it through the
+        checkpoint (:mod:`~megaphone.migrator.statedir.posted`) and return its handle;
+        ``None`` when this side runs the pipeline (submit it here)."""
+        with self.holder.lock:
+            if not self.on_server:
+                return None
+            if policy is not None:
+                raise PlanError("a policy callable cannot reach the Spark Connect server: "
+                                "submit the plan before start(), or stop() the stream first")
+            assert self.holder.config.checkpoint is not None
+            return posted.post(self.holder.config.checkpoint, plan)
+
+    def committed_routing(self) -> RoutingTable:
+        """The routing table as of the last commit in the checkpoint (the server's, while the
+        stream runs this pipeline there)."""
+        assert self.holder.config.checkpoint is not None
+        return posted.committed(DriverCopy(self.holder.config.checkpoint))[1]
+
+    def take_posted(self) -> None:
+        """Submit the plans posted to the checkpoint's inbox, between two epochs."""
+        holder = self.holder
+        with holder.lock:
+            state = holder.state
+            if state is not None and state.durable is not None and holder.queue is not None:
+                posted.take(state.durable, holder.queue.to_list(), holder.submit_plan)

@@ -11,6 +11,8 @@ names come from :mod:`megaphone.paths`)::
                                  driver recorded since the one before; the last ones kept
     metrics/sSSSSSSSSSSSS.jsonl  the metrics of the pruned commit files up to S
     outputs/eEEEEEEEEE.arrow     the kept outputs (a stream's replay needs them)
+    inbox/                       plans a Spark Connect client posted to the pipeline running
+                                 on the server, and their answers (:mod:`.posted`)
 
 Writing commit file ``S`` is the commit point: it is written after everything the epoch
 must have made durable (outputs, the workers' changelogs) and before the state directory's
@@ -87,6 +89,21 @@ class DriverCopy:
             sink.write(data)
         _sync_if_local(self.fs, tmp)
         self.fs.move(tmp, path)  # readers never see a torn file (on S3 a copy: still whole)
+
+    def put(self, data: bytes, *parts: str) -> None:
+        """Write the file ``parts`` of the copy whole (``"inbox", "x.plan.json"``)."""
+        self._put(self._path(*parts), data)
+
+    def names(self, folder: str) -> list[str]:
+        """The names of the files in ``folder`` of the copy, sorted (none if it is missing)."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self._path(folder), allow_not_found=True))
+        return sorted(i.base_name for i in infos)
+
+    def delete(self, *parts: str) -> None:
+        """Delete the file ``parts`` of the copy if it is there."""
+        path = self._path(*parts)
+        if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
+            self.fs.delete_file(path)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Keep the state directory's manifest."""
