@@ -1,0 +1,86 @@
+"""The planner CLI on a stopped pipeline with a checkpoint location: inspect reads the
+workers' bin sizes from the durable copy, plan writes a plan, migrate applies it step by step
+into the durable copy, and the reopened pipeline has the moved routing and exact state."""
+
+from __future__ import annotations
+
+import gc
+import json
+from collections import Counter
+from pathlib import Path
+
+from megaphone.cli import main
+from megaphone.migrator.pipeline.facade import Pipeline
+from megaphone.migrator.statedir.registry import running_pipeline
+from megaphone.plans.plan import MigrationPlan
+
+BATCHES = [[i % 300 for i in range(800)], [i % 450 for i in range(500)]]
+EXTRA = [i % 500 for i in range(350, 700)]
+
+
+def open_pipeline(spark, state_dir: Path, checkpoint: str) -> Pipeline:
+    return Pipeline(spark, str(state_dir), key="k", update="count", workers=2, num_bins=16,
+                    key_type="int64", checkpoint=checkpoint, snapshot_every=2)
+
+
+def feed(spark, pipe: Pipeline, keys: list[int]) -> None:
+    pipe.process(spark.createDataFrame([(k,) for k in keys], "k long"))
+
+
+def stop(pipe: Pipeline) -> None:
+    pipeline_id = pipe.fingerprint.pipeline_id
+    pipe.close()
+    del pipe
+    gc.collect()
+    assert running_pipeline(pipeline_id) is None, "the pipeline must be stopped"
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    """Run ``megaphone ARGV`` in-process; return (exit code, stdout, stderr)."""
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def state_of(pipe: Pipeline) -> dict[int, int]:
+    return {r["k"]: r["state"] for r in pipe.state().collect()}
+
+
+def test_inspect_plan_migrate_a_checkpointed_pipeline(spark, tmp_path, capsys):
+    state_dir = tmp_path / "state"
+    checkpoint = (tmp_path / "checkpoint").as_uri()
+    pipe = open_pipeline(spark, state_dir, checkpoint)
+    for keys in BATCHES:
+        feed(spark, pipe, keys)
+    stop(pipe)
+    expected = Counter(k for keys in BATCHES for k in keys)
+
+    code, out, err = cli(capsys, "inspect", "--state-dir", state_dir, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["workers"] == [0, 1] and info["keys"] == len(expected)
+    assert sum(d["bins"] for d in info["per_worker"].values()) == 16
+
+    plan_path = tmp_path / "plan.json"
+    code, out, err = cli(capsys, "plan", "--state-dir", state_dir, "--workers", 3,
+                         "--strategy", "batched", "-o", plan_path)
+    assert code == 0, err
+    plan = MigrationPlan.load(plan_path)
+    assert plan.meta["workers_after"] == [0, 1, 2] and len(plan.steps) > 1
+
+    code, out, err = cli(capsys, "migrate", plan_path, "--state-dir", state_dir)
+    assert code == 0, err
+    assert f"migrated {len(plan.moves)} bins" in out
+
+    pipe = open_pipeline(spark, state_dir, checkpoint)
+    try:
+        assert pipe.routing.workers() == [0, 1, 2]
+        assert pipe.routing.version == plan.end_version
+        assert state_of(pipe) == expected, "every key's state is unchanged"
+        feed(spark, pipe, EXTRA)
+        assert state_of(pipe) == expected + Counter(EXTRA)
+    finally:
+        stop(pipe)
