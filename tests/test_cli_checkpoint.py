@@ -5,6 +5,7 @@ into the durable copy, and the reopened pipeline has the moved routing and exact
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -18,9 +19,9 @@ BATCHES = [[i % 300 for i in range(800)], [i % 450 for i in range(500)]]
 EXTRA = [i % 500 for i in range(350, 700)]
 
 
-def open_pipeline(spark, state_dir: Path, checkpoint: str) -> Pipeline:
+def open_pipeline(spark, state_dir: Path, checkpoint: str, **kw) -> Pipeline:
     return Pipeline(spark, str(state_dir), key="k", update="count", workers=2, num_bins=16,
-                    key_type="int64", checkpoint=checkpoint, snapshot_every=2)
+                    key_type="int64", checkpoint=checkpoint, snapshot_every=2, **kw)
 
 
 def feed(spark, pipe: Pipeline, keys: list[int]) -> None:
@@ -43,6 +44,12 @@ def cli(capsys, *argv) -> tuple[int, str, str]:
         code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def digest(path: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``path``, by relative path."""
+    return {str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in path.rglob("*") if f.is_file()}
 
 
 def state_of(pipe: Pipeline) -> dict[int, int]:
@@ -71,16 +78,35 @@ def test_inspect_plan_migrate_a_checkpointed_pipeline(spark, tmp_path, capsys):
     plan = MigrationPlan.load(plan_path)
     assert plan.meta["workers_after"] == [0, 1, 2] and len(plan.steps) > 1
 
+    # A running pipeline holds the lock: inspect refuses, and nothing changes.
+    before = digest(tmp_path / "checkpoint")
+    pipe = open_pipeline(spark, state_dir, checkpoint)
+    try:
+        code, out, err = cli(capsys, "inspect", "--state-dir", state_dir)
+        assert code == 2 and "running pipeline" in err and "Pipeline.bin_sizes" in err
+    finally:
+        stop(pipe)
+    assert digest(tmp_path / "checkpoint") == before
+
     code, out, err = cli(capsys, "migrate", plan_path, "--state-dir", state_dir)
     assert code == 0, err
     assert f"migrated {len(plan.moves)} bins" in out
+    code, out, err = cli(capsys, "inspect", "--state-dir", state_dir, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["workers"] == [0, 1, 2] and info["keys"] == len(expected)
+    assert info["state_version"] == plan.end_version and info["plans_in_flight"] == []
 
-    pipe = open_pipeline(spark, state_dir, checkpoint)
+    # Another host (no state directory, no working copies) opens it from the checkpoint alone.
+    elsewhere = tmp_path / "elsewhere"
+    pipe = open_pipeline(spark, elsewhere / "state", checkpoint,
+                         local_dir=str(elsewhere / "host"))
     try:
         assert pipe.routing.workers() == [0, 1, 2]
         assert pipe.routing.version == plan.end_version
         assert state_of(pipe) == expected, "every key's state is unchanged"
         feed(spark, pipe, EXTRA)
         assert state_of(pipe) == expected + Counter(EXTRA)
+        assert pipe.routing.workers() == [0, 1, 2]
     finally:
         stop(pipe)

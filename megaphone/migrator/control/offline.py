@@ -5,7 +5,9 @@ records, run in this process through the live epoch's code: :func:`epoch_layout`
 ships, installs and drops what, the workers' tasks (:mod:`megaphone.migrator.task.local_epoch`) move
 the state, and the commit record is the step's commit point. A last such epoch lets the old
 owners drop what left them and releases the storage of workers left without bins. A crash
-leaves what a crashed live epoch leaves, and recovery discards it the same way.
+leaves what a crashed live epoch leaves, and recovery discards it the same way. With a
+checkpoint location the workers run in this host's store service, restored from their durable
+copies where needed, and each step's commit reaches the checkpoint as a live epoch's does.
 """
 
 from __future__ import annotations
