@@ -7,6 +7,10 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +19,7 @@ from megaphone.migrator.pipeline.facade import Pipeline
 from megaphone.migrator.statedir.registry import running_pipeline
 from megaphone.plans.plan import MigrationPlan
 
+REPO = Path(__file__).resolve().parents[1]
 BATCHES = [[i % 300 for i in range(800)], [i % 450 for i in range(500)]]
 EXTRA = [i % 500 for i in range(350, 700)]
 
@@ -108,5 +113,42 @@ def test_inspect_plan_migrate_a_checkpointed_pipeline(spark, tmp_path, capsys):
         feed(spark, pipe, EXTRA)
         assert state_of(pipe) == expected + Counter(EXTRA)
         assert pipe.routing.workers() == [0, 1, 2]
+    finally:
+        stop(pipe)
+
+
+def test_a_crash_mid_migration_leaves_what_a_crashed_epoch_leaves(spark, tmp_path, capsys):
+    """``megaphone migrate`` killed in the middle of its second step's commit: the reopened
+    pipeline (on another host) discards that step's leftovers and its state stays exact."""
+    state_dir = tmp_path / "state"
+    checkpoint = (tmp_path / "checkpoint").as_uri()
+    pipe = open_pipeline(spark, state_dir, checkpoint)
+    for keys in BATCHES:
+        feed(spark, pipe, keys)
+    committed = pipe.epoch
+    stop(pipe)
+    expected = Counter(k for keys in BATCHES for k in keys)
+    plan_path = tmp_path / "plan.json"
+    code, _, err = cli(capsys, "plan", "--state-dir", state_dir, "--workers", 3,
+                       "--strategy", "fluid", "-o", plan_path)
+    assert code == 0, err
+    assert len(MigrationPlan.load(plan_path).steps) > 2
+
+    result = subprocess.run(
+        [sys.executable, "-m", "megaphone", "migrate", str(plan_path), "--state-dir",
+         str(state_dir), "--no-progress"],
+        capture_output=True, text=True, cwd=REPO, timeout=120, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO),
+             "MEGAPHONE_CRASH_AT": f"commit:{committed + 2}"})
+    assert result.returncode == -signal.SIGKILL, result.stderr
+
+    elsewhere = tmp_path / "elsewhere"
+    pipe = open_pipeline(spark, elsewhere / "state", checkpoint,
+                         local_dir=str(elsewhere / "host"))
+    try:
+        assert pipe.epoch == committed + 1, "the first step committed, the second did not"
+        assert state_of(pipe) == expected
+        feed(spark, pipe, EXTRA)
+        assert state_of(pipe) == expected + Counter(EXTRA)
     finally:
         stop(pipe)
