@@ -17,7 +17,9 @@ from megaphone.plans.report import human_bytes, skew, table
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``inspect``'s options."""
     parser.add_argument("--state-dir", required=True, metavar="DIR",
-                        help="the pipeline's state directory")
+                        help="the pipeline's state directory (a checkpointed pipeline's too, while "
+                        "stopped: its workers are read from this host's working copies or the "
+                        "checkpoint; on a new host open the pipeline once first, see README)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 

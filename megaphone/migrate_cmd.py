@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``migrate``'s arguments."""
     parser.add_argument("plan", help="plan file written by 'megaphone plan' (JSON)")
     parser.add_argument("--state-dir", required=True, metavar="DIR",
-                        help="the pipeline's state directory")
+                        help="the pipeline's state directory (a checkpointed pipeline's too, while "
+                        "stopped: its workers are read from this host's working copies or the "
+                        "checkpoint; on a new host open the pipeline once first, see README)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-wait", action="store_true",
                         help="for a running pipeline: submit the plan and return at once")

@@ -36,7 +36,9 @@ def _positive(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``plan``'s options."""
     parser.add_argument("--state-dir", required=True, metavar="DIR",
-                        help="the pipeline's state directory")
+                        help="the pipeline's state directory (a checkpointed pipeline's too, while "
+                        "stopped: its workers are read from this host's working copies or the "
+                        "checkpoint; on a new host open the pipeline once first, see README)")
     goal = parser.add_mutually_exclusive_group(required=True)
     goal.add_argument("--workers", type=_positive, metavar="N",
                       help="scale to workers 0..N-1, balanced (see --balance)")

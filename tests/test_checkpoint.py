@@ -13,8 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 import megaphone
-from megaphone import MigrationPlan, Move, Pipeline, PlanError
-from megaphone.migrator.control.offline import migrate_offline
+from megaphone import MigrationPlan, Move, Pipeline
 from megaphone.migrator.statedir.driver_copy import DriverCopy
 from megaphone.paths import (
     COMMIT,
@@ -87,9 +86,6 @@ def test_lost_and_stale_working_copies_are_restored_from_the_checkpoint(spark, t
     assert {r[0]: r[1] for r in pipe.state().collect()} == dict(expected)
     pipe.close()
 
-    with pytest.raises(PlanError, match="offline migration does not write it"):
-        migrate_offline(str(state_dir), MigrationPlan.from_moves(
-            pipe.routing, [[Move(2, pipe.routing.owner(2), 1)]]))
     for other in ({"pipeline_id": "another"}, {"key": "x"}):  # another pipeline's checkpoint
         with pytest.raises(ValueError, match=f"{next(iter(other))} .* != "):
             Pipeline(spark, str(tmp_path / "other"), **{"key": "k", **other}, num_bins=16,

@@ -5,7 +5,9 @@ records, run in this process through the live epoch's code: :func:`epoch_layout`
 ships, installs and drops what, the workers' tasks (:mod:`megaphone.migrator.task.local_epoch`) move
 the state, and the commit record is the step's commit point. A last such epoch lets the old
 owners drop what left them and releases the storage of workers left without bins. A crash
-leaves what a crashed live epoch leaves, and recovery discards it the same way.
+leaves what a crashed live epoch leaves, and recovery discards it the same way. With a
+checkpoint location the workers run in this host's store service, restored from their durable
+copies where needed, and each step's commit reaches the checkpoint as a live epoch's does.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from megaphone.migrator.epoch.routing_operator import (
     epoch_layout,
     epoch_spec,
 )
+from megaphone.migrator.epoch.state_reader import release_local_stores
 from megaphone.migrator.statedir.commit import Commit, StreamPosition
 from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.statedir.recovery import check_and_recover
@@ -35,7 +38,8 @@ from megaphone.plans.policy import plan_policy
 from megaphone.routing.keys import KEY_ARROW_TYPES
 from megaphone.routing.table import RoutingTable
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES
-from megaphone.state_backends.remote import default_local_dir, release_stores
+from megaphone.state_backends.durable import SNAPSHOT_EVERY
+from megaphone.state_backends.remote import default_local_dir
 
 #: The update an epoch without records carries: it never runs.
 _NO_RECORDS = make_update("count", None)
@@ -54,18 +58,22 @@ def migrate_offline(
     ``on_step(step_index, bytes_moved)`` is called after each committed step (progress bars).
     """
     state = StateDir.open(state_dir)
-    if state.manifest.get("checkpoint") is not None:
-        raise PlanError(f"{state_dir} keeps a durable copy at {state.manifest['checkpoint']}; "
-                        "offline migration does not write it yet: migrate it live "
-                        "(Pipeline.migrate) instead")
     state.lock()
     local_dir = default_local_dir()
-    release_stores(local_dir, str(state.path))  # a crashed pipeline's, if still open
+    release_local_stores(state, local_dir)  # a crashed pipeline's, if still open
     try:
         return _migrate_locked(state, plan, chunk_bytes, on_step, local_dir)
     finally:
-        release_stores(local_dir, str(state.path))  # left closed, as a stopped pipeline's
+        release_local_stores(state, local_dir)  # left closed, as a stopped pipeline's
         state.unlock()
+
+
+def state_workers(state: StateDir, table: RoutingTable) -> list[int]:
+    """Workers that may hold state: those with a folder in the state directory, or with a
+    checkpoint location (working copies on the hosts) every worker that ever owned a bin."""
+    if state.manifest.get("checkpoint") is None:
+        return state.worker_ids()
+    return table.all_workers()
 
 
 def _migrate_locked(
@@ -90,7 +98,8 @@ def _migrate_locked(
             if on_step is not None:
                 on_step(i, moved)
         live = set(table.workers())
-        if commit.pending_drops or any(w not in live for w in state.worker_ids()):
+        if commit.pending_drops or (state.manifest.get("checkpoint") is None
+                                    and any(w not in live for w in state.worker_ids())):
             commit, _ = epochs.run(commit)  # drops what left the old owners, releases the idle
     handle = MigrationHandle(plan)  # the plan ran to its end here: its handle tells how
     for done in steps:
@@ -130,7 +139,8 @@ class _OfflineEpochs:
 
     def run(self, commit: Commit) -> tuple[Commit, int]:
         """Run the epoch after ``commit`` and commit it; return its commit and bytes moved."""
-        layout = epoch_layout(self.table, commit, commit.epoch + 1, self.state.worker_ids())
+        layout = epoch_layout(self.table, commit, commit.epoch + 1,
+                              state_workers(self.state, self.table))
         with tempfile.TemporaryDirectory(prefix="megaphone-offline-") as spill:
             reports = run_epoch_tasks(self._spec(layout, commit), layout.partitions, spill)
         done = commit_record(layout, _stream_after(commit), [],
@@ -148,6 +158,8 @@ class _OfflineEpochs:
             shuffle_schema=shuffle_schema(key, None, False),
             local_dir=self.local_dir,
             run_id=self.run_id,
+            checkpoint=self.state.manifest.get("checkpoint"),
+            snapshot_every=self.state.manifest.get("snapshot_every", SNAPSHOT_EVERY),
         )
 
 

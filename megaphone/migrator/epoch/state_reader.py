@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +15,11 @@ from pyspark.sql import types as T
 
 from megaphone.migrator.epoch.schemas import arrow_type
 from megaphone.migrator.statedir.directory import StateDir
-from megaphone.paths import StateDirPaths, local_worker_path
+from megaphone.paths import StateDirPaths, local_stores_path, local_worker_path
 from megaphone.plans.planner import BinSizes
 from megaphone.records import EpochMetrics
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES, open_backend
+from megaphone.state_backends.durable import SNAPSHOT_EVERY
 from megaphone.state_backends.encoding import (
     decode_int_keys,
     decode_keys,
@@ -25,7 +27,12 @@ from megaphone.state_backends.encoding import (
     unpack_values,
 )
 from megaphone.state_backends.kv_batches import kv_columns
-from megaphone.state_backends.remote import DurableSpec, RemoteStore
+from megaphone.state_backends.remote import (
+    DurableSpec,
+    RemoteStore,
+    default_local_dir,
+    release_stores,
+)
 from megaphone.state_backends.timer_keys import without_timers
 
 
@@ -151,18 +158,35 @@ def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
     """Per-bin keys and bytes of ``state``, read read-only from every worker's backend.
 
     A bin's size is taken from its owner under ``owners``; if the owner does not hold it yet
-    (a move not applied to state), from the lowest worker that does. Reading changes no file.
+    (a move not applied to state), from the lowest worker that does. Reading changes no file
+    of the state directory. With a checkpoint location the pipeline must be stopped: each
+    worker is read in this process through this host's store service, from its working copy
+    here or one restored from the durable copy (:func:`durable_bin_stats`).
     """
-    if state.manifest.get("checkpoint") is not None:
-        raise ValueError(
-            f"{state.path} keeps its workers' state on the executors (checkpoint location "
-            f"{state.manifest['checkpoint']}): read bin sizes from the running pipeline "
-            "(Pipeline.bin_sizes, or rescale(pipeline, ...))")
     fp = state.fingerprint
     owners = np.asarray(owners)
     keys = np.zeros(fp.num_bins, np.int64)
     nbytes = np.zeros(fp.num_bins, np.int64)
     found = np.zeros(fp.num_bins, bool)
+    if state.manifest.get("checkpoint") is not None:
+        per_worker = durable_bin_stats(state)
+    else:
+        per_worker = {w: {b: (s.keys, s.bytes) for b, s in stats.items()}
+                      for w, stats in _backend_bin_stats(state).items()}
+    for w, stats in per_worker.items():  # owners first
+        for b, (k, n) in stats.items():
+            if owners[b] == w:
+                keys[b], nbytes[b], found[b] = k, n, True
+    for _, stats in sorted(per_worker.items()):
+        for b, (k, n) in stats.items():
+            if not found[b]:
+                keys[b], nbytes[b], found[b] = k, n, True
+    return BinSizes(keys, nbytes)
+
+
+def _backend_bin_stats(state: StateDir) -> dict[int, dict[int, Any]]:
+    """Every worker folder's bin statistics in a state directory without a checkpoint."""
+    fp = state.fingerprint
     kind = state.manifest.get("backend", "rocksdb")
     per_worker: dict[int, dict[int, Any]] = {}
     for w in state.worker_ids():
@@ -172,15 +196,54 @@ def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
             per_worker[w] = backend.bin_stats()
         finally:
             backend.close()
-    for w, stats in per_worker.items():  # owners first
-        for b, s in stats.items():
-            if owners[b] == w:
-                keys[b], nbytes[b], found[b] = s.keys, s.bytes, True
-    for _, stats in sorted(per_worker.items()):
-        for b, s in stats.items():
-            if not found[b]:
-                keys[b], nbytes[b], found[b] = s.keys, s.bytes, True
-    return BinSizes(keys, nbytes)
+    return per_worker
+
+
+def durable_bin_stats(state: StateDir) -> dict[int, dict[int, tuple[int, int]]]:
+    """``{worker: {bin: (keys, bytes)}}`` of a stopped checkpointed pipeline as of its last
+    commit, read in this process through this host's store service (a working copy missing
+    or behind is restored from the durable copy first, as recovery does). The state
+    directory's lock is held meanwhile (a running pipeline's is refused: read it with
+    ``Pipeline.bin_sizes``), and the stores are left closed, as a stopped pipeline's."""
+    from megaphone.migrator.statedir.directory import StateDirLocked
+
+    commit = state.read_commit()
+    if commit.epoch < 0:
+        return {}  # nothing committed yet: every bin is empty
+    fp = state.fingerprint
+    held = state._lock_file is not None
+    try:
+        state.lock()
+    except StateDirLocked:
+        raise StateDirLocked(
+            f"{state.path} is open in a running pipeline and keeps its workers' state on its "
+            "hosts: read its bin sizes from it (Pipeline.bin_sizes, or rescale(pipeline, ...)) "
+            "or stop it first") from None
+    local_dir = default_local_dir()
+    read = DurableRead(local_dir, state.manifest["checkpoint"],
+                       state.manifest.get("snapshot_every", SNAPSHOT_EVERY), commit.epoch,
+                       fp.pipeline_id, uuid.uuid4().hex, commit.worker_tokens())
+    release_local_stores(state, local_dir)  # a crashed pipeline's, if still open
+    try:
+        out: dict[int, dict[int, tuple[int, int]]] = {}
+        for w in state.load_routing().all_workers():
+            store = read.store(w, state.manifest.get("backend", "rocksdb"), fp.key_type,
+                               fp.num_bins)
+            out[w] = {b: (k, n) for b, k, n in store.stats(commit.epoch, commit.epoch + 1,
+                                                           read.run)}
+        return out
+    finally:
+        release_local_stores(state, local_dir)
+        if not held:
+            state.unlock()
+
+
+def release_local_stores(state: StateDir, local_dir: str) -> None:
+    """Close ``state``'s stores in this host's store service: the working copies under the
+    state directory, and with a checkpoint location this host's copies under ``local_dir``."""
+    release_stores(local_dir, str(state.path))
+    if state.manifest.get("checkpoint") is not None:
+        release_stores(local_dir, str(local_stores_path(local_dir, state.fingerprint.pipeline_id)))
 
 
 def sizes_from_stats(stats: Iterable[tuple[int, int, int]], num_bins: int) -> BinSizes:

@@ -122,6 +122,11 @@ class StateDir:
             for tmp in directory.glob(".*.tmp"):
                 tmp.unlink(missing_ok=True)
 
+    @property
+    def locked(self) -> bool:
+        """True while this object holds the directory's lock (:meth:`lock`)."""
+        return self._lock_file is not None
+
     def unlock(self) -> None:
         """Release the lock taken by :meth:`lock`."""
         if self._lock_file is not None:
