@@ -23,6 +23,7 @@ from megaphone.migrator.epoch.state_reader import (
     bin_sizes,
     epoch_records,
     read_bin_stats,
+    release_local_stores,
     sizes_from_stats,
 )
 from megaphone.migrator.statedir.commit import Commit
@@ -30,7 +31,6 @@ from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.statedir.driver_copy import DriverCopy
 from megaphone.migrator.statedir.recovery import RecoveryReport, check_and_recover
 from megaphone.migrator.statedir.registry import register, unregister
-from megaphone.paths import local_stores_path
 from megaphone.plans.plan import MigrationPlan
 from megaphone.plans.plan_queue import MigrationHandle, PlanQueue
 from megaphone.plans.planner import BinSizes
@@ -40,7 +40,6 @@ from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
 from megaphone.snailtrail import EpochTrace
 from megaphone.state_backends.durable import claim_checkpoint
-from megaphone.state_backends.remote import release_stores
 
 #: Newest epochs' metrics (and traces) an adaptive plan's policy sees.
 POLICY_HISTORY = 50
@@ -203,11 +202,7 @@ class StateHolder:
     def release_stores(self, state: StateDir) -> None:
         """Close ``state``'s stores in this host's store service (working copies under the
         state directory, or this host's under ``local_dir`` with a checkpoint location)."""
-        local_dir = self.local_dir
-        release_stores(local_dir, str(state.path))
-        if self.config.checkpoint is not None:
-            release_stores(local_dir, str(
-                local_stores_path(local_dir, state.fingerprint.pipeline_id)))
+        release_local_stores(state, self.local_dir)
 
     @property
     def local_dir(self) -> str:

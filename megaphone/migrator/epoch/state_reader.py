@@ -211,7 +211,7 @@ def durable_bin_stats(state: StateDir) -> dict[int, dict[int, tuple[int, int]]]:
     if commit.epoch < 0:
         return {}  # nothing committed yet: every bin is empty
     fp = state.fingerprint
-    held = state._lock_file is not None
+    held = state.locked
     try:
         state.lock()
     except StateDirLocked:
