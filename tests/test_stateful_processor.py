@@ -29,6 +29,8 @@ from tests.helpers.spark_processors import (
     DELAY,
     SESSION_OUT,
     TOP_OUT,
+    Alarm,
+    Expiring,
     RunningCount,
     Sessions,
     TopTwo,
@@ -167,7 +169,7 @@ def test_processor_equals_spark_transform_with_state(spark, tmp_path, name):
 
 class _WithTtl(RunningCount):
     def init(self, handle: Any) -> None:
-        self.count = handle.getValueState("count", "n long", ttlDurationMs=1000)
+        self.count = handle.getValueState("count", "n long", ttlDurationMs=0)
 
 
 class _WithInitialState(RunningCount):
@@ -181,12 +183,11 @@ class _TimerInInit(RunningCount):
 
 
 @pytest.mark.parametrize("update, kwargs, message", [
-    (RunningCount(), {"time_mode": "ProcessingTime"}, "ProcessingTime' is not supported"),
     (RunningCount(), {"time_mode": "Event"}, "time_mode must be one of"),
     (RunningCount(), {}, "needs time_mode"),
     (RunningCount(), {"time_mode": "EventTime"}, "needs the event_time column"),
     (RunningCount(), {"time_mode": "None", "event_time": "time"}, "uses no event time"),
-    (_WithTtl(), {"time_mode": "None"}, "TTL is not supported"),
+    (_WithTtl(), {"time_mode": "None"}, "ttlDurationMs must be a positive"),
     (_WithInitialState(), {"time_mode": "None"}, "initial state is not supported"),
     (_TimerInInit(), {"time_mode": "EventTime", "event_time": "time"}, "not in init"),
     ("count", {"time_mode": "None"}, "are for a Spark StatefulProcessor"),
@@ -321,3 +322,73 @@ def test_a_state_directory_is_not_reopened_with_another_processor(spark, tmp_pat
                      output_type=COUNT_OUT, time_mode="None", num_bins=NUM_BINS)
     assert again.epoch == 0
     again.close()
+
+
+def _at(pipe: Pipeline, spark, clock: list[float], seconds: float, ids: list[str]
+        ) -> list[tuple]:
+    """One epoch at processing time ``seconds`` over rows of ``ids``: its outputs."""
+    clock[0] = seconds
+    out = pipe.process(spark.createDataFrame([(i,) for i in ids], "id string"))
+    return sorted(tuple(r.output) for r in out.collect())
+
+
+def test_processing_time_timers_fire_in_the_first_epoch_past_their_expiry(
+        spark, tmp_path, monkeypatch):
+    """getCurrentProcessingTimeInMs is the driver's clock at the epoch; a timer fires, for a
+    key without rows, in the first epoch whose processing time is > its expiry (Spark's
+    ``expiry < batch timestamp``), once."""
+    from megaphone.migrator.epoch import run
+
+    clock = [1000.0]
+    monkeypatch.setattr(run, "processing_clock", lambda: clock[0])
+    pipe = Pipeline(spark, str(tmp_path / "s"), key="id", update=Alarm(),
+                    output_type=COUNT_OUT, time_mode="ProcessingTime", num_bins=NUM_BINS)
+    assert _at(pipe, spark, clock, 1000.0, ["a"]) == [("a", 1_000_000)]
+    assert _at(pipe, spark, clock, 1005.0, ["b"]) == [("b", 1_005_000)]  # not < 1,005,000
+    assert _at(pipe, spark, clock, 1005.001, ["c"]) == [("a", -1_005_000), ("c", 1_005_001)]
+    assert _at(pipe, spark, clock, 1010.001, ["c"]) == [("b", -1_010_000), ("c", 1_010_001)]
+    pipe.close()
+
+
+def test_state_ttl_expires_each_value_list_element_and_map_entry_on_its_own(
+        spark, tmp_path, monkeypatch):
+    """Spark's TTL: written at processing time t with TTL d, an entry is gone once the
+    processing time is >= t + d; each list element and map entry has its own expiry, an
+    update restarts it; in time mode None the processor still sees -1 as the time."""
+    from megaphone.migrator.epoch import run
+
+    clock = [0.0]
+    monkeypatch.setattr(run, "processing_clock", lambda: clock[0])
+    pipe = Pipeline(spark, str(tmp_path / "s"), key="id", update=Expiring(),
+                    output_type=COUNT_OUT, time_mode="None", num_bins=NUM_BINS)
+
+    def seen(seconds: float, n: int) -> dict[str, int]:
+        clock[0] = seconds
+        out = pipe.process(spark.createDataFrame([("a", n)], "id string, n long"))
+        return {r.output.id: r.output["count"] for r in out.collect()}
+
+    assert seen(100.0, 2) == {"value": -1, "list": 0, "map": 0, "now": -1}
+    assert seen(100.5, 4) == {"value": 2, "list": 2, "map": 2, "now": -1}
+    # 2 written at 100.0 expires at 101.0; 4 (written at 100.5) lives until 101.5.
+    assert seen(101.0, 1) == {"value": 4, "list": 4, "map": 4, "now": -1}
+    assert seen(101.499, 1) == {"value": 4, "list": 4, "map": 4, "now": -1}
+    assert pipe.state().count() == 1
+    assert seen(101.5, 1) == {"value": -1, "list": 0, "map": 0, "now": -1}
+    assert pipe.state().count() == 0  # all expired: the key's state is deleted
+    pipe.close()
+
+
+def test_ttl_expiries_are_stored_beside_values_and_dropped_on_read():
+    """The key's value keeps each entry's expiry; decoding at a later processing time drops
+    the expired ones, and a key left with nothing is deleted."""
+    from megaphone.operators.processor_handle import KeyState
+
+    ks = KeyState({"v": {"v": [1]}, "ve": {"v": 10},
+                   "l": {"l": [[1], [2], [3]]}, "le": {"l": [10, None, 20]},
+                   "m": {"m": [[[1], [1]], [[2], [2]]]}, "me": {"m": [20, 10]}})
+    assert ks.values == {"v": (1,)} and ks.lists["l"] == [(1,), (2,), (3,)]
+    ks = KeyState(KeyState(ks.encode()).encode(), now_ms=10)
+    assert ks.values == {} and ks.lists["l"] == [(2,), (3,)] and ks.maps["m"] == {(1,): (1,)}
+    assert ks.encode() == {"l": {"l": [[2], [3]]}, "le": {"l": [None, 20]},
+                           "m": {"m": [[[1], [1]]]}, "me": {"m": [20]}}
+    assert KeyState({"v": {"v": [1]}, "ve": {"v": 10}}, now_ms=10).encode() is None

@@ -29,14 +29,17 @@ Row = tuple[int, Any]
 
 class Context:
     """What a process function sees besides key, records and state: the epoch, its
-    watermark, and the timers it sets; it also counts the records it drops as late."""
+    watermark, its processing time (microseconds, fixed by the driver for the epoch; ``None``
+    when not given) and the timers it sets; it also counts the records it drops as late."""
 
-    __slots__ = ("_new_timers", "epoch", "late", "watermark", "worker")
+    __slots__ = ("_new_timers", "epoch", "late", "processing_time", "watermark", "worker")
 
-    def __init__(self, epoch: int, watermark: int | None, worker: int | None = None) -> None:
+    def __init__(self, epoch: int, watermark: int | None, worker: int | None = None,
+                 processing_time: int | None = None) -> None:
         self.epoch = epoch
         self.watermark = watermark
         self.worker = worker
+        self.processing_time = processing_time
         self.late = 0
         self._new_timers: set[int] = set()
 

@@ -6,9 +6,11 @@ The processor gets a handle of megaphone's (:class:`Handle`) whose value, list a
 and timers live in one msgpack value per key, under the key's bin: they migrate, commit
 atomically and recover like every other state. Timers are kept in that value (for
 ``listTimers``) and mirrored as megaphone timers, which wake the key up when the watermark
-passes them. Per key and epoch the order is Spark's: ``handleInputRows`` with the epoch's rows,
-then ``handleExpiredTimer`` for each expired timer, in time order. docs/operators.md says
-where this differs from Spark.
+passes them; in ``ProcessingTime`` mode the epoch's watermark is its processing time (fixed by
+the driver), so they fire by the clock. State TTLs count from that processing time. Per key
+and epoch the order is Spark's: ``handleInputRows`` with the epoch's rows, then
+``handleExpiredTimer`` for each expired timer, in time order. docs/operators.md says where
+this differs from Spark.
 """
 
 from __future__ import annotations
@@ -30,17 +32,15 @@ from megaphone.operators.durations import duration_us
 from megaphone.operators.process import Context
 from megaphone.operators.processor_handle import Handle, KeyState, fields
 
-#: The time modes of Spark's ``transformWithState`` that megaphone runs.
-TIME_MODES = ("None", "EventTime")
-#: Spark's time modes megaphone refuses: processing time is not fixed per epoch yet.
-REFUSED_TIME_MODES = ("ProcessingTime",)
+#: The time modes of Spark's ``transformWithState`` (megaphone runs them all).
+TIME_MODES = ("None", "EventTime", "ProcessingTime")
 
 class TransformWithState:
     """A Spark ``StatefulProcessor`` as a megaphone update (what ``Pipeline(update=processor,
     output_type=..., time_mode=...)`` builds); give it rows of every input column.
 
     ``output_schema``: the processor's output rows (Spark's ``outputStructType``).
-    ``time_mode``: ``"None"`` or ``"EventTime"`` (``"ProcessingTime"`` is refused).
+    ``time_mode``: ``"None"``, ``"EventTime"`` or ``"ProcessingTime"``.
     ``lateness_us``: the delay of Spark's ``withWatermark`` on the event-time column.
     ``init`` is called here once with a checking handle (as Spark's driver does), then once per
     worker and epoch before its first key, and ``close`` at the end of that worker's epoch
@@ -57,9 +57,6 @@ class TransformWithState:
         if not isinstance(processor, StatefulProcessor):
             raise TypeError(f"expected a pyspark StatefulProcessor, got "
                             f"{type(processor).__name__}")
-        if time_mode in REFUSED_TIME_MODES:
-            raise ValueError("time_mode 'ProcessingTime' is not supported: megaphone fixes no "
-                             "processing time per epoch yet; use 'EventTime' timers")
         if time_mode not in TIME_MODES:
             raise ValueError(f"time_mode must be one of {TIME_MODES}, got {time_mode!r}")
         if type(processor).handleInitialState is not StatefulProcessor.handleInitialState:
@@ -75,6 +72,8 @@ class TransformWithState:
         self.time_mode = time_mode
         self.lateness_us = lateness_us
         self.needs_event_time = time_mode == "EventTime"
+        #: Its timers are due by the epoch's processing time, which is then its watermark.
+        self.processing_time = time_mode == "ProcessingTime"
         self._input: StructType | None = None
         self._handle: Handle | None = None
         probe = Handle(time_mode, probe=True)
@@ -116,8 +115,7 @@ class TransformWithState:
     def process(self, key: Any, rows: list[tuple[int, Any]], state: Any, ctx: Context
                 ) -> tuple[Any, list[Any]]:
         """``handleInputRows`` with the key's rows (late ones dropped), then expired timers."""
-        handle = self.open()
-        handle.key_state = KeyState(state)
+        handle = self._key(state, ctx)
         kept = rows
         if self.needs_event_time:
             kept = [r for r in rows if not ctx.is_late(r[0])]
@@ -135,12 +133,20 @@ class TransformWithState:
     def on_timer(self, key: Any, time_us: int, state: Any, ctx: Context
                  ) -> tuple[Any, list[Any]]:
         """A megaphone timer woke the key: fire its expired timers (none if already fired)."""
-        handle = self.open()
-        handle.key_state = KeyState(state)
+        handle = self._key(state, ctx)
         before = set(handle.key_state.timers)
         outputs = self._fire(key, handle, ctx)
         self._wake(handle, before, ctx)
         return handle.key_state.encode(), outputs
+
+    def _key(self, state: Any, ctx: Context) -> Handle:
+        """The handle on the key's state as of the epoch's processing time (expired TTL
+        entries dropped)."""
+        handle = self.open()
+        now = ctx.processing_time
+        handle.now_ms = None if now is None else now // 1000
+        handle.key_state = KeyState(state, handle.now_ms)
+        return handle
 
     def _watermark_ms(self, ctx: Context) -> int:
         if not self.needs_event_time:
@@ -148,14 +154,23 @@ class TransformWithState:
         return 0 if ctx.watermark is None else ctx.watermark // 1000
 
     def _timer_values(self, ctx: Context) -> TimerValues:
-        return TimerValues(-1, self._watermark_ms(ctx))
+        """Spark's: both times -1 in mode ``None``; else the batch's processing time, and the
+        watermark in ``EventTime`` mode (-1 in ``ProcessingTime``)."""
+        if self.time_mode == "None" or ctx.processing_time is None:
+            return TimerValues(-1, self._watermark_ms(ctx))
+        return TimerValues(ctx.processing_time // 1000, self._watermark_ms(ctx))
 
     def _fire(self, key: Any, handle: Handle, ctx: Context) -> list[Any]:
-        """Spark's expired timers of the key (time < watermark), ascending, each deleted after
-        its ``handleExpiredTimer``."""
-        if not self.needs_event_time or ctx.watermark is None:
+        """Spark's expired timers of the key (time < watermark, or < processing time in
+        ``ProcessingTime`` mode), ascending, each deleted after its ``handleExpiredTimer``."""
+        if self.processing_time:
+            if ctx.processing_time is None:
+                return []
+            wm = ctx.processing_time // 1000
+        elif not self.needs_event_time or ctx.watermark is None:
             return []
-        wm = self._watermark_ms(ctx)
+        else:
+            wm = self._watermark_ms(ctx)
         fired: set[int] = set()
         outputs: list[Any] = []
         while True:
@@ -171,7 +186,8 @@ class TransformWithState:
     @staticmethod
     def _wake(handle: Handle, before: set[int], ctx: Context) -> None:
         """A megaphone timer for each new timer, due when Spark's would expire (time <
-        watermark in ms); a deleted timer's wake-up finds nothing to fire."""
+        watermark, or processing time, in ms); a deleted timer's wake-up finds nothing to
+        fire."""
         for t in handle.key_state.timers - before:
             ctx.set_timer((t + 1) * 1000)
 
@@ -210,8 +226,8 @@ def transform_with_state(processor: StatefulProcessor, output_schema: StructType
     column (Spark's ``withWatermark`` column, ``watermark_delay`` its delay), and the other
     modes take neither."""
     if time_mode is None:
-        raise ValueError("a StatefulProcessor needs time_mode ('None' or 'EventTime'), as "
-                         "Spark's transformWithState does")
+        raise ValueError("a StatefulProcessor needs time_mode ('None', 'EventTime' or "
+                         "'ProcessingTime'), as Spark's transformWithState does")
     if time_mode == "EventTime" and event_time is None:
         raise ValueError("time_mode 'EventTime' needs the event_time column (the column of "
                          "Spark's withWatermark)")

@@ -109,6 +109,46 @@ class TopTwo(StatefulProcessor):
 TOP_OUT = "id string, rank long, item string, score long"
 
 
+class Alarm(StatefulProcessor):
+    """Per row: emits the batch's processing time and sets a timer 5 s after it; a timer
+    emits minus its expiry."""
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any):
+        now = timerValues.getCurrentProcessingTimeInMs()
+        for _ in rows:
+            self.handle.registerTimer(now + 5000)
+            yield Row(id=key[0], count=now)
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any):
+        yield Row(id=key[0], count=-expiredTimerInfo.getExpiryTimeInMs())
+
+
+class Expiring(StatefulProcessor):
+    """Value, list and map states with a 1 s TTL: per row, emits what is visible (value or
+    -1, list sum, map keys' sum, the processing time seen), then writes ``n`` when it is even.
+    """
+
+    def init(self, handle: Any) -> None:
+        self.value = handle.getValueState("v", "n long", ttlDurationMs=1000)
+        self.list = handle.getListState("l", "n long", ttlDurationMs=1000)
+        self.map = handle.getMapState("m", "k long", "n long", ttlDurationMs=1000)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any):
+        for row in rows:
+            value = self.value.get()
+            yield Row(id="value", count=-1 if value is None else value[0])
+            yield Row(id="list", count=sum(n for (n,) in self.list.get()))
+            yield Row(id="map", count=sum(k for (k,), _ in self.map.iterator()))
+            yield Row(id="now", count=timerValues.getCurrentProcessingTimeInMs())
+            if row.n % 2 == 0:
+                self.value.update((row.n,))
+                self.list.appendValue((row.n,))
+                self.map.updateValue((row.n,), (row.n,))
+
+
 def batches(n: int = 4) -> list[list[dict[str, Any]]]:
     """``n`` batches of 6 rows of 3 of 5 keys (a key is left out for a while, so its session
     closes); event time runs 4 s a batch, rows within 1 s of each other (none is late)."""

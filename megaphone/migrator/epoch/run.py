@@ -89,6 +89,8 @@ WORKER_PHASES = ("export", "receive", "install", "apply")
 PHASES = DRIVER_PHASES + WORKER_PHASES
 #: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
 LOAD_SMOOTHING = 0.3
+#: The driver's clock for an epoch's processing time (seconds; tests replace it).
+processing_clock: Callable[[], float] = time.time
 
 
 @dataclass(frozen=True)
@@ -296,7 +298,9 @@ class EpochRun:
         :func:`~megaphone.migrator.epoch.routing_operator.epoch_spec`): for a group by labels
         its labels, its shuffle's label column and, for an event-time operator, each epoch's
         watermark (from the largest event time committed and those of the group's earlier
-        epochs: exactly what one job per epoch would use)."""
+        epochs: exactly what one job per epoch would use), and the processing time from
+        :data:`processing_clock`, one for the group; an operator whose ``processing_time`` is
+        true gets it as its watermark, so its timers fire by the clock."""
         holder, update = self.holder, admitted.update
         config, committed = holder.config, admitted.committed
         fields: dict[str, Any] = {}
@@ -307,7 +311,11 @@ class EpochRun:
                 marks.append(watermark(high, update.fn.lateness_us))
                 if top is not None and (high is None or top > high):
                     high = top
-            fields = {"watermark": watermark(committed.max_event_time, update.fn.lateness_us),
+            first = watermark(committed.max_event_time, update.fn.lateness_us)
+            now = int(processing_clock() * 1_000_000)
+            if getattr(update.fn, "processing_time", False):  # its timers are due by the clock
+                first, marks = now, [now] * len(marks)
+            fields = {"watermark": first, "processing_time_us": now,
                       "owned": {int(w): tuple(np.flatnonzero(owners == w).tolist())
                                 for w in np.unique(owners)},
                       "watermarks": tuple(marks)}

@@ -105,7 +105,7 @@ def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: 
     old = store.read(state_keys)
     states = [None if raw is None else msgpack.unpackb(raw, strict_map_key=False)
               for raw in old]
-    ctx = Context(spec.epoch, spec.watermark, worker)
+    ctx = Context(spec.epoch, spec.watermark, worker, spec.processing_time_us)
 
     def failed(what: str, key: Any, exc: BaseException) -> BaseException:
         return update_failed(what, key, exc, spec.epoch, worker, located=True)

@@ -48,7 +48,8 @@ class EpochSpec:
     ``sketch_capacity`` heaviest keys (0: none). A group's spec (docs/groups.md) also has
     ``labels``: the epoch labels of the group's epochs in order (``epoch`` is the first's;
     only it installs, ships and drops bins) and, for an event-time operator, ``watermarks``:
-    each epoch's watermark.
+    each epoch's watermark. ``processing_time_us``: the epoch's processing time for a process
+    update, taken once by the driver (a group's epochs share it).
     """
 
     epoch: int
@@ -85,6 +86,7 @@ class EpochSpec:
     homes: dict[int, tuple[str, tuple[str, int]]] = field(default_factory=dict)
     labels: tuple[int, ...] = ()
     watermarks: tuple[int | None, ...] = ()
+    processing_time_us: int | None = None
 
     @property
     def grouped(self) -> bool:
