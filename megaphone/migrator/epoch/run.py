@@ -312,7 +312,7 @@ class EpochRun:
                 if top is not None and (high is None or top > high):
                     high = top
             first = watermark(committed.max_event_time, update.fn.lateness_us)
-            now = int(processing_clock() * 1_000_000)
+            now = round(processing_clock() * 1_000_000)
             if getattr(update.fn, "processing_time", False):  # its timers are due by the clock
                 first, marks = now, [now] * len(marks)
             fields = {"watermark": first, "processing_time_us": now,
