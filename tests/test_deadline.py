@@ -216,7 +216,8 @@ def test_chosen_moves_never_push_the_epoch_past_its_deadline_by_prediction(
     d = policy.decisions[-1]
     assert set(chosen) <= set(moves)
     if chosen:
-        assert d.action == "fit" and lag + margin * d.predicted_s <= target + 1e-9
+        # the decision keeps its prediction rounded to 0.1 ms (StepDecision): half of that
+        assert d.action == "fit" and lag + margin * d.predicted_s <= target + margin * 5e-5
     else:
         assert d.action in ("behind", "wait")  # max_behind=20: the first call is never stalled
 

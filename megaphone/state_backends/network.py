@@ -79,12 +79,19 @@ class Registration:
     checkpoint: str
 
 
-def check_registration(pipeline_id: Any, secret: Any, checkpoint: Any) -> Registration:
-    """The registration of these fields, or a ``ValueError``: an id that can name a folder,
-    a secret of :data:`SECRET_BYTES` bytes in hex, a checkpoint location."""
+def check_pipeline_id(pipeline_id: Any) -> str:
+    """``pipeline_id`` if it can name a folder of this host's directory, else a
+    ``ValueError``: what a request may name a pipeline by."""
     if not isinstance(pipeline_id, str) or not pipeline_id or os.sep in pipeline_id or \
             pipeline_id in (".", ".."):
         raise ValueError(f"a pipeline id that cannot name a folder: {pipeline_id!r:.80}")
+    return pipeline_id
+
+
+def check_registration(pipeline_id: Any, secret: Any, checkpoint: Any) -> Registration:
+    """The registration of these fields, or a ``ValueError``: an id that can name a folder,
+    a secret of :data:`SECRET_BYTES` bytes in hex, a checkpoint location."""
+    check_pipeline_id(pipeline_id)
     try:
         raw = bytes.fromhex(secret) if isinstance(secret, str) else b""
     except ValueError:
@@ -138,8 +145,7 @@ class Network:
         if known is not None:
             return known
         try:
-            check_registration(pipeline_id, "00" * SECRET_BYTES, "-")  # a nameable folder?
-            path = registration_path(self.host_dir, pipeline_id)
+            path = registration_path(self.host_dir, check_pipeline_id(pipeline_id))
             data = json.loads(path.read_text())
             reg = check_registration(data["pipeline_id"], data["secret"], data["checkpoint"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -241,5 +247,5 @@ def bind_address() -> str:
 
 
 __all__ = ["AUTH_FRAME_BYTES", "AUTH_TIMEOUT_S", "NETWORK_OPS", "Network", "NetworkRefused",
-           "Registration", "auth_mac", "bind_address", "check_registration", "network_request",
-           "new_secret"]
+           "Registration", "auth_mac", "bind_address", "check_pipeline_id", "check_registration",
+           "network_request", "new_secret"]

@@ -13,7 +13,8 @@ lives on, and RocksDB flushes and compacts it in its background threads
 (``docs/worker-store.md`` and ``bench/RESULTS.md`` have the numbers that chose this design).
 
 Lifecycle: the service closes a store when the executor JVM that last used it is gone (a killed
-driver in local mode, a lost executor), when a driver asks (``release`` on opening or closing a
+driver in local mode, a lost executor; a client with no JVM above it, such as a driver's own
+reads or the CLI, stands for itself), when a driver asks (``release`` on opening or closing a
 pipeline) or after :data:`STORE_IDLE_CLOSE_S` unused; it exits once it has no store open and no
 connection for ``idle_exit_s``, or on ``shutdown``. It never leaves a lock behind: a killed
 service releases its RocksDB locks with its process, and its WAL brings every synced commit
@@ -48,10 +49,9 @@ from megaphone.state_backends.base import StateBackend
 from megaphone.state_backends.bin_files import BinFile, FileAssembler, transfer_dir
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
 from megaphone.state_backends.network import (
-    SECRET_BYTES,
     Network,
     NetworkRefused,
-    check_registration,
+    check_pipeline_id,
 )
 from megaphone.state_backends.rocksdb_tuning import LogTrim
 from megaphone.state_backends.service_identity import code_id, process_start
@@ -394,7 +394,7 @@ class StoreService:
         task whose home could not be reached may be using it. The workers deleted."""
         if self.network is None:
             raise ValueError("this store service was started without a host directory")
-        pipeline = check_registration(req.get("pipeline"), "00" * SECRET_BYTES, "-").pipeline_id
+        pipeline = check_pipeline_id(req.get("pipeline"))
         deleted = []
         for worker in req.get("workers", []):
             path = os.path.abspath(local_worker_path(self.network.host_dir, pipeline,

@@ -160,7 +160,9 @@ def _dial(local_dir: str) -> _Connection | None:
         return None
     conn = _Connection(sock, 0)
     try:
-        hello = conn.call("hello", watch=executor_pid())
+        # watched: the executor, or this process when no JVM is its ancestor (a driver, the
+        # CLI), so that a service only such a process used ends as soon as it is gone
+        hello = conn.call("hello", watch=executor_pid() or os.getpid())
     except (StoreUnavailable, StoreError):
         conn.close()
         return None

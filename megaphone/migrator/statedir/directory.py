@@ -75,6 +75,7 @@ class StateDir:
         self.manifest = manifest
         self.fingerprint = Fingerprint.from_dict(manifest["fingerprint"])
         self._lock_file: Any = None
+        self._secret: str | None = None
         self._metrics_log = ChunkedLog(self.paths.metrics, self.paths.metrics_old,
                                        METRICS_CHUNK)
 
@@ -91,8 +92,11 @@ class StateDir:
 
     def secret(self) -> str:
         """The pipeline's secret (hex), made at its first use and kept readable by its user
-        only: what its tasks prove to other hosts' store services. Never in a log or record."""
-        return create_once(self.paths.secret, new_secret)
+        only: what its tasks prove to other hosts' store services. Never in a log or record. Read
+        once per object: every epoch of a checkpointed pipeline hands it on."""
+        if self._secret is None:
+            self._secret = create_once(self.paths.secret, new_secret)
+        return self._secret
 
     def lock(self) -> StateDir:
         """Take the directory's exclusive lock for this object's lifetime (or :meth:`unlock`).
