@@ -1,7 +1,8 @@
-"""Spark's ``StatefulProcessor`` as a megaphone update: three processors written as Spark's docs
+"""Spark's ``StatefulProcessor`` as a megaphone update: processors written as Spark's docs
 write them (a running count with ValueState, session windows with event-time timers, a top two
-with MapState) give in megaphone, with bins moving out to 4 workers and back to 2, exactly
-what they give in Spark's own ``transformWithState`` over the same batches; their state and
+with MapState; a running count over pandas frames) give in megaphone, with bins moving out to 4
+workers and back to 2, exactly what they give in Spark's own ``transformWithState`` (or
+``transformWithStateInPandas``) over the same batches; their state and
 timers move with their bins; a driver killed mid-run resumes to the same outputs; and what
 megaphone cannot honour is refused when the pipeline is built."""
 
@@ -27,10 +28,12 @@ from megaphone.state_backends import open_backend
 from tests.helpers.spark_processors import (
     COUNT_OUT,
     DELAY,
+    PANDAS_OUT,
     SESSION_OUT,
     TOP_OUT,
     Alarm,
     Expiring,
+    PandasCount,
     RunningCount,
     Sessions,
     TopTwo,
@@ -43,10 +46,13 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_BINS = 16
 PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+PANDAS = "transformWithStateInPandas"
+#: Per case: the processor, its output, time mode and the Spark API it is written for.
 CASES = {
-    "count": (RunningCount, COUNT_OUT, "None"),
-    "sessions": (Sessions, SESSION_OUT, "EventTime"),
-    "top": (TopTwo, TOP_OUT, "None"),
+    "count": (RunningCount, COUNT_OUT, "None", "transformWithState"),
+    "sessions": (Sessions, SESSION_OUT, "EventTime", "transformWithState"),
+    "top": (TopTwo, TOP_OUT, "None", "transformWithState"),
+    "pandas_count": (PandasCount, PANDAS_OUT, "None", PANDAS),
 }
 
 
@@ -55,15 +61,16 @@ _SPARK_OUTPUTS: dict[str, Counter] = {}
 
 
 def in_spark(spark, files: Path, tmp: Path, name: str) -> Counter:
-    """The processor's outputs in Spark's ``transformWithState`` over the file stream (one
-    file per batch), as a multiset of tuples."""
+    """The processor's outputs in Spark's ``transformWithState`` (or
+    ``transformWithStateInPandas``) over the file stream (one file per batch), as a multiset
+    of tuples."""
     if name not in _SPARK_OUTPUTS:
         _SPARK_OUTPUTS[name] = _run_spark(spark, files, tmp, name)
     return _SPARK_OUTPUTS[name]
 
 
 def _run_spark(spark, files: Path, tmp: Path, name: str) -> Counter:
-    cls, out, mode = CASES[name]
+    cls, out, mode, api = CASES[name]
     saved = spark.conf.get(PROVIDER, None)
     spark.conf.set(PROVIDER, ROCKSDB)
     rows: list[Row] = []
@@ -72,7 +79,10 @@ def _run_spark(spark, files: Path, tmp: Path, name: str) -> Counter:
             .option("maxFilesPerTrigger", 1).parquet(str(files))
         if mode == "EventTime":
             stream = stream.withWatermark("time", DELAY)
-        result = stream.groupBy("id").transformWithState(cls(), out, "Update", mode)
+        grouped = stream.groupBy("id")
+        run = grouped.transformWithStateInPandas if api == PANDAS else \
+            grouped.transformWithState
+        result = run(cls(), out, "Update", mode)
         query = result.writeStream.foreachBatch(lambda df, _: rows.extend(df.collect())) \
             .option("checkpointLocation", str(tmp / f"cp-{name}")).trigger(availableNow=True) \
             .start()
@@ -108,10 +118,11 @@ def submit(pipe: Pipeline, steps: list) -> None:
 def in_megaphone(spark, paths: list[Path], tmp: Path, name: str, seed: int) -> Counter:
     """The processor's outputs in a megaphone pipeline fed the same batches (plus one empty
     batch, where Spark runs its no-data batch), with bins moving out and back."""
-    cls, out, mode = CASES[name]
+    cls, out, mode, api = CASES[name]
     event = {"event_time": "time", "watermark_delay": DELAY} if mode == "EventTime" else {}
     pipe = Pipeline(spark, str(tmp / f"mp-{name}"), key="id", update=cls(), output_type=out,
-                    time_mode=mode, workers=2, num_bins=NUM_BINS, key_type="str", **event)
+                    time_mode=mode, workers=2, num_bins=NUM_BINS, key_type="str",
+                    processor_api=api, **event)
     plans = scale_plans(pipe, random.Random(seed))
     got: list[tuple] = []
     batch_frames = [spark.read.parquet(str(p)) for p in paths]
@@ -191,6 +202,9 @@ class _TimerInInit(RunningCount):
     (_WithInitialState(), {"time_mode": "None"}, "initial state is not supported"),
     (_TimerInInit(), {"time_mode": "EventTime", "event_time": "time"}, "not in init"),
     ("count", {"time_mode": "None"}, "are for a Spark StatefulProcessor"),
+    ("count", {"processor_api": PANDAS}, "are for a Spark StatefulProcessor"),
+    (PandasCount(), {"time_mode": "None", "processor_api": "pandas"},
+     "processor_api must be one of"),
 ])
 def test_unsupported_features_are_refused_at_construction(spark, tmp_path, update, kwargs,
                                                           message):
@@ -318,10 +332,45 @@ def test_a_state_directory_is_not_reopened_with_another_processor(spark, tmp_pat
     with pytest.raises(ValueError, match=r"another pipeline configuration.*TopTwo"):
         Pipeline(spark, str(tmp_path / "s"), key="id", update=TopTwo(), output_type=TOP_OUT,
                  time_mode="None", num_bins=NUM_BINS)
+    with pytest.raises(ValueError, match=r"another pipeline configuration.*InPandas"):
+        Pipeline(spark, str(tmp_path / "s"), key="id", update=RunningCount(),
+                 output_type=COUNT_OUT, time_mode="None", num_bins=NUM_BINS,
+                 processor_api=PANDAS)
     again = Pipeline(spark, str(tmp_path / "s"), key="id", update=RunningCount(),
                      output_type=COUNT_OUT, time_mode="None", num_bins=NUM_BINS)
     assert again.epoch == 0
     again.close()
+
+
+def test_a_pandas_processor_gets_one_frame_per_key_and_must_yield_frames():
+    """In pandas mode the key's rows come as one frame (Spark's columns, dtypes and index);
+    a Row yielded is refused, as Spark refuses it."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from megaphone.operators.process import Context, run_keys
+    from megaphone.operators.stateful_processor import TransformWithState
+
+    seen: list[pd.DataFrame] = []
+
+    class Rows(RunningCount):
+        def handleInputRows(self, key, rows, timerValues):
+            seen.extend(rows)
+            yield Row(id=key[0], count=1)
+
+    fn = TransformWithState(Rows(), _struct(), "None", 0, PANDAS, "Asia/Tokyo")
+    fn.output_type(pa.struct([("id", pa.string()), ("time", pa.timestamp("us", tz="UTC")),
+                              ("my score", pa.int64())]))
+    rows = [[(0, {"id": "a", "time": 0, "my score": 3}),
+             (0, {"id": "a", "time": 1_000_000, "my score": None})]]
+    with pytest.raises(ValueError, match="must yield pandas DataFrames, got a Row"):
+        run_keys(fn, ["a"], [[]], rows, [None], Context(0, None))
+    (frame,) = seen
+    assert list(frame.columns) == ["id", "time", "_2"]  # Spark's itertuples names
+    assert [str(t) for t in frame.dtypes] == ["object", "datetime64[ns]", "float64"]
+    assert frame["time"].tolist() == [pd.Timestamp("1970-01-01 09:00:00"),
+                                      pd.Timestamp("1970-01-01 09:00:01")]  # session zone
+    assert isinstance(frame.index, pd.RangeIndex) and len(frame) == 2
 
 
 def _at(pipe: Pipeline, spark, clock: list[float], seconds: float, ids: list[str]

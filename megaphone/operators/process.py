@@ -94,6 +94,22 @@ def watermark(max_event_time: int | None, lateness_us: int) -> int | None:
     return None if max_event_time is None else max_event_time - lateness_us
 
 
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with temporal types as their integers (timestamps and durations int64, dates
+    int32 or int64), nested too: what records look like to an operator, and what msgpack
+    stores."""
+    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_time64(t) or \
+            pa.types.is_date64(t):
+        return pa.int64()
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
+        return pa.int32()
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, plain_type(f.type), f.nullable) for f in t])
+    if pa.types.is_list(t):
+        return pa.list_(plain_type(t.value_type))
+    return t
+
+
 @dataclass
 class KeyResults:
     """What :func:`run_keys` returns: per key (in input order) its new state, the timers

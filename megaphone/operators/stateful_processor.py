@@ -1,6 +1,8 @@
 """Spark's ``StatefulProcessor`` (``groupBy(key).transformWithState(...)``) run unchanged as a
 megaphone update: :class:`TransformWithState` turns the processor into a
-:class:`~megaphone.operators.process.ProcessFunction`.
+:class:`~megaphone.operators.process.ProcessFunction`. A processor written for
+``transformWithStateInPandas`` runs as well (``processor_api``): it gets each key's rows of an
+epoch as one pandas DataFrame (:mod:`~megaphone.operators.pandas_input`) and yields DataFrames.
 
 The processor gets a handle of megaphone's (:class:`Handle`) whose value, list and map states
 and timers live in one msgpack value per key, under the key's bin: they migrate, commit
@@ -15,7 +17,7 @@ this differs from Spark.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -29,11 +31,15 @@ from pyspark.sql.streaming.stateful_processor import (
 from pyspark.sql.types import StructType
 
 from megaphone.operators.durations import duration_us
+from megaphone.operators.pandas_input import PandasInput
 from megaphone.operators.process import Context
 from megaphone.operators.processor_handle import Handle, KeyState, fields
 
 #: The time modes of Spark's ``transformWithState`` (megaphone runs them all).
 TIME_MODES = ("None", "EventTime", "ProcessingTime")
+#: The Spark APIs a processor may be written for: Rows in and out, or pandas DataFrames.
+PROCESSOR_APIS = ("transformWithState", "transformWithStateInPandas")
+PANDAS_API = "transformWithStateInPandas"
 
 class TransformWithState:
     """A Spark ``StatefulProcessor`` as a megaphone update (what ``Pipeline(update=processor,
@@ -42,6 +48,9 @@ class TransformWithState:
     ``output_schema``: the processor's output rows (Spark's ``outputStructType``).
     ``time_mode``: ``"None"``, ``"EventTime"`` or ``"ProcessingTime"``.
     ``lateness_us``: the delay of Spark's ``withWatermark`` on the event-time column.
+    ``processor_api``: the Spark API the processor is written for (:data:`PROCESSOR_APIS`);
+    with ``transformWithStateInPandas`` its input is pandas frames, with timestamps in
+    ``timezone`` (Spark's session time zone), and its outputs must be frames.
     ``init`` is called here once with a checking handle (as Spark's driver does), then once per
     worker and epoch before its first key, and ``close`` at the end of that worker's epoch
     (Spark: once per task and batch).
@@ -53,10 +62,14 @@ class TransformWithState:
     reads_rows = True
 
     def __init__(self, processor: StatefulProcessor, output_schema: StructType,
-                 time_mode: str = "None", lateness_us: int = 0) -> None:
+                 time_mode: str = "None", lateness_us: int = 0,
+                 processor_api: str = "transformWithState", timezone: str = "UTC") -> None:
         if not isinstance(processor, StatefulProcessor):
             raise TypeError(f"expected a pyspark StatefulProcessor, got "
                             f"{type(processor).__name__}")
+        if processor_api not in PROCESSOR_APIS:
+            raise ValueError(f"processor_api must be one of {PROCESSOR_APIS}, got "
+                             f"{processor_api!r}")
         if time_mode not in TIME_MODES:
             raise ValueError(f"time_mode must be one of {TIME_MODES}, got {time_mode!r}")
         if type(processor).handleInitialState is not StatefulProcessor.handleInitialState:
@@ -71,6 +84,10 @@ class TransformWithState:
         self.output_schema = output_schema
         self.time_mode = time_mode
         self.lateness_us = lateness_us
+        #: Input and outputs are pandas frames (Spark's ``transformWithStateInPandas``).
+        self.pandas = processor_api == PANDAS_API
+        self.timezone = timezone
+        self._frames: PandasInput | None = None
         self.needs_event_time = time_mode == "EventTime"
         #: Its timers are due by the epoch's processing time, which is then its watermark.
         self.processing_time = time_mode == "ProcessingTime"
@@ -85,7 +102,8 @@ class TransformWithState:
         """What the state directory's manifest keeps of it: the processor's class and the
         options, so that one processor's state is never opened with another's."""
         cls = type(self.processor)
-        return (f"TransformWithState({cls.__module__}.{cls.__qualname__}, "
+        api = "TransformWithStateInPandas" if self.pandas else "TransformWithState"
+        return (f"{api}({cls.__module__}.{cls.__qualname__}, "
                 f"time_mode={self.time_mode}, lateness_us={self.lateness_us}, "
                 f"output={self.output_schema.simpleString()})")
 
@@ -97,6 +115,8 @@ class TransformWithState:
         to turn rows back into Spark's Python values."""
         if value_type is not None:
             self._input = from_arrow_type(value_type)
+            if self.pandas:
+                self._frames = PandasInput(value_type, self.timezone)
         return to_arrow_type(self.output_schema, timezone="UTC")
 
     def open(self) -> Handle:
@@ -123,7 +143,7 @@ class TransformWithState:
         before = set(handle.key_state.timers)
         outputs: list[Any] = []
         if kept:
-            inputs = (self._row(v) for _, v in kept)
+            inputs = self._inputs([v for _, v in kept])
             outputs += self._outputs(self.processor.handleInputRows(
                 (key,), inputs, self._timer_values(ctx)))
         outputs += self._fire(key, handle, ctx)
@@ -191,6 +211,12 @@ class TransformWithState:
         for t in handle.key_state.timers - before:
             ctx.set_timer((t + 1) * 1000)
 
+    def _inputs(self, values: list[Any]) -> Iterator[Any]:
+        """The key's rows as ``handleInputRows`` takes them: Rows, or one pandas frame."""
+        if self._frames is not None:
+            return iter([self._frames.frame(values)])
+        return (self._row(v) for v in values)
+
     def _row(self, value: Any) -> Row:
         """An input row as Spark gives it: a Row of every column, Spark's Python values."""
         assert self._input is not None
@@ -209,6 +235,9 @@ class TransformWithState:
             if hasattr(item, "itertuples"):  # a pandas frame, as transformWithStateInPandas
                 rows: Iterable[Any] = (fields(r) for r in
                                        item[names].itertuples(index=False, name=None))
+            elif self.pandas:
+                raise ValueError(f"a transformWithStateInPandas processor must yield pandas "
+                                 f"DataFrames, got a {type(item).__name__} (as in Spark)")
             else:
                 rows = [item]
             for row in rows:
@@ -219,12 +248,16 @@ class TransformWithState:
 
 def transform_with_state(processor: StatefulProcessor, output_schema: StructType,
                          time_mode: str | None, event_time: str | None,
-                         watermark_delay: int | float | str | None) -> TransformWithState:
+                         watermark_delay: int | float | str | None,
+                         processor_api: str | None = None, timezone: str = "UTC"
+                         ) -> TransformWithState:
     """The update for ``Pipeline(update=processor, output_type=..., time_mode=...,
-    event_time=..., watermark_delay=...)``, refusing what Spark's ``transformWithState``
-    would be given differently: ``time_mode`` is required; ``"EventTime"`` needs the event-time
-    column (Spark's ``withWatermark`` column, ``watermark_delay`` its delay), and the other
-    modes take neither."""
+    event_time=..., watermark_delay=..., processor_api=...)``, refusing what Spark's
+    ``transformWithState`` would be given differently: ``time_mode`` is required;
+    ``"EventTime"`` needs the event-time column (Spark's ``withWatermark`` column,
+    ``watermark_delay`` its delay), and the other modes take neither. ``processor_api``
+    (default ``"transformWithState"``) says which Spark API the processor is written for;
+    ``timezone`` is the session time zone a pandas processor's timestamps are in."""
     if time_mode is None:
         raise ValueError("a StatefulProcessor needs time_mode ('None', 'EventTime' or "
                          "'ProcessingTime'), as Spark's transformWithState does")
@@ -235,4 +268,5 @@ def transform_with_state(processor: StatefulProcessor, output_schema: StructType
         raise ValueError(f"time_mode {time_mode!r} uses no event time: event_time and "
                          "watermark_delay are for time_mode 'EventTime'")
     lateness = 0 if watermark_delay is None else duration_us(watermark_delay)
-    return TransformWithState(processor, output_schema, time_mode, lateness)
+    return TransformWithState(processor, output_schema, time_mode, lateness,
+                              processor_api or "transformWithState", timezone)

@@ -1,6 +1,7 @@
-"""Three ``StatefulProcessor``s written as Spark's docs write them, for Spark's own
+"""``StatefulProcessor``s written as Spark's docs write them, for Spark's own
 ``transformWithState`` and for megaphone: a running count (ValueState), a session window
-(event-time timers) and a per-key top 2 (MapState); their inputs, one parquet file per batch.
+(event-time timers) and a per-key top 2 (MapState), and a running count for
+``transformWithStateInPandas``; their inputs, one parquet file per batch.
 
 Input rows: ``id string, time timestamp, item string, score long``.
 """
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, Row
@@ -107,6 +109,37 @@ class TopTwo(StatefulProcessor):
 
 
 TOP_OUT = "id string, rank long, item string, score long"
+
+
+class PandasCount(StatefulProcessor):
+    """Rows and score total per key so far (ValueState), written for Spark's
+    ``transformWithStateInPandas``: frames in, one frame out, which also says what the frames
+    looked like (columns, dtypes, index, the latest event time in ms)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.getValueState("count", "n long, total long")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
+                        ) -> Iterator[pd.DataFrame]:
+        n, total = self.count.get() or (0, 0)
+        seen, latest = [], None
+        for pdf in rows:
+            n += len(pdf)
+            total += pdf["score"].sum()  # a numpy int64, as Spark's docs' processors store
+            seen.append(f"{list(pdf.columns)} {[str(t) for t in pdf.dtypes]} "
+                        f"{list(pdf.index)}")
+            last = pdf["time"].max()
+            latest = last if latest is None else max(latest, last)
+        self.count.update((n, total))
+        yield pd.DataFrame({"id": key, "count": [n], "total": [total],
+                            "latest": [int(latest.timestamp() * 1000)],
+                            "frames": [" | ".join(seen)]})
+
+    def close(self) -> None:
+        pass
+
+
+PANDAS_OUT = "id string, count long, total long, latest long, frames string"
 
 
 class Alarm(StatefulProcessor):

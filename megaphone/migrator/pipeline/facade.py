@@ -76,7 +76,8 @@ class Pipeline:
     ``update`` may also be a Spark ``StatefulProcessor`` (as given to ``transformWithState``),
     with ``output_type`` its output schema (a StructType or DDL), ``time_mode`` ``"None"`` or
     ``"EventTime"`` and, for event time, ``event_time`` and ``watermark_delay`` (Spark's
-    ``withWatermark``); docs/operators.md.
+    ``withWatermark``); ``processor_api="transformWithStateInPandas"`` for one written for
+    pandas frames (default ``"transformWithState"``, Rows); docs/operators.md.
 
     >>> pipe = Pipeline(spark, "/tmp/wc", key="word", update="count")  # doctest: +SKIP
     >>> pipe.process(spark.createDataFrame([("a",), ("b",), ("a",)], "word string")).show()
@@ -113,15 +114,18 @@ class Pipeline:
         group_size: int | str = AUTO,
         time_mode: str | None = None,
         watermark_delay: int | float | str | None = None,
+        processor_api: str | None = None,
     ) -> None:
         if isinstance(update, StatefulProcessor):  # Spark's transformWithState processor
             out = output_type if isinstance(output_type, T.StructType) else \
                 T._parse_datatype_string(output_type)
-            update = transform_with_state(update, out, time_mode, event_time, watermark_delay)
+            zone = spark.conf.get("spark.sql.session.timeZone") or "UTC"
+            update = transform_with_state(update, out, time_mode, event_time, watermark_delay,
+                                          processor_api, zone)
             output_type = out.simpleString()
-        elif time_mode is not None or watermark_delay is not None:
-            raise ValueError("time_mode and watermark_delay are for a Spark StatefulProcessor "
-                             "update")
+        elif time_mode is not None or watermark_delay is not None or processor_api is not None:
+            raise ValueError("time_mode, watermark_delay and processor_api are for a Spark "
+                             "StatefulProcessor update")
         config = PipelineConfig(
             key=key, value=value, update=update, workers=workers, num_bins=num_bins,
             backend=backend, key_type=key_type, pipeline_id=pipeline_id, event_time=event_time,

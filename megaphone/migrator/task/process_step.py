@@ -19,7 +19,7 @@ import pyarrow as pa
 from megaphone.migrator.task.columns import BIN, EVENT_TIME, KEY, VALUE
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.migrator.task.updates import custom_outputs, update_failed
-from megaphone.operators.process import Context, ProcessFunction, Row, run_keys
+from megaphone.operators.process import Context, ProcessFunction, Row, plain_type, run_keys
 from megaphone.state_backends.encoding import encode_keys
 from megaphone.state_backends.remote import RemoteStore
 from megaphone.state_backends.timer_keys import decode_timer_keys, encode_timer_keys
@@ -39,22 +39,6 @@ class ProcessWrites:
     old: list[bytes | None]
     late: int
     fired: int
-
-
-def plain_type(t: pa.DataType) -> pa.DataType:
-    """``t`` with temporal types as their integers (timestamps and durations int64, dates
-    int32 or int64), nested too: what records look like to an operator, and what msgpack
-    stores."""
-    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_time64(t) or \
-            pa.types.is_date64(t):
-        return pa.int64()
-    if pa.types.is_date32(t) or pa.types.is_time32(t):
-        return pa.int32()
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, plain_type(f.type), f.nullable) for f in t])
-    if pa.types.is_list(t):
-        return pa.list_(plain_type(t.value_type))
-    return t
 
 
 def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int
