@@ -204,3 +204,20 @@ def test_plan_cli_shows_order_and_relief_per_step():
     assert parser.parse_args(["--state-dir", "d", "--workers", "3"]).order is None
     with pytest.raises(SystemExit):
         parser.parse_args(["--state-dir", "d", "--workers", "3", "--order", "hot"])
+
+
+def test_plan_cli_cuts_long_plans_and_lists_a_deadline_plans_order():
+    owners = np.array([0, 0, 0, 0, 0, 0, 0, 1])
+    load = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 0.0])
+    sizes = BinSizes(np.full(8, 10), np.full(8, 100))
+    inputs = PlanningInputs(table_with(owners), sizes, load)
+    plan = plan_rescale(inputs, target={str(b): 2 for b in range(7)}, strategy=FLUID)
+    lines = order_lines(plan, shown=3)
+    # heaviest first, then bin 0: bin 4 would make the receiver (18) the new maximum
+    assert [ln.split()[2] for ln in lines[3:6]] == ["6", "5", "0"]
+    assert lines[-1] == "... 4 more steps; max load after the last: 28.0"
+    deadline = plan_rescale(inputs, target={str(b): 2 for b in range(7)}, strategy=DEADLINE,
+                            target_latency=1.0)
+    assert "relief" not in deadline.meta
+    assert order_lines(deadline, shown=3) == [
+        "order       relief; the policy tries the moves in this order: 6, 5, 0 ..."]
