@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from megaphone.plan_cmd import add_arguments, order_lines
 from megaphone.plans import (
+    ALL_AT_ONCE,
     BATCHED,
     DEADLINE,
     FIXED_STRATEGIES,
@@ -80,7 +82,14 @@ def test_relief_moves_the_same_bins_in_the_same_steps_only_in_another_order(
     relief = make_plan(table, moves, strategy, per_worker=k, load=load)
     plain = make_plan(table, moves, strategy, per_worker=k)
     assert steps_of(bins) == steps_of(plain) and plain.meta["order"] == "bins"
-    assert sorted(map(sorted, steps_of(relief))) == sorted(map(sorted, steps_of(bins)))
+    assert sorted(m for s in steps_of(relief) for m in s) == sorted(moves)
+    pairs = sorted(sorted((m.src, m.dst) for m in s) for s in steps_of(relief))
+    assert pairs == sorted(sorted((m.src, m.dst) for m in s) for s in steps_of(bins))
+    for step in steps_of(relief):  # still no worker sends or receives more per step
+        for side in (Counter(m.src for m in step), Counter(m.dst for m in step)):
+            assert max(side.values()) <= (k if strategy != ALL_AT_ONCE else len(moves))
+    if strategy != BATCHED:  # batched may also take a pair's heaviest bins first
+        assert sorted(map(sorted, steps_of(relief))) == sorted(map(sorted, steps_of(bins)))
     assert [s.epoch for s in relief.steps] == [s.epoch for s in bins.steps]
     relief.validate(table, 0)
     expect = "relief" if load.any() and moves else "bins"
@@ -134,6 +143,20 @@ def test_the_overloaded_workers_heaviest_bin_goes_first():
     plan = make_plan(table_with(owners), moves, FLUID, load=load)
     assert [s.moves[0].bin for s in plan.steps] == [1, 0, 3]  # bin order: 0, 1, 3
     assert max_loads(owners, load, steps_of(plan)) == [20.0, 22.0, 26.0]
+
+
+def test_batched_sends_a_pairs_heaviest_bin_in_the_first_matching():
+    # Worker 0 carries 20, worker 1 18; worker 1 sends bins 0 (1) and 3 (5) to worker 3.
+    owners = np.array([1, 1, 1, 1, 0, 1, 1, 0])
+    load = np.array([1.0, 0.0, 10.0, 5.0, 10.0, 1.0, 1.0, 10.0])
+    moves = [Move(0, 1, 3), Move(3, 1, 3), Move(7, 0, 2)]
+    table = table_with(owners)
+    bins = make_plan(table, moves, BATCHED, load=load, order="bins")
+    relief = make_plan(table, moves, BATCHED, load=load)
+    assert steps_of(bins) == [[Move(0, 1, 3), Move(7, 0, 2)], [Move(3, 1, 3)]]
+    assert steps_of(relief) == [[Move(3, 1, 3), Move(7, 0, 2)], [Move(0, 1, 3)]]
+    assert max_loads(owners, load, steps_of(bins)) == [17.0, 12.0]
+    assert max_loads(owners, load, steps_of(relief)) == [13.0, 12.0]
 
 
 def test_without_load_the_order_is_bin_order_and_the_plan_says_so():

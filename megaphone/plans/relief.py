@@ -14,7 +14,8 @@ A worker's load is the records per epoch of the bins it owns (``load[bin]``, as 
 measures them). Guarantee: every step is the best single next step given the ones before it
 (no remaining step would leave a lower maximum), so the first step is never worse than bin
 order's first step and the order ends where bin order ends; the same moves, the same steps.
-Without load the order is bin order (:func:`order_steps` says so).
+It is not a bound at every step count: a plan that swaps bins both ways can be ahead in bin
+order midway. Without load the order is bin order (:func:`order_steps` says so).
 """
 
 from __future__ import annotations
@@ -110,11 +111,9 @@ def order_steps(steps: Sequence[Sequence[Move]], owners: np.ndarray, load: np.nd
     return Ordering(RELIEF, out)
 
 
-def relief_steps(steps: Sequence[Sequence[Move]], owners: np.ndarray,
-                 load: np.ndarray) -> list[dict[str, float]]:
-    """Per step: ``records`` per epoch it moves and ``max_load``, the largest worker load once
-    it (and the steps before it) applied, rounded to 0.1 records; what ``megaphone plan`` shows.
-    """
+def max_loads(steps: Sequence[Sequence[Move]], owners: np.ndarray,
+              load: np.ndarray) -> list[float]:
+    """The largest worker load once each step (and the steps before it) applied."""
     load = np.asarray(load, dtype=np.float64)
     workers = 1 + max([int(np.max(owners))] + [m.dst for s in steps for m in s])
     current = worker_loads(owners, load, workers)
@@ -123,9 +122,19 @@ def relief_steps(steps: Sequence[Sequence[Move]], owners: np.ndarray,
         for b, src, dst in step:
             current[src] -= load[b]
             current[dst] += load[b]
-        out.append({"records": round(float(sum(load[m.bin] for m in step)), 1),
-                    "max_load": round(float(current.max()), 1)})
+        out.append(float(current.max()))
     return out
+
+
+def relief_steps(steps: Sequence[Sequence[Move]], owners: np.ndarray,
+                 load: np.ndarray) -> list[dict[str, float]]:
+    """Per step: ``records`` per epoch it moves and ``max_load``, the largest worker load once
+    it (and the steps before it) applied, rounded to 0.1 records; what ``megaphone plan`` shows.
+    """
+    load = np.asarray(load, dtype=np.float64)
+    return [{"records": round(float(sum(load[m.bin] for m in step)), 1),
+             "max_load": round(peak, 1)}
+            for step, peak in zip(steps, max_loads(steps, owners, load), strict=True)]
 
 
 __all__ = [
@@ -134,6 +143,7 @@ __all__ = [
     "RELIEF",
     "Ordering",
     "check_order",
+    "max_loads",
     "order_steps",
     "relief_steps",
     "usable_load",

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from megaphone.plans.matching import hopcroft_karp, matching_rounds
+from megaphone.plans.matching import hopcroft_karp, iter_rounds, matching_rounds
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.plans.policy import MigrationPolicy, drive, policy_from_spec
-from megaphone.plans.relief import RELIEF, check_order, order_steps
+from megaphone.plans.relief import RELIEF, check_order, max_loads, order_steps
 from megaphone.routing.table import Move, RoutingTable
 
 ALL_AT_ONCE = "all-at-once"
@@ -105,7 +105,9 @@ def make_plan(
     as all at once). The plan is accepted by ``megaphone.migrate`` unchanged.
 
     ``order`` (``relief`` or ``bins``, default relief when ``load`` is given) decides which
-    steps go first from ``load``, records per epoch of every bin (:mod:`.relief`); a deadline
+    steps go first from ``load``, records per epoch of every bin (:mod:`.relief`); ``batched``
+    in relief order may also send a sender/receiver pair's heaviest bins in its first
+    matchings (:func:`_heavy_rounds`); a deadline
     plan lists its moves in that order and, in relief order, tries them by relief per byte
     (``priority="relief"`` unless given). ``plan.meta`` records ``order`` (and
     ``order_reason`` when relief had no load to work with).
@@ -130,9 +132,21 @@ def make_plan(
                         f"not {strategy!r}")
     else:
         ordered = order_steps(schedule(moves, strategy, per_worker), owners, load, order)
+        if strategy == BATCHED and ordered.order == RELIEF and load is not None:
+            heavy = order_steps(_heavy_rounds(moves, per_worker, load), owners, load, order)
+            ordered = min(ordered, heavy, key=lambda o: max_loads(o.steps, owners, load))
         plan = MigrationPlan.from_moves(table, ordered.steps, gap, strategy)
     reason = {"order_reason": ordered.reason} if ordered.reason else {}
     return dataclasses.replace(plan, meta={"order": ordered.order, **reason})
+
+
+def _heavy_rounds(moves: Iterable[Move], per_worker: int, load: np.ndarray) -> list[list[Move]]:
+    """``batched``'s steps with each sender/receiver pair's heaviest bins in the first rounds:
+    the same pairs per step as :func:`schedule` gives, so the same step sizes. Relief keeps
+    whichever of the two orders has the lower largest load at the first step they differ."""
+    rounds = list(iter_rounds(_each_bin_once(moves), lambda m: float(load[m.bin])))
+    return [sorted(m for r in rounds[i:i + per_worker] for m in r)
+            for i in range(0, len(rounds), per_worker)]
 
 
 __all__ = [
