@@ -2,8 +2,9 @@
 
 Reads the state directory (read-only), picks a target that moves as little state as possible
 and orders the moves by a strategy (all-at-once, fluid or batched), then prints a summary --
-bins, keys and bytes moved, steps, the largest step, load per worker before and after, and an
-estimated duration -- and writes the plan for ``megaphone migrate`` or ``megaphone.migrate``.
+bins, keys and bytes moved, steps, the largest step, load per worker before and after, an
+estimated duration, and the steps in order with the relief each brings -- and writes the plan
+for ``megaphone migrate`` or ``megaphone.migrate``.
 With ``--ds2`` it first decides the worker count the way the DS2 autoscaler would from the
 recorded metrics of the last policy window, and prints the numbers behind that decision.
 """
@@ -14,6 +15,8 @@ import argparse
 import json
 from typing import Any
 
+from megaphone.plans.plan import MigrationPlan
+from megaphone.plans.relief import ORDERS
 from megaphone.plans.report import arrow, human_bytes, human_rate, human_seconds, table
 from megaphone.plans.strategies import BATCHED, DEADLINE, STRATEGIES
 from megaphone.plans.targets import BALANCE_MODES
@@ -64,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what --workers balances: keys or bytes per bin, or load "
                              "(records per epoch estimated from the metrics); default keys "
                              "(load with --ds2)")
+    parser.add_argument("--order", choices=ORDERS, default=None,
+                        help="which steps go first: relief (those that most lower the largest "
+                             "worker's records/epoch; the default when load is known) or bins "
+                             "(bin order)")
     parser.add_argument("-o", "--output", default=None, metavar="FILE",
                         help="where to write the plan (default plan.json; with --ds2 a plan "
                              "is written only when -o is given)")
@@ -128,6 +135,46 @@ def summary(meta: dict[str, Any], pipeline_id: str) -> str:
     return "\n".join(lines)
 
 
+#: Steps ``megaphone plan`` lists before it summarizes the rest.
+SHOWN_STEPS = 12
+
+
+def order_lines(plan: MigrationPlan, shown: int = SHOWN_STEPS) -> list[str]:
+    """The plan's order and, per step (the first ``shown``), its bins, moves, records per
+    epoch moved and the largest worker load after it, from ``plan.meta`` (:func:`rescale`)."""
+    meta = plan.meta
+    if "order" not in meta or plan.empty:
+        return []
+    head = f"order       {meta['order']}" + (f" ({meta['order_reason']})"
+                                              if meta.get("order_reason") else "")
+    relief = meta.get("relief")
+    if plan.adaptive:
+        return [head + "; the policy tries the moves in this order: "
+                + ", ".join(str(m.bin) for m in plan.moves[:shown])
+                + (" ..." if len(plan.moves) > shown else "")]
+    if relief is None:
+        return [head]
+    rows = []
+    for i, (step, r) in enumerate(zip(plan.steps[:shown], relief["steps"], strict=False)):
+        pairs = sorted({(m.src, m.dst) for m in step.moves})
+        rows.append([i, step.epoch, _listed([m.bin for m in step.moves]),
+                     _listed([f"{a}->{b}" for a, b in pairs]), f"{r['records']:.1f}",
+                     f"{r['max_load']:.1f}"])
+    lines = ["", f"{head}; largest worker load before: {relief['max_load_before']:.1f} "
+             "records/epoch", *table(["step", "epoch", "bins", "from->to", "records/epoch",
+                                      "max load after"], rows)]
+    if len(plan.steps) > shown:
+        lines.append(f"... {len(plan.steps) - shown} more steps; max load after the last: "
+                     f"{relief['steps'][-1]['max_load']:.1f}")
+    return lines
+
+
+def _listed(items: list[Any], most: int = 4) -> str:
+    """``items`` joined by commas, the first ``most`` and a count of the rest."""
+    text = ",".join(str(x) for x in items[:most])
+    return text + (f",+{len(items) - most}" if len(items) > most else "")
+
+
 def run(args: argparse.Namespace) -> int:
     """Plan, print the summary (or the plan as JSON) and write the plan; exit 0."""
     from megaphone.migrator.pipeline.api import rescale
@@ -144,11 +191,12 @@ def run(args: argparse.Namespace) -> int:
     args.output = args.output or "plan.json"
     plan = rescale(args.state_dir, workers=args.workers, strategy=args.strategy, gap=args.gap,
                    balance=args.balance or "keys", per_worker=args.per_worker,
-                   target=args.target, target_latency=args.target_latency)
+                   target=args.target, target_latency=args.target_latency, order=args.order)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=1))
     else:
-        print(summary(plan.meta, plan.fingerprint.pipeline_id))
+        print("\n".join([summary(plan.meta, plan.fingerprint.pipeline_id),
+                         *order_lines(plan)]))
     plan.save(args.output)  # an empty one too: `plan && migrate` then moves nothing, exit 0
     if not args.json and plan.empty:
         print(f"nothing to move: wrote {args.output}, an empty plan (migrate accepts it and "
@@ -187,7 +235,7 @@ def run_ds2(args: argparse.Namespace) -> int:
         if args.output is not None and not args.json:
             print("no plan written: DS2 does not rescale now")
         return 0
-    plan = plan_from(source, workers=decision.target, **policy.plan_options())
+    plan = plan_from(source, workers=decision.target, **policy.plan_options(), order=args.order)
     plan.save(args.output)
     if plan.empty:
         if not args.json:
@@ -195,7 +243,8 @@ def run_ds2(args: argparse.Namespace) -> int:
         return 0
     if not args.json:
         print()
-        print(summary(plan.meta, plan.fingerprint.pipeline_id))
+        print("\n".join([summary(plan.meta, plan.fingerprint.pipeline_id),
+                         *order_lines(plan)]))
         print(f"wrote {args.output} (routing version {plan.base_version} -> "
               f"{plan.end_version}); apply it with: megaphone migrate {args.output} "
               f"--state-dir {args.state_dir}")

@@ -155,6 +155,16 @@ def test_a_pipeline_behind_for_long_still_makes_progress_and_says_so(caplog):
     assert policy.decisions[-1].action == "fit"
 
 
+def test_a_pipeline_behind_with_known_load_moves_the_most_records_per_byte(caplog):
+    moves = [Move(0, 0, 1), Move(1, 0, 1), Move(2, 0, 1)]
+    sizes, records = {0: 9, 1: 5, 2: 100}, {0: 90.0, 1: 10.0, 2: 50.0}  # per byte: 10, 2, .5
+    policy = DeadlinePolicy(2.0, margin=1.0, max_behind=3)
+    with caplog.at_level(logging.WARNING, logger="megaphone.deadline"):
+        chosen = [policy(view(moves, sizes, lag=1.5, records=records)) for _ in range(3)]
+    assert chosen == [[], [], [Move(0, 0, 1)]]  # not the smallest, bin 1
+    assert "moving the most records per byte bin 0 alone" in caplog.text
+
+
 def test_a_bin_larger_than_the_budget_moves_alone_eventually_and_says_so(caplog):
     moves = [Move(0, 0, 1), Move(1, 0, 1)]
     sizes = {0: 50 * MB, 1: 80 * MB}  # 5 s and 8 s at each end: never within L = 2

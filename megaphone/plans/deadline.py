@@ -27,6 +27,13 @@ fit even into an epoch with full slack, which moves alone after ``patience`` suc
 says so, and, if the pipeline stays behind for ``max_behind`` epochs in a row (the target cannot be
 met even without migrating, e.g. an overloaded pipeline that needs this very rescale), the
 smallest bin alone, so the plan still makes progress; both are logged as warnings.
+
+Relief per byte: when the per-bin load is known (``bin_records``), a pipeline that is behind
+needs the moves that shrink its backlog fastest per second of transfer, and a transfer's time
+grows with its bytes. So the forced move of a ``stalled`` pipeline is the one with the most
+records per epoch per byte moved (not merely the smallest), and ``priority="relief"`` tries
+every epoch's moves in that order (ties: plan order), filling the slack with the most relief
+it can buy. Without load both fall back to the smallest bin.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ log = logging.getLogger("megaphone.deadline")
 EPSILON_S = 1e-9
 #: Pending compaction bytes above which a worker receives no more bins for now.
 DEFAULT_COMPACTION_DEBT = 1 << 30
-PRIORITIES = ("auto", "largest", "smallest", "hottest")
+PRIORITIES = ("auto", "largest", "smallest", "hottest", "relief")
 """Built-in orders in which the deadline policy tries bins (see :class:`DeadlinePolicy`)."""
 
 
@@ -87,9 +94,11 @@ class DeadlinePolicy:
     ``target_latency_s`` is L; ``margin`` multiplies every prediction (safety); ``priority``
     orders the bins tried: ``auto`` (largest first while the largest fits, else smallest
     first to fill small slack), ``largest``, ``smallest``, ``hottest`` (most recent records
-    first) or a callable ``key(move, view)``. ``patience``: epochs with slack but nothing
-    fitting before an oversized bin moves alone. ``max_behind``: epochs behind in a row before
-    the smallest bin moves anyway (``None``: never). ``window``: epochs the cost model learns
+    first), ``relief`` (most records per byte moved first, see the module) or a callable
+    ``key(move, view)``. ``patience``: epochs with slack but nothing fitting before an
+    oversized bin moves alone. ``max_behind``: epochs behind in a row before one bin moves
+    anyway (the most records per byte when the load is known, else the smallest; ``None``:
+    never). ``window``: epochs the cost model learns
     from; ``min_history``: epochs measured before the first move. ``max_compaction_debt``:
     a worker whose store reports more pending compaction bytes than this receives no bins until
     its background compactions catch up (``None``: no limit), so installs never pile work onto a
@@ -194,11 +203,13 @@ class DeadlinePolicy:
                                     f"lag {view.lag_s:.2f} s + predicted {idle:.2f} s leave no "
                                     "slack")
             self._behind = 0
+            forced = relief_first(view, size)[0] if view.bin_records else smallest
+            why = "the most records per byte" if view.bin_records else "the smallest"
             note = (f"behind for {self.max_behind} epochs in a row (the target is missed even "
-                    f"without migrating); moving the smallest bin {smallest.bin} alone")
+                    f"without migrating); moving {why} bin {forced.bin} alone")
             log.warning("deadline policy, epoch %d: %s", view.epoch, note)
-            work = self._with(model, base, smallest, size[smallest], view)
-            return self._decide(view, "stalled", [smallest], self._predict(model, work, par),
+            work = self._with(model, base, forced, size[forced], view)
+            return self._decide(view, "stalled", [forced], self._predict(model, work, par),
                                 budget, note)
         self._behind = 0
         if model.transfers_seen == 0:
@@ -277,6 +288,9 @@ class DeadlinePolicy:
         moves = list(view.remaining)
         if callable(self.priority):
             return sorted(moves, key=lambda m: self.priority(m, view))
+        if self.priority == "relief":
+            return relief_first(view, size) if view.bin_records else \
+                sorted(moves, key=lambda m: (size[m], m))
         if self.priority == "hottest":
             return sorted(moves, key=lambda m: (-view.bin_records.get(m.bin, 0.0), -size[m], m))
         largest_first = sorted(moves, key=lambda m: (-size[m], m))
@@ -298,6 +312,14 @@ class DeadlinePolicy:
         return moves
 
 
+def relief_first(view: EpochView, size: Mapping[Move, int]) -> list[Move]:
+    """``view.remaining`` by records per epoch relieved per byte moved, most first (a bin of
+    no bytes counts as one byte); ties keep the plan's order, which is relief order when the
+    plan was made with load."""
+    return sorted(view.remaining,
+                  key=lambda m: -view.bin_records.get(m.bin, 0.0) / max(size[m], 1))
+
+
 register_policy("deadline", DeadlinePolicy.from_spec)
 
-__all__ = ["PRIORITIES", "DeadlinePolicy", "Priority", "StepDecision"]
+__all__ = ["PRIORITIES", "DeadlinePolicy", "Priority", "StepDecision", "relief_first"]

@@ -9,7 +9,7 @@ round can beat.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from megaphone.routing.table import Move
 
@@ -75,18 +75,24 @@ def hopcroft_karp(
                     stack.append(w)
 
 
-def iter_rounds(moves: Iterable[Move]) -> Iterator[list[Move]]:
+def iter_rounds(moves: Iterable[Move],
+                heavier: Callable[[Move], float] | None = None) -> Iterator[list[Move]]:
     """Yield ``moves`` as ``Δ`` matchings: in each, a worker sends and receives at most one bin.
 
     ``Δ`` is the most bins any one worker sends or receives, the fewest rounds possible. Each
     round is a maximum matching that covers every worker of maximum remaining degree: the
     multigraph is padded to be ``Δ``-regular (dummy workers and edges), a perfect matching of
     that is found with Hopcroft–Karp, its real edges are kept and augmented to a maximum
-    matching of the real graph. Pairs with several moves send their lowest bin first. Rounds
-    are computed one at a time, so taking the first ``k`` costs ``k`` matchings, not ``Δ``.
+    matching of the real graph. Pairs with several moves send their lowest bin first, or with
+    ``heavier`` (a move's weight, e.g. its records per epoch) their heaviest first; the pairs
+    each round matches do not depend on it. Rounds are computed one at a time, so taking the
+    first ``k`` costs ``k`` matchings, not ``Δ``.
     """
     pending: dict[tuple[int, int], deque[Move]] = {}
-    for m in sorted(Move(*m) for m in moves):
+    ordered = sorted(Move(*m) for m in moves)
+    if heavier is not None:
+        ordered.sort(key=lambda m: -heavier(m))  # stable: ties stay in bin order
+    for m in ordered:
         pending.setdefault((m.src, m.dst), deque()).append(m)
     while pending:
         senders = sorted({s for s, _ in pending})

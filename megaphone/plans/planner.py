@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from megaphone.plans.plan import MigrationPlan, PlanError
+from megaphone.plans.relief import relief_steps, worker_loads
 from megaphone.plans.report import skew
 from megaphone.plans.strategies import FLUID, make_plan
 from megaphone.plans.targets import (
@@ -181,15 +182,19 @@ def plan_rescale(
     balance: str = "keys",
     per_worker: int = 1,
     target_latency: float | None = None,
+    order: str | None = None,
 ) -> MigrationPlan:
     """The pure planner: a plan from ``inputs.table``'s newest version to ``workers`` or
     ``target``.
 
     ``balance="load"`` weighs bins by ``inputs.load`` when it was measured, else by the load
     :func:`observed_load` estimates from ``inputs.metrics``; ``target_latency`` (seconds) is
-    for ``strategy="deadline"``. ``plan.meta`` summarizes the plan: bins, keys and bytes
-    moved, steps, the largest step in bytes, bins/keys/bytes (and records) per worker before
-    and after, and a duration estimate from the measured transfer rate. A plan with no steps
+    for ``strategy="deadline"``. ``order`` (``relief`` or ``bins``; default relief when a load
+    is known) picks which steps go first (:mod:`megaphone.plans.relief`). ``plan.meta``
+    summarizes the plan: bins, keys and bytes moved, steps, the largest step in bytes,
+    bins/keys/bytes (and records) per worker before and after, a duration estimate from the
+    measured transfer rate, the order and, with load, each step's records moved and the
+    largest worker load after it (``relief``). A plan with no steps
     means nothing needs to move. Raises :class:`PlanError` as :func:`check_request` does.
     """
     table, sizes = inputs.table, inputs.sizes
@@ -205,7 +210,8 @@ def plan_rescale(
         new_owners = balanced_target(owners, _weights(balance, sizes, load), check_workers(workers))
         mode = balance
     moves = target_moves(owners, new_owners)
-    plan = make_plan(table, moves, strategy, gap, per_worker, target_latency)
+    plan = make_plan(table, moves, strategy, gap, per_worker, target_latency, order=order,
+                     load=load)
     step_bytes = [int(sum(int(sizes.bytes[m.bin]) for m in s.moves)) for s in plan.steps]
     before_live = sorted({int(w) for w in owners})
     after_live = sorted({int(w) for w in new_owners})
@@ -238,7 +244,13 @@ def plan_rescale(
         "before": before,
         "after": after,
         "estimate": _estimate(bytes_moved, inputs.metrics),
+        **plan.meta,
     }
+    if load is not None and load.any() and moves and not plan.adaptive:
+        meta["relief"] = {
+            "max_load_before": round(float(worker_loads(owners, load, 1).max()), 1),
+            "steps": relief_steps([s.moves for s in plan.steps], owners, load),
+        }
     return replace(plan, meta=meta)
 
 

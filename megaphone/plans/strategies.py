@@ -16,6 +16,11 @@ Every fixed strategy is deterministic and takes ``gap``: idle epochs between ste
 ``deadline`` (Cameo-style, :mod:`megaphone.plans.deadline`) cannot be fixed ahead of time: it
 makes an *adaptive* plan that names the policy, and the operator asks it before every epoch
 how much fits under the latency target.
+
+Which step goes first is the plan's *order* (:mod:`megaphone.plans.relief`): ``relief`` (the
+default when the per-bin load is known) puts first the steps that most lower the largest
+worker load; ``bins`` keeps each strategy's own order by bin. Step sizes are the strategy's
+either way.
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from megaphone.plans.matching import hopcroft_karp, matching_rounds
+import numpy as np
+
+from megaphone.plans.matching import hopcroft_karp, iter_rounds, matching_rounds
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.plans.policy import MigrationPolicy, drive, policy_from_spec
+from megaphone.plans.relief import RELIEF, check_order, max_loads, order_steps
 from megaphone.routing.table import Move, RoutingTable
 
 ALL_AT_ONCE = "all-at-once"
@@ -83,6 +91,8 @@ def make_plan(
     gap: int = 0,
     per_worker: int = 1,
     target_latency: float | None = None,
+    order: str | None = None,
+    load: np.ndarray | None = None,
     **deadline: Any,
 ) -> MigrationPlan:
     """A :class:`MigrationPlan` from ``table``'s newest version that performs ``moves``.
@@ -93,21 +103,50 @@ def make_plan(
     :class:`~megaphone.plans.deadline.DeadlinePolicy`): an adaptive plan holding every move
     in one step, which the operator starts bin by bin as the target allows (offline it runs
     as all at once). The plan is accepted by ``megaphone.migrate`` unchanged.
+
+    ``order`` (``relief`` or ``bins``, default relief when ``load`` is given) decides which
+    steps go first from ``load``, records per epoch of every bin (:mod:`.relief`); ``batched``
+    in relief order may also send a sender/receiver pair's heaviest bins in its first
+    matchings (:func:`_heavy_rounds`); a deadline
+    plan lists its moves in that order and, in relief order, tries them by relief per byte
+    (``priority="relief"`` unless given). ``plan.meta`` records ``order`` (and
+    ``order_reason`` when relief had no load to work with).
     """
     if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
         raise PlanError(f"gap must be an integer >= 0 epochs, got {gap!r}")
+    check_order(order)
+    owners = np.asarray(table.owners(), dtype=np.int64)
     if strategy == DEADLINE:
         if target_latency is None:
             raise PlanError("strategy 'deadline' needs a target latency (seconds)")
+        ordered = order_steps([[m] for m in _each_bin_once(moves)], owners, load, order)
+        if ordered.order == RELIEF:
+            deadline.setdefault("priority", RELIEF)
         spec = {"name": DEADLINE, "target_latency_s": target_latency, **deadline}
         policy_from_spec(spec)  # check the parameters now
-        moves = _each_bin_once(moves)
-        plan = MigrationPlan.from_moves(table, [moves] if moves else [], 0, DEADLINE)
-        return dataclasses.replace(plan, policy=spec)
-    if target_latency is not None or deadline:
+        listed = [m for step in ordered.steps for m in step]
+        plan = MigrationPlan.from_moves(table, [listed] if listed else [], 0, DEADLINE)
+        plan = dataclasses.replace(plan, policy=spec)
+    elif target_latency is not None or deadline:
         raise PlanError(f"target_latency and deadline options are for strategy 'deadline', "
                         f"not {strategy!r}")
-    return MigrationPlan.from_moves(table, schedule(moves, strategy, per_worker), gap, strategy)
+    else:
+        ordered = order_steps(schedule(moves, strategy, per_worker), owners, load, order)
+        if strategy == BATCHED and ordered.order == RELIEF and load is not None:
+            heavy = order_steps(_heavy_rounds(moves, per_worker, load), owners, load, order)
+            ordered = min(ordered, heavy, key=lambda o: max_loads(o.steps, owners, load))
+        plan = MigrationPlan.from_moves(table, ordered.steps, gap, strategy)
+    reason = {"order_reason": ordered.reason} if ordered.reason else {}
+    return dataclasses.replace(plan, meta={"order": ordered.order, **reason})
+
+
+def _heavy_rounds(moves: Iterable[Move], per_worker: int, load: np.ndarray) -> list[list[Move]]:
+    """``batched``'s steps with each sender/receiver pair's heaviest bins in the first rounds:
+    the same pairs per step as :func:`schedule` gives, so the same step sizes. Relief keeps
+    whichever of the two orders has the lower largest load at the first step they differ."""
+    rounds = list(iter_rounds(_each_bin_once(moves), lambda m: float(load[m.bin])))
+    return [sorted(m for r in rounds[i:i + per_worker] for m in r)
+            for i in range(0, len(rounds), per_worker)]
 
 
 __all__ = [

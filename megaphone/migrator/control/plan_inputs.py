@@ -113,11 +113,13 @@ def plan_from(
     per_worker: int = 1,
     target: TargetSpec | str | os.PathLike[str] | None = None,
     target_latency: float | None = None,
+    order: str | None = None,
 ) -> MigrationPlan:
     """Check the request, then read the state and plan (:func:`plan_rescale`)."""
     target = check_request(source.table, source.in_flight, workers, target, balance)
     return plan_rescale(source.inputs(), workers, target=target, strategy=strategy, gap=gap,
-                        balance=balance, per_worker=per_worker, target_latency=target_latency)
+                        balance=balance, per_worker=per_worker, target_latency=target_latency,
+                        order=order)
 
 
 __all__ = [

@@ -62,6 +62,7 @@ def rescale(
     per_worker: int = 1,
     target: TargetSpec | str | os.PathLike[str] | None = None,
     target_latency: float | None = None,
+    order: str | None = None,
 ) -> MigrationPlan:
     """Plan moving a pipeline's bins onto ``workers`` workers (or onto ``target``).
 
@@ -73,7 +74,9 @@ def rescale(
     transfer rate. Raises :class:`PlanError` (a ``ValueError``) for bad arguments or while
     another plan is still in flight. ``strategy="deadline"`` with ``target_latency=L``
     (seconds) gives an adaptive plan: each epoch moves what still lets it finish within L.
-    ``balance="load"`` uses the records per bin the pipeline measured, when it has run.
+    ``balance="load"`` uses the records per bin the pipeline measured, when it has run;
+    ``order="relief"`` (the default when that load is known) moves the load that hurts first,
+    ``order="bins"`` keeps bin order.
 
     >>> plan = megaphone.rescale(pipe, workers=4, strategy="batched")  # doctest: +SKIP
     >>> megaphone.migrate(plan, pipe).wait()  # doctest: +SKIP
@@ -82,7 +85,7 @@ def rescale(
     source = pipeline_source(pipeline) if pipeline is not None else \
         state_dir_source(pipeline_or_state_dir)  # type: ignore[arg-type]
     return plan_from(source, workers, strategy, gap, balance, per_worker, target,
-                     target_latency)
+                     target_latency, order)
 
 
 def _as_pipeline(obj: object) -> Pipeline | None:
