@@ -151,3 +151,26 @@ def test_a_plan_posted_through_the_checkpoint_is_answered_once_and_followed(tmp_
     with pytest.raises(PlanError, match="refused by the pipeline"):
         refused.wait(5)
     assert DriverCopy(uri).names("inbox") == []
+
+
+def test_the_demo_runs_over_spark_connect(connect_url, tmp_path):
+    """``megaphone demo --master sc://...``: the stream runs on the server, the plan reaches it
+    through the checkpoint's inbox, and the client prints each epoch from the metrics the
+    server writes to the checkpoint: every bin it moves lands, one per epoch, on 4 workers."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "MEGAPHONE_LOCAL_DIR": str(tmp_path / "local")}
+    done = subprocess.run(
+        [sys.executable, "-m", "megaphone", "demo", "--master", connect_url, "--bins", "8",
+         "--rate", "50", "--keys", "100", "--steady", "1", "--duration", "6",
+         "--state-dir", str(tmp_path / "state")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = done.stdout
+    epochs = [line.split() for line in out.splitlines() if line.startswith("epoch ")]
+    assert [int(e[1]) for e in epochs] == list(range(len(epochs)))  # each epoch once, in order
+    migrating = [e for e in epochs if e[-1] == "[migrating]"]
+    # Bins 8 over 2 workers (b % 2 at first) to b % 4: bins 2, 3, 6 and 7 move, one an epoch.
+    assert [int(e[9]) for e in migrating] == [1, 1, 1, 1]
+    assert all(e[5] != "nan" and int(e[5]) > 0 for e in migrating) and epochs[-1][-2] == "4"
+    assert "--- migration done: 4 bins" in out
+    assert "moved 4/4 bins" in out and "workers 2 -> 4" in out
