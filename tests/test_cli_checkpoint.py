@@ -102,17 +102,31 @@ def test_inspect_plan_migrate_a_checkpointed_pipeline(spark, tmp_path, capsys):
     assert info["workers"] == [0, 1, 2] and info["keys"] == len(expected)
     assert info["state_version"] == plan.end_version and info["plans_in_flight"] == []
 
+    # Back to two workers: worker 2 gives away its last bins and leaves the commit (and its
+    # durable copy); inspect reads the workers that remain.
+    code, out, err = cli(capsys, "plan", "--state-dir", state_dir, "--workers", 2,
+                         "--strategy", "fluid", "-o", plan_path)
+    assert code == 0, err
+    plan = MigrationPlan.load(plan_path)
+    assert {m.src for m in plan.moves} == {2}
+    code, out, err = cli(capsys, "migrate", plan_path, "--state-dir", state_dir)
+    assert code == 0, err
+    code, out, err = cli(capsys, "inspect", "--state-dir", state_dir, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["workers"] == [0, 1] and info["keys"] == len(expected)
+
     # Another host (no state directory, no working copies) opens it from the checkpoint alone.
     elsewhere = tmp_path / "elsewhere"
     pipe = open_pipeline(spark, elsewhere / "state", checkpoint,
                          local_dir=str(elsewhere / "host"))
     try:
-        assert pipe.routing.workers() == [0, 1, 2]
+        assert pipe.routing.workers() == [0, 1]
         assert pipe.routing.version == plan.end_version
         assert state_of(pipe) == expected, "every key's state is unchanged"
         feed(spark, pipe, EXTRA)
         assert state_of(pipe) == expected + Counter(EXTRA)
-        assert pipe.routing.workers() == [0, 1, 2]
+        assert pipe.routing.workers() == [0, 1]
     finally:
         stop(pipe)
 

@@ -226,7 +226,9 @@ def durable_bin_stats(state: StateDir) -> dict[int, dict[int, tuple[int, int]]]:
     release_local_stores(state, local_dir)  # a crashed pipeline's, if still open
     try:
         out: dict[int, dict[int, tuple[int, int]]] = {}
-        for w in state.load_routing().all_workers():
+        # the workers the commit knows: one that gave away its last bins has left it (its
+        # durable copy is gone), and one a plan adds holds nothing until an epoch gives it bins
+        for w in sorted(commit.worker_tokens()):
             store = read.store(w, state.manifest.get("backend", "rocksdb"), fp.key_type,
                                fp.num_bins)
             out[w] = {b: (k, n) for b, k, n in store.stats(commit.epoch, commit.epoch + 1,

@@ -1,0 +1,335 @@
+"""Relief first: an overloaded worker's hot bins moved first against bin order, same input.
+
+A keyed count runs open loop (bench/ds2_scenario.py's model: epoch ``e`` covers the input
+interval ``[t0 + e*I, t0 + (e+1)*I)`` and runs once that interval has ended and the previous
+epoch has finished; latency = completion - end of the epoch's input interval). Each record
+costs ``--cost-ms`` of sleep in the update, so the work parallelizes over workers as real
+per-record work on real cores would (``local[8]``). The input is skewed: ``--hot-share`` of
+the records go to ``--hot`` keys whose bins all belong to worker 0 of ``--workers``, the rest
+spread over ``--keys`` cold keys. At ``--rate`` worker 0 cannot keep up, so a backlog builds.
+
+After ``--before`` epochs the benchmark decides to scale out to ``--to`` workers:
+``megaphone.rescale(pipe, workers=TO, strategy=..., balance="load", order=ORDER)``, then
+``migrate``. Both orders run from fresh pipelines on the same input, one after the other in
+one process:
+
+* ``bins`` -- the moves in bin order (the order of every strategy before relief order);
+* ``relief`` -- the moves that take the most load off the most loaded worker first.
+
+Both plans move the same bins to the same workers (checked). Reported per order: the time from
+the decision until latency is back under ``--target`` (the finish of the first epoch after
+the last one over it), the peak latency after the decision, and the scaling duration (decision
+until the plan is done); then relief's ratios to bin order. Each run's outputs, epoch by
+epoch, and final state must be equal, and the counts must add up to the records fed (else the
+benchmark fails). Results go to ``--out``: ``summary.json``, ``<order>.csv`` and
+``relief.png`` (latency over time, the decision marked; needs matplotlib).
+
+    python bench/relief.py            # about 6 minutes
+    python bench/relief.py --smoke    # a short check of the machinery
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from tqdm import tqdm
+
+import megaphone
+from megaphone import Pipeline
+from megaphone.routing.bins import bin_of
+from megaphone.spark import spark_session
+from megaphone.state_backends import unpack_value
+
+ORDERS = ("bins", "relief")
+#: Acceptance targets (relief over bins): time to relief, peak latency.
+TARGET_RELIEF = 0.5
+TARGET_PEAK = 0.7
+#: Hot keys are taken from this id on, apart from the cold keys ``0..keys-1``.
+HOT_BASE = 10**9
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=3500.0, help="records per second")
+    p.add_argument("--interval", type=float, default=2.0, help="epoch length, seconds")
+    p.add_argument("--cost-ms", type=float, default=0.5, help="sleep per record, ms")
+    p.add_argument("--keys", type=int, default=20_000, help="cold keys")
+    p.add_argument("--hot", type=int, default=6, help="hot keys, each in its own bin of "
+                   "worker 0")
+    p.add_argument("--hot-share", type=float, default=0.6, help="share of records to hot keys")
+    p.add_argument("--bins", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2, help="workers at the start")
+    p.add_argument("--to", type=int, default=4, help="workers after the scale-out")
+    p.add_argument("--strategy", default="fluid", help="fluid, batched or all-at-once")
+    p.add_argument("--before", type=int, default=6, help="overloaded epochs before deciding")
+    p.add_argument("--epochs", type=int, default=45, help="measured epochs in all")
+    p.add_argument("--target", type=float, help="latency target, s (default: the interval)")
+    p.add_argument("--master", default="local[8]")
+    p.add_argument("--orders", default=",".join(ORDERS))
+    p.add_argument("--smoke", action="store_true", help="a short run: 12 epochs, 16 bins")
+    p.add_argument("--out", type=Path,
+                   default=Path(__file__).resolve().parent / "results" / "relief")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.epochs, args.before, args.bins, args.rate, args.keys = 12, 3, 16, 800.0, 500
+        args.interval = 1.0
+    args.target = args.target or args.interval
+    args.orders = tuple(o.strip() for o in args.orders.split(",") if o.strip())
+    if not args.orders or set(args.orders) - set(ORDERS):
+        raise SystemExit(f"--orders must name some of {ORDERS}")
+    if not 0 < args.before < args.epochs:
+        raise SystemExit("--before must be between 0 and --epochs")
+    return args
+
+
+def slow_count(cost_s: float):
+    """The keyed update: a count that sleeps ``cost_s`` per record (the cost model)."""
+
+    def update(key: Any, values: list, state: Any) -> tuple[int, list[str]]:
+        time.sleep(len(values) * cost_s)
+        total = (state or 0) + len(values)
+        return total, [str(total)]
+
+    return update
+
+
+def hot_keys(owners: Any, bins: int, count: int) -> list[int]:
+    """``count`` keys, each in its own bin, every bin owned by worker 0 at the start."""
+    keys: list[int] = []
+    used: set[int] = set()
+    k = HOT_BASE
+    while len(keys) < count:
+        b = int(bin_of(k, bins))
+        if int(owners[b]) == 0 and b not in used:
+            keys.append(k)
+            used.add(b)
+        k += 1
+        if k > HOT_BASE + 1_000_000:
+            raise SystemExit(f"worker 0 has fewer than {count} bins: lower --hot")
+    return keys
+
+
+def batch(spark: SparkSession, offset: int, n: int, args: argparse.Namespace,
+          hot: list[int]) -> DataFrame:
+    """Records ``offset..offset+n-1``: ``hot_share`` of them to the hot keys, the rest spread
+    over the cold keys (the same for every run)."""
+    h = F.xxhash64("id")
+    hot_key = F.element_at(F.array(*[F.lit(k) for k in hot]),
+                           (F.pmod(h, F.lit(len(hot))) + 1).cast("int"))
+    is_hot = F.pmod(F.col("id"), F.lit(1000)) < F.lit(round(args.hot_share * 1000))
+    return spark.range(offset, offset + n, 1, 2).select(
+        F.when(is_hot, hot_key).otherwise(F.pmod(h, F.lit(args.keys))).alias("k"),
+        F.lit(1).alias("v"))
+
+
+@dataclass
+class Row:
+    """One measured epoch; times in seconds since the run's start."""
+
+    order: str
+    epoch: int
+    interval_end_s: float
+    finished_s: float
+    latency_s: float
+    duration_s: float
+    workers: int
+    bins_moved: int
+    max_worker_records: int
+    load1: float
+
+
+@dataclass
+class Run:
+    """One order's run: its epochs, decision, plan and what it computed."""
+
+    order: str
+    rows: list[Row]
+    decision_s: float
+    done_s: float | None
+    moves: list[list[int]]
+    plan_order: str
+    outputs: list[list[tuple[Any, Any]]]
+    state: dict[int, int]
+    fed: int
+
+
+def run(spark: SparkSession, args: argparse.Namespace, order: str, root: Path) -> Run:
+    """One order from a fresh pipeline: prime, overload, decide, then run to the end."""
+    pipe = Pipeline(spark, str(root / order), key="k", value="v",
+                    update=slow_count(args.cost_ms / 1000), workers=args.workers,
+                    num_bins=args.bins, key_type="int64",
+                    pipeline_id=f"relief-{order}-{uuid.uuid4().hex[:8]}")
+    hot = hot_keys(pipe.routing.owners(), args.bins, args.hot)
+    n = round(args.rate * args.interval)
+    offset, outputs, rows = 0, [], []
+    pipe.process_arrow(batch(spark, offset, n, args, hot))  # primer: JVM and workers warm
+    offset += n
+    outputs.append(_pairs(None))
+    handle, decision_s, done_s, plan = None, 0.0, None, None
+    t0 = time.time()
+    bar = tqdm(range(args.epochs), desc=order, disable=args.no_progress, leave=False)
+    for e in bar:
+        if e == args.before:
+            decision_s = time.time() - t0
+            plan = megaphone.rescale(pipe, workers=args.to, strategy=args.strategy,
+                                     balance="load", order=order)
+            handle = megaphone.migrate(plan, pipe)
+        end = t0 + (e + 1) * args.interval
+        if (wait := end - time.time()) > 0:
+            time.sleep(wait)
+        table = pipe.process_arrow(batch(spark, offset, n, args, hot), input_end=end)
+        done = time.time()
+        offset += n
+        outputs.append(_pairs(table))
+        m = pipe.metrics(last=1)[0]
+        if handle is not None and done_s is None and handle.done:
+            done_s = done - t0
+        per_worker = [int(w.get("records_in", 0)) for w in m.get("per_worker", {}).values()]
+        rows.append(Row(order, e, end - t0, done - t0, done - end, m["duration_s"],
+                        m["workers"], m["bins_moved"], max(per_worker, default=0),
+                        round(os.getloadavg()[0], 2)))
+        bar.set_postfix(latency=f"{done - end:.2f}s", workers=m["workers"])
+    assert plan is not None
+    state = {int(k): int(unpack_value(v)) for k, v in pipe.state().collect()}
+    pipe.close()
+    fed = offset
+    if sum(state.values()) != fed:
+        raise AssertionError(f"{order}: the counts add up to {sum(state.values())}, but {fed} "
+                             "records were fed")
+    moves = sorted([m.bin, m.src, m.dst] for s in plan.steps for m in s.moves)
+    return Run(order, rows, decision_s, done_s, moves, str(plan.meta.get("order", order)),
+               outputs, state, fed)
+
+
+def _pairs(table: Any) -> list[tuple[Any, Any]]:
+    """An epoch's outputs as sorted ``(key, count)`` pairs (to compare runs)."""
+    if table is None:
+        return []
+    cols = table.to_pydict()
+    names = table.column_names
+    return sorted(zip(cols[names[0]], cols[names[1]], strict=True))
+
+
+def stats(r: Run, target: float) -> dict[str, Any]:
+    """Time to relief, peak latency and scaling duration after the decision."""
+    after = [row for row in r.rows if row.finished_s >= r.decision_s]
+    over = [i for i, row in enumerate(after) if row.latency_s > target]
+    if not over:
+        relief = 0.0
+    elif over[-1] + 1 < len(after):
+        relief = after[over[-1] + 1].finished_s - r.decision_s
+    else:
+        relief = float("inf")  # never back under the target within the run
+    before = [row.latency_s for row in r.rows if row.finished_s < r.decision_s]
+    return {
+        "order": r.order, "plan_order": r.plan_order,
+        "time_to_relief_s": round(relief, 2),
+        "peak_latency_s": round(max(row.latency_s for row in after), 3),
+        "latency_at_decision_s": round(before[-1], 3) if before else None,
+        "scaling_duration_s": None if r.done_s is None else round(r.done_s - r.decision_s, 2),
+        "bins_moved": len(r.moves),
+        "records_fed": r.fed,
+    }
+
+
+def plot(path: Path, runs: list[Run], target: float) -> None:
+    """Latency over time per order, the decision and the target marked."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install 'megaphone[plot]')")
+        return
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for r in runs:
+        ax.plot([row.finished_s for row in r.rows], [row.latency_s for row in r.rows],
+                marker=".", label=f"{r.order} order")
+        ax.axvline(r.decision_s, linestyle=":", color="grey")
+    ax.axhline(target, linestyle="--", color="red", label="target")
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("latency (s)")
+    ax.set_title("scale-out of an overloaded worker: relief order against bin order")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the orders, check them against each other, print and write the results."""
+    args = parse(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    spark = spark_session(args.master, "megaphone-relief")
+    root = Path(tempfile.mkdtemp(prefix="megaphone-relief-"))
+    try:
+        runs = [run(spark, args, order, root) for order in args.orders]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    first = runs[0]
+    for r in runs[1:]:
+        if r.moves != first.moves:
+            raise AssertionError(f"{r.order} and {first.order} plans move different bins")
+        if r.outputs != first.outputs or r.state != first.state:
+            raise AssertionError(f"{r.order} and {first.order} computed different results")
+    summary: dict[str, Any] = {
+        "command": "python bench/relief.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": f"{platform.node()} {os.cpu_count()} cpus",
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "runs": [stats(r, args.target) for r in runs],
+        "equal": "outputs epoch by epoch, state, and the bins moved",
+    }
+    by = {s["order"]: s for s in summary["runs"]}
+    if {"bins", "relief"} <= set(by):
+        b, r = by["bins"], by["relief"]
+        summary["relief_over_bins"] = {
+            "time_to_relief": _ratio(r["time_to_relief_s"], b["time_to_relief_s"]),
+            "peak_latency": _ratio(r["peak_latency_s"], b["peak_latency_s"]),
+            "targets": {"time_to_relief": TARGET_RELIEF, "peak_latency": TARGET_PEAK},
+        }
+    for r in runs:
+        with open(args.out / f"{r.order}.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(asdict(r.rows[0])))
+            w.writeheader()
+            w.writerows(asdict(row) for row in r.rows)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(args.out / "relief.png", runs, args.target)
+    for s in summary["runs"]:
+        print(f"{s['order']:7s} time to relief {s['time_to_relief_s']:7.1f} s   peak latency "
+              f"{s['peak_latency_s']:6.2f} s   scaling {s['scaling_duration_s']} s   "
+              f"({s['bins_moved']} bins, plan order {s['plan_order']})")
+    if "relief_over_bins" in summary:
+        x = summary["relief_over_bins"]
+        print(f"relief / bins: time to relief {x['time_to_relief']}x (target <= {TARGET_RELIEF}),"
+              f" peak latency {x['peak_latency']}x (target <= {TARGET_PEAK})")
+    print(f"equal: {summary['equal']}; results in {args.out}")
+    return 0
+
+
+def _ratio(num: float, den: float) -> float | None:
+    """``num / den`` rounded, ``None`` when it has no meaning (a zero or endless side)."""
+    if den in (0, float("inf")) or num == float("inf"):
+        return None
+    return round(num / den, 3)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""bench/relief.py's measures, on made-up epochs (the benchmark itself runs on a quiet
+machine: bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+from tests.helpers.bench_modules import bench_module
+
+
+def test_time_to_relief_is_from_the_decision_to_the_first_epoch_after_the_last_one_over():
+    with bench_module("relief") as relief:
+        def run(latencies: list[float], done: float | None):
+            rows = [relief.Row("x", e, 2.0 * (e + 1), 2.0 * (e + 1) + lat, lat, 1.0, 2, 0, 0,
+                               0.0) for e, lat in enumerate(latencies)]
+            return relief.Run("x", rows, 5.0, done, [], "relief", [], {}, 0)
+
+        s = relief.stats(run([0.5, 3.0, 4.0, 2.5, 1.5, 3.0, 1.0, 0.9], 15.0), target=2.0)
+        # decided at 5 s; the last epoch over 2 s (epoch 5) is followed by epoch 6, done at 15 s
+        assert s["time_to_relief_s"] == 10.0 and s["peak_latency_s"] == 4.0
+        assert s["latency_at_decision_s"] == 0.5 and s["scaling_duration_s"] == 10.0
+        assert relief.stats(run([3.0, 1.0, 1.0], None), 2.0)["time_to_relief_s"] == 0.0
+        never = relief.stats(run([1.0, 3.0, 3.0], None), 2.0)
+        assert never["time_to_relief_s"] == float("inf") and never["scaling_duration_s"] is None
+        assert relief._ratio(1.0, float("inf")) is None and relief._ratio(1.0, 4.0) == 0.25
