@@ -7,8 +7,11 @@ has passed (``on_timer``, in time order) and then the epoch's records of the key
 outputs, and asks for timers through its :class:`Context`. Timers are stored as keys of the
 key's bin (``state_backends.encoding``), so they migrate, commit and recover with the state.
 
-Engine-agnostic: :func:`run_keys` takes decoded records, due timers and states and returns
-the state and timer writes and the outputs; the runtime does the I/O around it.
+Engine-agnostic: :func:`run_epoch` takes an epoch's keys, due timers and records as columns
+(:class:`EpochBatch`) with the keys' decoded states and returns the state and timer writes
+and the outputs; the runtime does the I/O around it. A function with a ``process_epoch``
+method may run the whole batch at once in columns (a window of a built-in aggregate does);
+any other goes key by key through :func:`run_keys`.
 
 The watermark of an epoch is the largest event time of every epoch committed before it,
 less the function's ``lateness_us`` (``None`` before any event time was seen). It is fixed
@@ -21,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import pyarrow as pa
 
 #: One record of a key: ``(event_time_us, value)``.
@@ -121,6 +125,54 @@ class KeyResults:
     out_keys: list[Any] = field(default_factory=list)
     out_values: list[Any] = field(default_factory=list)
     late: int = 0
+
+
+@dataclass
+class EpochBatch:
+    """One epoch of an operator at one worker, as columns.
+
+    ``keys``: one per slot, in the order the runtime met them (keys with due timers first).
+    The due timers are ``(timer_slots[i], timer_times[i])``; the records ``(slots[i],
+    times[i], values[i])`` in arrival order (``values`` ``None`` without a value column).
+    Values are plain (temporal types as their integers, as msgpack stores them).
+    """
+
+    keys: list[Any]
+    timer_slots: np.ndarray
+    timer_times: np.ndarray
+    slots: np.ndarray
+    times: np.ndarray
+    values: pa.Array | None
+
+    def timers(self) -> list[list[int]]:
+        """The due timers of each slot."""
+        out: list[list[int]] = [[] for _ in self.keys]
+        for slot, t in zip(self.timer_slots.tolist(), self.timer_times.tolist(), strict=True):
+            out[slot].append(t)
+        return out
+
+    def rows(self) -> list[list[Row]]:
+        """The records of each slot, ``(time, value)`` in arrival order."""
+        out: list[list[Row]] = [[] for _ in self.keys]
+        values = [None] * len(self.slots) if self.values is None else self.values.to_pylist()
+        for slot, t, v in zip(self.slots.tolist(), self.times.tolist(), values, strict=True):
+            out[slot].append((t, v))
+        return out
+
+
+def run_epoch(fn: ProcessFunction, batch: EpochBatch, states: Sequence[Any], ctx: Context,
+              on_error: Callable[[str, Any, BaseException], BaseException] | None = None
+              ) -> KeyResults:
+    """Run ``fn`` over one epoch's ``batch`` (``states``: the decoded state of each slot):
+    through its ``process_epoch(batch, states, ctx)`` if it has one and that does not decline
+    (returns ``None``), else key by key through :func:`run_keys`. Either way the result is
+    the same: ``process_epoch`` is only a faster way to compute it."""
+    process_epoch = getattr(fn, "process_epoch", None)
+    if process_epoch is not None:
+        result = process_epoch(batch, states, ctx)
+        if result is not None:
+            return result
+    return run_keys(fn, batch.keys, batch.timers(), batch.rows(), states, ctx, on_error)
 
 
 def run_keys(fn: ProcessFunction, keys: Sequence[Any], timers: Sequence[Sequence[int]],

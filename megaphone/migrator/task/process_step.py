@@ -15,11 +15,18 @@ from typing import Any
 import msgpack
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from megaphone.migrator.task.columns import BIN, EVENT_TIME, KEY, VALUE
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.migrator.task.updates import custom_outputs, update_failed
-from megaphone.operators.process import Context, ProcessFunction, Row, plain_type, run_keys
+from megaphone.operators.process import (
+    Context,
+    EpochBatch,
+    ProcessFunction,
+    plain_type,
+    run_epoch,
+)
 from megaphone.state_backends.encoding import encode_keys
 from megaphone.state_backends.remote import RemoteStore
 from megaphone.state_backends.timer_keys import decode_timer_keys, encode_timer_keys
@@ -49,43 +56,11 @@ def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: 
     assert isinstance(fn, ProcessFunction)
     due = store.due_timers(spec.owned.get(worker, ()), spec.watermark) \
         if spec.watermark is not None else []
-    slots: dict[tuple[int, Any], int] = {}  # (bin, key) -> index
-    bins: list[int] = []
-    keys: list[Any] = []
-    timers: list[list[int]] = []
-    rows: list[list[Row]] = []
-
-    def slot(b: int, key: Any) -> int:
-        i = slots.get((b, key))
-        if i is None:
-            i = slots[(b, key)] = len(keys)
-            bins.append(b)
-            keys.append(key)
-            timers.append([])
-            rows.append([])
-        return i
-
-    if due:
-        t_bins, t_times, t_keys = decode_timer_keys(due, spec.key_type)
-        for b, t, k in zip(t_bins.tolist(), t_times.tolist(), t_keys, strict=True):
-            timers[slot(b, k)].append(t)
-    if table.num_rows:
-        values = table.column(VALUE) if VALUE in table.column_names else None
-        vals = values.cast(plain_type(values.type)).to_pylist() if values is not None \
-            else [None] * table.num_rows
-        times = table.column(EVENT_TIME).to_pylist() if EVENT_TIME in table.column_names \
-            else [0] * table.num_rows  # an operator without event time (Spark's TimeMode None)
-        for b, k, t, v in zip(table.column(BIN).to_pylist(), table.column(KEY).to_pylist(),
-                              times, vals, strict=True):
-            if t is None:
-                raise ValueError(f"a record of key {k!r} has no event time: an event-time "
-                                 "operator needs one on every record")
-            rows[slot(b, k)].append((t, v))
     schema = spec.output_schema
-    if not keys:
+    batch, bins, keys = _epoch_batch(spec, due, table)
+    if not batch.keys:
         return ProcessWrites(schema.empty_table(), [], [], [], 0, 0)
-    bin_arr = np.asarray(bins, dtype=np.int64)
-    state_keys = encode_keys(bin_arr, pa.array(keys, schema.field(0).type), spec.key_type)
+    state_keys = encode_keys(bins, keys, spec.key_type)
     old = store.read(state_keys)
     states = [None if raw is None else msgpack.unpackb(raw, strict_map_key=False)
               for raw in old]
@@ -94,20 +69,52 @@ def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: 
     def failed(what: str, key: Any, exc: BaseException) -> BaseException:
         return update_failed(what, key, exc, spec.epoch, worker, located=True)
 
-    result = run_keys(fn, keys, timers, rows, states, ctx, failed)
+    result = run_epoch(fn, batch, states, ctx, failed)
     packb = msgpack.Packer().pack
     new: list[bytes | None] = []
-    for key, state in zip(keys, result.states, strict=True):
+    for key, state in zip(batch.keys, result.states, strict=True):
         try:
             new.append(None if state is None else packb(state))
         except (TypeError, ValueError, OverflowError) as exc:
             raise update_failed(f"msgpack cannot encode its new state (a {type(state).__name__})",
                                 key, exc, spec.epoch, worker) from exc
-    t_keys, t_values, t_old = _timer_writes(spec, store, bin_arr, keys, result.fired,
+    t_keys, t_values, t_old = _timer_writes(spec, store, bins, batch.keys, result.fired,
                                             result.set)
     outputs = custom_outputs(result.out_keys, result.out_values, schema, spec.epoch, worker)
     return ProcessWrites(outputs, list(state_keys) + t_keys, new + t_values,
                          list(old) + t_old, result.late, len(due))
+
+
+def _epoch_batch(spec: EpochSpec, due: list[bytes], table: pa.Table
+                 ) -> tuple[EpochBatch, np.ndarray, pa.Array]:
+    """The epoch's due timers and records as an :class:`EpochBatch`, with each slot's bin and
+    key: a slot per ``(bin, key)``, found by one Arrow ``group_by`` (keys with due timers
+    first, then in the order of their first record)."""
+    key_type = table.schema.field(KEY).type
+    t_bins, t_times, t_keys = decode_timer_keys(due, spec.key_type)
+    keys = pa.concat_arrays([pa.array(t_keys, key_type), *table.column(KEY).chunks])
+    bins = np.concatenate([t_bins, table.column(BIN).to_numpy().astype(np.int64, copy=False)])
+    rows = pa.table({KEY: keys, BIN: bins, "_i": np.arange(len(bins))})
+    firsts = rows.group_by([KEY, BIN], use_threads=False).aggregate([("_i", "list")])
+    members = firsts.column("_i_list").combine_chunks()
+    sizes = pc.list_value_length(members).to_numpy()
+    flat = members.flatten().to_numpy()
+    slot_of = np.empty(len(bins), np.int64)
+    slot_of[flat] = np.repeat(np.arange(len(sizes)), sizes)
+    first = flat[np.cumsum(sizes) - sizes]
+    n = len(t_keys)
+    times = table.column(EVENT_TIME) if EVENT_TIME in table.column_names else None
+    if times is not None and times.null_count:
+        i = int(np.flatnonzero(times.is_null().to_numpy(zero_copy_only=False))[0])
+        raise ValueError(f"a record of key {table.column(KEY)[i].as_py()!r} has no event time: "
+                         "an event-time operator needs one on every record")
+    values = table.column(VALUE).combine_chunks() if VALUE in table.column_names else None
+    batch = EpochBatch(
+        keys.take(first).to_pylist(), slot_of[:n], t_times, slot_of[n:],
+        np.zeros(table.num_rows, np.int64) if times is None  # Spark's TimeMode None
+        else times.to_numpy().astype(np.int64, copy=False),
+        None if values is None else values.cast(plain_type(values.type)))
+    return batch, bins[first], keys.take(first)
 
 
 def _timer_writes(spec: EpochSpec, store: RemoteStore, bins: np.ndarray, keys: list[Any],
