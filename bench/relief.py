@@ -16,15 +16,18 @@ one process:
 * ``bins`` -- the moves in bin order (the order of every strategy before relief order);
 * ``relief`` -- the moves that take the most load off the most loaded worker first.
 
-Both plans move the same bins to the same workers (checked). Reported per order: the time from
-the decision until latency is back under ``--target`` (the finish of the first epoch after
-the last one over it), the peak latency after the decision, and the scaling duration (decision
-until the plan is done); then relief's ratios to bin order. Each run's outputs, epoch by
-epoch, and final state must be equal, and the counts must add up to the records fed (else the
-benchmark fails). Results go to ``--out``: ``summary.json``, ``<order>.csv`` and
-``relief.png`` (latency over time, the decision marked; needs matplotlib).
+A scratch pipeline first runs ``--warmup`` epochs (JVM and Python workers warm), then
+``--rounds`` rounds run both orders, every other round in reverse, so neither order always
+goes first. Both plans move the same bins to the same workers (checked). Reported per run: the
+time from the decision until latency is back under ``--target`` (the finish of the first epoch
+after the last one over it), the peak latency after the decision, and the scaling duration
+(decision until the plan is done); then per order the medians over the rounds, and relief's
+ratios to bin order. Every run's outputs, epoch by epoch, and final state must be equal, and
+the counts must add up to the records fed (else the benchmark fails). Results go to ``--out``:
+``summary.json``, ``<order>-<round>.csv`` and ``relief.png`` (latency over time, the decision
+marked; needs matplotlib).
 
-    python bench/relief.py            # about 6 minutes
+    python bench/relief.py            # about 11 minutes (2 rounds of 70 epochs of 2 s per order)
     python bench/relief.py --smoke    # a short check of the machinery
 """
 
@@ -36,6 +39,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -79,10 +83,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--to", type=int, default=4, help="workers after the scale-out")
     p.add_argument("--strategy", default="fluid", help="fluid, batched or all-at-once")
     p.add_argument("--before", type=int, default=6, help="overloaded epochs before deciding")
-    p.add_argument("--epochs", type=int, default=45, help="measured epochs in all")
+    p.add_argument("--epochs", type=int, default=70, help="measured epochs in all")
     p.add_argument("--target", type=float, help="latency target, s (default: the interval)")
     p.add_argument("--master", default="local[8]")
     p.add_argument("--orders", default=",".join(ORDERS))
+    p.add_argument("--rounds", type=int, default=2, help="rounds of both orders")
+    p.add_argument("--warmup", type=int, default=6, help="scratch epochs run first")
     p.add_argument("--smoke", action="store_true", help="a short run: 12 epochs, 16 bins")
     p.add_argument("--out", type=Path,
                    default=Path(__file__).resolve().parent / "results" / "relief")
@@ -90,7 +96,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.epochs, args.before, args.bins, args.rate, args.keys = 12, 3, 16, 800.0, 500
-        args.interval = 1.0
+        args.interval, args.rounds, args.warmup = 1.0, 1, 1
     args.target = args.target or args.interval
     args.orders = tuple(o.strip() for o in args.orders.split(",") if o.strip())
     if not args.orders or set(args.orders) - set(ORDERS):
@@ -161,6 +167,7 @@ class Run:
     """One order's run: its epochs, decision, plan and what it computed."""
 
     order: str
+    round: int
     rows: list[Row]
     decision_s: float
     done_s: float | None
@@ -171,9 +178,23 @@ class Run:
     fed: int
 
 
-def run(spark: SparkSession, args: argparse.Namespace, order: str, root: Path) -> Run:
+def warm(spark: SparkSession, args: argparse.Namespace, root: Path) -> None:
+    """``--warmup`` epochs of a scratch pipeline as fast as they go (nothing measured)."""
+    pipe = Pipeline(spark, str(root / "warmup"), key="k", value="v",
+                    update=slow_count(args.cost_ms / 1000), workers=args.workers,
+                    num_bins=args.bins, key_type="int64",
+                    pipeline_id=f"relief-warmup-{uuid.uuid4().hex[:8]}")
+    n = round(args.rate * args.interval)
+    for e in range(args.warmup):
+        pipe.process_arrow(batch(spark, e * n, n, args, hot_keys(pipe.routing.owners(),
+                                                                   args.bins, args.hot)))
+    pipe.close()
+
+
+def run(spark: SparkSession, args: argparse.Namespace, order: str, round_: int,
+        root: Path) -> Run:
     """One order from a fresh pipeline: prime, overload, decide, then run to the end."""
-    pipe = Pipeline(spark, str(root / order), key="k", value="v",
+    pipe = Pipeline(spark, str(root / f"{order}-{round_}"), key="k", value="v",
                     update=slow_count(args.cost_ms / 1000), workers=args.workers,
                     num_bins=args.bins, key_type="int64",
                     pipeline_id=f"relief-{order}-{uuid.uuid4().hex[:8]}")
@@ -215,7 +236,7 @@ def run(spark: SparkSession, args: argparse.Namespace, order: str, root: Path) -
         raise AssertionError(f"{order}: the counts add up to {sum(state.values())}, but {fed} "
                              "records were fed")
     moves = sorted([m.bin, m.src, m.dst] for s in plan.steps for m in s.moves)
-    return Run(order, rows, decision_s, done_s, moves, str(plan.meta.get("order", order)),
+    return Run(order, round_, rows, decision_s, done_s, moves, str(plan.meta.get("order", order)),
                outputs, state, fed)
 
 
@@ -240,7 +261,7 @@ def stats(r: Run, target: float) -> dict[str, Any]:
         relief = float("inf")  # never back under the target within the run
     before = [row.latency_s for row in r.rows if row.finished_s < r.decision_s]
     return {
-        "order": r.order, "plan_order": r.plan_order,
+        "order": r.order, "round": r.round, "plan_order": r.plan_order,
         "time_to_relief_s": round(relief, 2),
         "peak_latency_s": round(max(row.latency_s for row in after), 3),
         "latency_at_decision_s": round(before[-1], 3) if before else None,
@@ -262,7 +283,8 @@ def plot(path: Path, runs: list[Run], target: float) -> None:
     fig, ax = plt.subplots(figsize=(9, 4))
     for r in runs:
         ax.plot([row.finished_s for row in r.rows], [row.latency_s for row in r.rows],
-                marker=".", label=f"{r.order} order")
+                marker=".", color="tab:blue" if r.order == "bins" else "tab:orange",
+                alpha=1.0 if r.round == 0 else 0.45, label=f"{r.order} order, round {r.round}")
         ax.axvline(r.decision_s, linestyle=":", color="grey")
     ax.axhline(target, linestyle="--", color="red", label="target")
     ax.set_xlabel("seconds since start")
@@ -281,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     spark = spark_session(args.master, "megaphone-relief")
     root = Path(tempfile.mkdtemp(prefix="megaphone-relief-"))
     try:
-        runs = [run(spark, args, order, root) for order in args.orders]
+        warm(spark, args, root)
+        runs = [run(spark, args, order, i, root) for i in range(args.rounds)
+                for order in (args.orders if i % 2 == 0 else args.orders[::-1])]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     first = runs[0]
@@ -293,11 +317,13 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {
         "command": "python bench/relief.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": f"{platform.node()} {os.cpu_count()} cpus",
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": {k: v for k, v in vars(args).items() if not isinstance(v, Path)},
         "runs": [stats(r, args.target) for r in runs],
         "equal": "outputs epoch by epoch, state, and the bins moved",
     }
-    by = {s["order"]: s for s in summary["runs"]}
+    by = {o: {m: statistics.median(s[m] for s in summary["runs"] if s["order"] == o)
+              for m in ("time_to_relief_s", "peak_latency_s")} for o in args.orders}
+    summary["medians"] = by
     if {"bins", "relief"} <= set(by):
         b, r = by["bins"], by["relief"]
         summary["relief_over_bins"] = {
@@ -306,20 +332,22 @@ def main(argv: list[str] | None = None) -> int:
             "targets": {"time_to_relief": TARGET_RELIEF, "peak_latency": TARGET_PEAK},
         }
     for r in runs:
-        with open(args.out / f"{r.order}.csv", "w", newline="") as fh:
+        with open(args.out / f"{r.order}-{r.round}.csv", "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(asdict(r.rows[0])))
             w.writeheader()
             w.writerows(asdict(row) for row in r.rows)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(args.out / "relief.png", runs, args.target)
     for s in summary["runs"]:
-        print(f"{s['order']:7s} time to relief {s['time_to_relief_s']:7.1f} s   peak latency "
-              f"{s['peak_latency_s']:6.2f} s   scaling {s['scaling_duration_s']} s   "
+        print(f"{s['order']:7s} round {s['round']}  time to relief "
+              f"{s['time_to_relief_s']:7.1f} s   peak latency {s['peak_latency_s']:6.2f} s   "
+              f"scaling {s['scaling_duration_s']} s   "
               f"({s['bins_moved']} bins, plan order {s['plan_order']})")
     if "relief_over_bins" in summary:
         x = summary["relief_over_bins"]
-        print(f"relief / bins: time to relief {x['time_to_relief']}x (target <= {TARGET_RELIEF}),"
-              f" peak latency {x['peak_latency']}x (target <= {TARGET_PEAK})")
+        print(f"relief / bins (medians): time to relief {x['time_to_relief']}x "
+              f"(target <= {TARGET_RELIEF}), peak latency {x['peak_latency']}x "
+              f"(target <= {TARGET_PEAK})")
     print(f"equal: {summary['equal']}; results in {args.out}")
     return 0
 

@@ -11,7 +11,7 @@ def test_time_to_relief_is_from_the_decision_to_the_first_epoch_after_the_last_o
         def run(latencies: list[float], done: float | None):
             rows = [relief.Row("x", e, 2.0 * (e + 1), 2.0 * (e + 1) + lat, lat, 1.0, 2, 0, 0,
                                0.0) for e, lat in enumerate(latencies)]
-            return relief.Run("x", rows, 5.0, done, [], "relief", [], {}, 0)
+            return relief.Run("x", 0, rows, 5.0, done, [], "relief", [], {}, 0)
 
         s = relief.stats(run([0.5, 3.0, 4.0, 2.5, 1.5, 3.0, 1.0, 0.9], 15.0), target=2.0)
         # decided at 5 s; the last epoch over 2 s (epoch 5) is followed by epoch 6, done at 15 s
