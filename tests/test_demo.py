@@ -45,7 +45,7 @@ def test_the_epoch_feed_prints_each_epoch_once_in_the_phase_of_the_plans_steps(c
 
     table = RoutingTable.initial(Fingerprint("p", 8, "str"), 2)
     handle = MigrationHandle(MigrationPlan.from_moves(table, [[Move(2, 0, 2)], [Move(3, 1, 3)]]))
-    feed = EpochFeed(lambda: list(metrics), after=0)
+    feed = EpochFeed(lambda after: list(metrics), after=0)
     for e in range(4):  # epoch 0 ran before: not printed
         epoch(e)
     feed.handle = handle
