@@ -29,7 +29,7 @@ that do not fit the value column's type.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -38,15 +38,24 @@ import pyarrow.compute as pc
 from megaphone.operators.process import Context, EpochBatch, KeyResults
 from megaphone.operators.window_state import open_windows, result, stored
 
-if TYPE_CHECKING:
-    from megaphone.operators.window import WindowAggregate
+
+class WindowShape(Protocol):
+    """What the columnar fold reads of a :class:`~megaphone.operators.window.WindowAggregate`
+    (named here so that this module does not import the one that calls it)."""
+
+    agg: str
+    emit: str
+    size_us: int
+
+    @property
+    def slide(self) -> int: ...
 
 #: Integer sums whose float64 twin reaches this may have left int64: the epoch declines.
 _SAFE_SUM = 2.0**62
 _INT64 = np.iinfo(np.int64)
 
 
-def fold_epoch(fn: WindowAggregate, batch: EpochBatch, states: list[Any], ctx: Context
+def fold_epoch(fn: WindowShape, batch: EpochBatch, states: list[Any], ctx: Context
                ) -> KeyResults | None:
     """The epoch's :class:`~megaphone.operators.process.KeyResults` for window ``fn``, equal
     to running it key by key; ``None`` when it declines (the module docstring says when).
@@ -111,7 +120,7 @@ def _numeric(values: pa.Array) -> pa.Array | None:
     return None
 
 
-def _contributions(fn: WindowAggregate, batch: EpochBatch, values: pa.Array | None,
+def _contributions(fn: WindowShape, batch: EpochBatch, values: pa.Array | None,
                    watermark: int | None
                    ) -> tuple[np.ndarray, np.ndarray, int, pa.Array | None]:
     """Every record's contribution to each window that holds it, in event-time order:
@@ -211,7 +220,7 @@ def _rows(grouped: pa.Table, values: pa.Array | None) -> dict[int, list[tuple]] 
     return rows
 
 
-def _apply(fn: WindowAggregate, rows: list[tuple], windows: dict[int, list],
+def _apply(fn: WindowShape, rows: list[tuple], windows: dict[int, list],
            outputs: list[dict[str, Any]], timers: set[int]) -> Any:
     """A touched slot's new stored state from its grouped rows; its update-mode outputs and
     new timers (its windows the epoch opened) go to ``outputs`` and ``timers``."""
@@ -229,5 +238,5 @@ def _apply(fn: WindowAggregate, rows: list[tuple], windows: dict[int, list],
     return state or None
 
 
-def _output(fn: WindowAggregate, end: int, acc: list) -> dict[str, Any]:
+def _output(fn: WindowShape, end: int, acc: list) -> dict[str, Any]:
     return {"start": end - fn.size_us, "end": end, "value": result(fn.agg, acc)}
