@@ -109,12 +109,13 @@ def _epoch_batch(spec: EpochSpec, due: list[bytes], table: pa.Table
         raise ValueError(f"a record of key {table.column(KEY)[i].as_py()!r} has no event time: "
                          "an event-time operator needs one on every record")
     values = table.column(VALUE).combine_chunks() if VALUE in table.column_names else None
+    slot_keys = keys.take(first)
     batch = EpochBatch(
-        keys.take(first).to_pylist(), slot_of[:n], t_times, slot_of[n:],
+        slot_keys.to_pylist(), slot_of[:n], t_times, slot_of[n:],
         np.zeros(table.num_rows, np.int64) if times is None  # Spark's TimeMode None
         else times.to_numpy().astype(np.int64, copy=False),
         None if values is None else values.cast(plain_type(values.type)))
-    return batch, bins[first], keys.take(first)
+    return batch, bins[first], slot_keys
 
 
 def _timer_writes(spec: EpochSpec, store: RemoteStore, bins: np.ndarray, keys: list[Any],
