@@ -38,8 +38,9 @@ from megaphone.operators.processor_handle import Handle, KeyState, fields
 #: The time modes of Spark's ``transformWithState`` (megaphone runs them all).
 TIME_MODES = ("None", "EventTime", "ProcessingTime")
 #: The Spark APIs a processor may be written for: Rows in and out, or pandas DataFrames.
-PROCESSOR_APIS = ("transformWithState", "transformWithStateInPandas")
+ROW_API = "transformWithState"
 PANDAS_API = "transformWithStateInPandas"
+PROCESSOR_APIS = (ROW_API, PANDAS_API)
 
 class TransformWithState:
     """A Spark ``StatefulProcessor`` as a megaphone update (what ``Pipeline(update=processor,
@@ -63,7 +64,7 @@ class TransformWithState:
 
     def __init__(self, processor: StatefulProcessor, output_schema: StructType,
                  time_mode: str = "None", lateness_us: int = 0,
-                 processor_api: str = "transformWithState", timezone: str = "UTC") -> None:
+                 processor_api: str = ROW_API, timezone: str = "UTC") -> None:
         if not isinstance(processor, StatefulProcessor):
             raise TypeError(f"expected a pyspark StatefulProcessor, got "
                             f"{type(processor).__name__}")
@@ -269,4 +270,4 @@ def transform_with_state(processor: StatefulProcessor, output_schema: StructType
                          "watermark_delay are for time_mode 'EventTime'")
     lateness = 0 if watermark_delay is None else duration_us(watermark_delay)
     return TransformWithState(processor, output_schema, time_mode, lateness,
-                              processor_api or "transformWithState", timezone)
+                              processor_api or ROW_API, timezone)
