@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 
 def atomic_write_bytes(
@@ -107,3 +110,14 @@ class ChunkedLog:
         with open(self.current, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
         self._lines += 1
+
+    def read(self, parse: Callable[[str], _T]) -> list[_T]:
+        """Every line as ``parse`` reads it, oldest first; a line it refuses with a
+        ``ValueError`` (torn by a crash, or malformed) is skipped."""
+        out: list[_T] = []
+        for path in (self.old, self.current):
+            with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    with contextlib.suppress(ValueError):
+                        out.append(parse(line))
+        return out

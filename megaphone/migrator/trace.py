@@ -26,8 +26,6 @@ Traces are stored one JSON line per epoch (:class:`TraceLog`), in chunks like th
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -155,7 +153,6 @@ class TraceLog:
     two chunks of epochs, as the metrics do."""
 
     def __init__(self, current: Path, old: Path) -> None:
-        self.current, self.old = current, old
         self._log = ChunkedLog(current, old, TRACE_CHUNK)
 
     def append(self, trace: EpochTrace) -> None:
@@ -166,13 +163,7 @@ class TraceLog:
         """Every stored trace, oldest first; torn or malformed lines are skipped, and of an
         epoch stored twice (an epoch rolled back and run again) the last is kept."""
         traces: dict[int, EpochTrace] = {}
-        for path in (self.old, self.current):
-            with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8") as fh:
-                for line in fh:
-                    try:
-                        trace = EpochTrace.from_json(line)
-                    except (ValueError, json.JSONDecodeError):
-                        continue
-                    traces.pop(trace.epoch, None)
-                    traces[trace.epoch] = trace
+        for trace in self._log.read(EpochTrace.from_json):
+            traces.pop(trace.epoch, None)
+            traces[trace.epoch] = trace
         return sorted(traces.values(), key=lambda t: t.epoch)

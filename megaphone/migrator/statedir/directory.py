@@ -369,16 +369,7 @@ class StateDir:
     def read_metrics(self, last: int | None = None) -> list[dict[str, Any]]:
         """The recorded per-epoch metrics, oldest first (the ``last`` N when given): the
         :data:`METRICS_CHUNK` to twice that many newest epochs. Torn lines are skipped."""
-        records = []
-        for path in (self.paths.metrics_old, self.paths.metrics):
-            if not path.exists():
-                continue
-            with open(path, encoding="utf-8") as fh:
-                for line in fh:
-                    try:
-                        records.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        continue
+        records = self._metrics_log.read(json.loads)
         return records[-last:] if last else records
 
     def prune_outputs(self, keep_from_epoch: int) -> None:
