@@ -170,15 +170,12 @@ class DriverCopy:
     def drop_outputs(self, epochs: list[int]) -> None:
         """Delete the kept outputs of ``epochs``."""
         for epoch in epochs:
-            path = self._path(OUTPUTS, outputs_name(epoch))
-            if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
-                self.fs.delete_file(path)
+            self.delete(OUTPUTS, outputs_name(epoch))
 
     # -- reading -----------------------------------------------------------------------------
 
     def _list(self, folder: str, suffix: str) -> list[int]:
-        infos = self.fs.get_file_info(pafs.FileSelector(self._path(folder), allow_not_found=True))
-        return sorted(s for i in infos if (s := seq_of(i.base_name, suffix)) is not None)
+        return sorted(s for n in self.names(folder) if (s := seq_of(n, suffix)) is not None)
 
     def read(self, *parts: str) -> bytes:
         """The bytes of a file of the copy (``"outputs", "e000000007.arrow"``)."""
@@ -231,7 +228,4 @@ class DriverCopy:
 
     def output_epochs(self) -> list[int]:
         """The epochs whose outputs are kept here."""
-        infos = self.fs.get_file_info(pafs.FileSelector(self._path(OUTPUTS),
-                                                        allow_not_found=True))
-        found = (outputs_epoch_of(i.base_name) for i in infos)
-        return sorted(e for e in found if e is not None)
+        return sorted(e for n in self.names(OUTPUTS) if (e := outputs_epoch_of(n)) is not None)
