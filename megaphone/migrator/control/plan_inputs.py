@@ -51,16 +51,12 @@ def committed_table(state: StateDir, state_version: int) -> RoutingTable:
     from the committed version. A table *behind* the commit is damage, reported as an error.
     """
     table = state.load_routing()
-    if table.version == state_version:
-        return table
     if table.version < state_version:
         raise PlanError(
             f"{state.routing_path} holds routing version {table.version}, but the last commit "
             f"says the state is at version {state_version}"
         )
-    data = table.to_dict()
-    data["versions"] = data["versions"][:state_version]
-    return RoutingTable.from_dict(data, state.fingerprint)
+    return table.truncated(state_version) if table.version > state_version else table
 
 
 @dataclass(frozen=True)
