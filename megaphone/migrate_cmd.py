@@ -130,7 +130,7 @@ def _live(pipeline: Pipeline, plan: MigrationPlan, args: argparse.Namespace) -> 
 def _remote(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from megaphone.migrator.statedir.inbox import committed_version, post_plan, wait_status
+    from megaphone.migrator.statedir.inbox import post_plan, wait_status
     from megaphone.plans.plan import MigrationPlan, PlanError
 
     if plan.empty:  # nothing for the pipeline to do: checked against its commit, not posted
@@ -150,7 +150,7 @@ def _remote(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> i
         return 0
     with tqdm(total=len(plan.steps), unit="step", desc="migrating", disable=args.no_progress,
               dynamic_ncols=True) as bar:
-        while (done := committed_version(state) - plan.base_version) < len(plan.steps):
+        while (done := state.read_commit().state_version - plan.base_version) < len(plan.steps):
             bar.update(max(0, done) - bar.n)
             time.sleep(0.2)
         bar.update(len(plan.steps) - bar.n)

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable
@@ -66,8 +65,3 @@ def wait_status(status_path: Path, timeout: float) -> dict[str, Any]:
         f"the pipeline holding {status_path.parent.parent} did not pick up the plan within "
         f"{timeout:.0f} s (it reads its inbox between epochs; is it processing batches?)"
     )
-
-
-def committed_version(state: StateDir) -> int:
-    """The routing version the last committed epoch left the state at."""
-    return int(json.loads(state.paths.commit.read_text())["state_version"])
