@@ -14,9 +14,6 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-#: Spark types an epoch column may have.
-INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-
 
 @dataclass(frozen=True)
 class EpochLabels:
@@ -37,7 +34,7 @@ def check_epoch_column(schema: T.StructType, column: str, taken: dict[str, str |
             raise ValueError(f"the epoch column {column!r} is also the pipeline's {role} "
                              "column; give each epoch's records a column of their own")
     kind = schema[column].dataType
-    if not isinstance(kind, INTEGRAL):
+    if not isinstance(kind, T.IntegralType):
         raise TypeError(f"epoch column {column!r} is {kind.simpleString()}; epoch labels are "
                         "integers (tinyint, smallint, int or bigint)")
 
