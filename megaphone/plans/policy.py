@@ -75,17 +75,20 @@ class _Rounds:
     """Matching rounds of the remaining moves, computed one at a time and kept between calls.
 
     The rounds continue as long as the moves left are the ones this policy has not handed
-    out yet (checked by count); otherwise they start again from what is left.
+    out yet (checked by count); otherwise they start again from what is left. ``heavier`` (a
+    move's weight) makes each sender/receiver pair send its heaviest bins first
+    (:func:`~megaphone.plans.matching.iter_rounds`); it is not part of the policy's spec.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, heavier: Callable[[Move], float] | None = None) -> None:
+        self._heavier = heavier
         self._rounds: Iterator[list[Move]] | None = None
         self._left = -1
         self._round: list[Move] = []
 
     def _sync(self, view: EpochView) -> None:
         if self._rounds is None or len(view.remaining) != self._left:
-            self._rounds = iter_rounds(view.remaining)
+            self._rounds = iter_rounds(view.remaining, self._heavier)
             self._left = len(view.remaining)
             self._round = []
 
@@ -109,12 +112,14 @@ class Fluid(_Rounds):
 
 
 class Batched(_Rounds):
-    """Start ``per_worker`` matching rounds per epoch: no worker sends or receives more bins."""
+    """Start ``per_worker`` matching rounds per epoch: no worker sends or receives more bins
+    (with ``heavier``, each sender/receiver pair's heaviest bins first)."""
 
-    def __init__(self, per_worker: int = 1) -> None:
+    def __init__(self, per_worker: int = 1, heavier: Callable[[Move], float] | None = None
+                 ) -> None:
         if isinstance(per_worker, bool) or not isinstance(per_worker, int) or per_worker < 1:
             raise PlanError(f"per_worker must be an integer >= 1, got {per_worker!r}")
-        super().__init__()
+        super().__init__(heavier)
         self.per_worker = per_worker
         self.spec: dict[str, Any] = {"name": "batched", "per_worker": per_worker}
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from megaphone.plans.matching import hopcroft_karp, iter_rounds, matching_rounds
+from megaphone.plans.matching import hopcroft_karp, matching_rounds
 from megaphone.plans.plan import MigrationPlan, PlanError
-from megaphone.plans.policy import MigrationPolicy, drive, policy_from_spec
+from megaphone.plans.policy import Batched, MigrationPolicy, drive, policy_from_spec
 from megaphone.plans.relief import RELIEF, check_order, max_loads, order_steps
 from megaphone.routing.table import Move, RoutingTable
 
@@ -107,7 +107,8 @@ def make_plan(
     ``order`` (``relief`` or ``bins``, default relief when ``load`` is given) decides which
     steps go first from ``load``, records per epoch of every bin (:mod:`.relief`); ``batched``
     in relief order may also send a sender/receiver pair's heaviest bins in its first
-    matchings (:func:`_heavy_rounds`); a deadline
+    matchings (its policy with each pair's heaviest bins first: the same pairs per step, so
+    the same step sizes; relief keeps whichever order has the lower largest load); a deadline
     plan lists its moves in that order and, in relief order, tries them by relief per byte
     (``priority="relief"`` unless given). ``plan.meta`` records ``order`` (and
     ``order_reason`` when relief had no load to work with).
@@ -133,20 +134,12 @@ def make_plan(
     else:
         ordered = order_steps(schedule(moves, strategy, per_worker), owners, load, order)
         if strategy == BATCHED and ordered.order == RELIEF and load is not None:
-            heavy = order_steps(_heavy_rounds(moves, per_worker, load), owners, load, order)
+            heaviest_first = Batched(per_worker, lambda m: float(load[m.bin]))
+            heavy = order_steps(drive(heaviest_first, _each_bin_once(moves)), owners, load, order)
             ordered = min(ordered, heavy, key=lambda o: max_loads(o.steps, owners, load))
         plan = MigrationPlan.from_moves(table, ordered.steps, gap, strategy)
     reason = {"order_reason": ordered.reason} if ordered.reason else {}
     return dataclasses.replace(plan, meta={"order": ordered.order, **reason})
-
-
-def _heavy_rounds(moves: Iterable[Move], per_worker: int, load: np.ndarray) -> list[list[Move]]:
-    """``batched``'s steps with each sender/receiver pair's heaviest bins in the first rounds:
-    the same pairs per step as :func:`schedule` gives, so the same step sizes. Relief keeps
-    whichever of the two orders has the lower largest load at the first step they differ."""
-    rounds = list(iter_rounds(_each_bin_once(moves), lambda m: float(load[m.bin])))
-    return [sorted(m for r in rounds[i:i + per_worker] for m in r)
-            for i in range(0, len(rounds), per_worker)]
 
 
 __all__ = [
