@@ -192,5 +192,23 @@ def no_split(view: HotKeyView) -> HotSplit:
     return HotSplit()
 
 
+def epoch_summary(summaries: Iterable[Any]) -> HeavyHitters | None:
+    """One epoch's heaviest keys: its workers' summaries (as :meth:`HeavyHitters.to_json` wrote
+    them; empty where a worker sent none) merged, or ``None`` if none sent one (hot keys are
+    not watched)."""
+    parts = [HeavyHitters.from_json(s) for s in summaries if s]
+    return HeavyHitters.merge(parts) if parts else None
+
+
+def committed_summary(before: dict[str, Any], summaries: Iterable[Any]) -> dict[str, Any]:
+    """The summary the commit record keeps after an epoch (JSON): ``before`` moved toward the
+    epoch's (:func:`epoch_summary` of its workers' ``summaries``), or ``before`` unchanged if
+    none sent one."""
+    epoch = epoch_summary(summaries)
+    if epoch is None:
+        return before
+    return (HeavyHitters.from_json(before).smoothed(epoch) if before else epoch).to_json()
+
+
 __all__ = ["HeavyHitters", "HotKeyView", "HotSplit", "ShareThreshold", "SplitPolicy",
-           "no_split"]
+           "committed_summary", "epoch_summary", "no_split"]

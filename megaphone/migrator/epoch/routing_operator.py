@@ -14,7 +14,7 @@ from typing import Any
 from megaphone.migrator.statedir.commit import Commit, StreamPosition
 from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.task.spec import EpochSpec
-from megaphone.plans.hot_keys import HeavyHitters
+from megaphone.plans.hot_keys import committed_summary
 from megaphone.records import WorkerMetrics
 from megaphone.routing.placement import assign_homes, home_addresses, homes_enforced
 from megaphone.routing.table import Move, RoutingTable
@@ -99,8 +99,9 @@ def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[
     drop next, the stream's position, the plans in flight, each worker's attempt token, the
     largest event time so far (``before``'s, or a larger one the workers saw), the last
     epoch label (``before``'s; a group sets its epochs' own), the hot keys so far
-    (:func:`hot_summary`) and the workers' homes (:func:`~megaphone.routing.placement.
-    assign_homes`: of the workers that hold state after the epoch)."""
+    (:func:`~megaphone.plans.hot_keys.committed_summary`) and the workers' homes
+    (:func:`~megaphone.routing.placement.assign_homes`: of the workers that hold state after
+    the epoch)."""
     hosts, homes_before = ran_on(per_worker), before.worker_homes()
     homes = assign_homes(homes_before, layout.live | {m.src for m in layout.moves}, hosts,
                          [w for w, m in per_worker.items() if m.home_unreachable])
@@ -115,7 +116,7 @@ def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[
                   plans=plans, tokens={str(w): m.token for w, m in per_worker.items()
                                        if m.token},
                   max_event_time=max(times) if times else None, label=before.label,
-                  hot=hot_summary(before.hot, per_worker),
+                  hot=committed_summary(before.hot, (m.hot for m in per_worker.values())),
                   homes={str(w): h for w, h in homes.items()},
                   addresses={str(w): list(a) for w, a in addresses.items()})
 
@@ -124,19 +125,3 @@ def ran_on(per_worker: Mapping[int, WorkerMetrics]) -> dict[int, str]:
     """The host each worker's apply task ran on, for the workers that reported one."""
     return {w: m.host for w, m in per_worker.items() if m.host}
 
-
-def epoch_hot_keys(per_worker: Mapping[int, WorkerMetrics]) -> HeavyHitters | None:
-    """The epoch's heaviest keys: the workers' summaries merged (``None`` if no worker
-    reported one: hot keys are not watched)."""
-    sketches = [HeavyHitters.from_json(m.hot) for m in per_worker.values() if m.hot]
-    return HeavyHitters.merge(sketches) if sketches else None
-
-
-def hot_summary(before: dict[str, Any], per_worker: Mapping[int, WorkerMetrics]
-                ) -> dict[str, Any]:
-    """The committed hot-key summary after an epoch: ``before``'s moved toward the workers'
-    summaries of the epoch (:func:`epoch_hot_keys`), or ``before`` unchanged if none."""
-    epoch = epoch_hot_keys(per_worker)
-    if epoch is None:
-        return before
-    return (HeavyHitters.from_json(before).smoothed(epoch) if before else epoch).to_json()

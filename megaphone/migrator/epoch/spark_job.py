@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
-from megaphone.migrator.epoch.routing_operator import EpochLayout, epoch_hot_keys
+from megaphone.migrator.epoch.routing_operator import EpochLayout
 from megaphone.migrator.task.columns import (
     BIN,
     KEY,
@@ -45,6 +45,7 @@ from megaphone.migrator.task.hot_split import fold_partials, pass_and_fold
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.migrator.task.state_operator import apply_worker, export_worker, result_schema
 from megaphone.migrator.task.updates import UpdateError
+from megaphone.plans.hot_keys import epoch_summary
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column
 
@@ -331,7 +332,7 @@ def epoch_metrics(layout: EpochLayout, started: float, finished: float,
     record.late_records = int(record.total("late_records"))
     record.keys_moved = int(record.total("keys_in"))
     record.split_records = int(record.total("split_records"))
-    hot = epoch_hot_keys(per_worker)
+    hot = epoch_summary(m.hot for m in per_worker.values())
     if hot is not None:
         record.hot_keys = [list(c) for c in hot.counters]
     return record, bytes_by_bin
