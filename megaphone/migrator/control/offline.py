@@ -24,6 +24,7 @@ from megaphone.migrator.epoch.routing_operator import (
     commit_record,
     epoch_layout,
     epoch_spec,
+    state_workers,
 )
 from megaphone.migrator.epoch.state_reader import release_local_stores
 from megaphone.migrator.statedir.commit import Commit, StreamPosition
@@ -38,7 +39,6 @@ from megaphone.plans.policy import plan_policy
 from megaphone.routing.keys import KEY_ARROW_TYPES
 from megaphone.routing.table import RoutingTable
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES
-from megaphone.state_backends.durable import SNAPSHOT_EVERY
 from megaphone.state_backends.remote import default_local_dir
 
 #: The update an epoch without records carries: it never runs.
@@ -66,14 +66,6 @@ def migrate_offline(
     finally:
         release_local_stores(state, local_dir)  # left closed, as a stopped pipeline's
         state.unlock()
-
-
-def state_workers(state: StateDir, table: RoutingTable) -> list[int]:
-    """Workers that may hold state: those with a folder in the state directory, or with a
-    checkpoint location (working copies on the hosts) every worker that ever owned a bin."""
-    if state.manifest.get("checkpoint") is None:
-        return state.worker_ids()
-    return table.all_workers()
 
 
 def _migrate_locked(
@@ -158,8 +150,6 @@ class _OfflineEpochs:
             shuffle_schema=shuffle_schema(key, None, False),
             local_dir=self.local_dir,
             run_id=self.run_id,
-            checkpoint=self.state.manifest.get("checkpoint"),
-            snapshot_every=self.state.manifest.get("snapshot_every", SNAPSHOT_EVERY),
         )
 
 

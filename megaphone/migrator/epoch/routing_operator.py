@@ -18,6 +18,7 @@ from megaphone.plans.hot_keys import committed_summary
 from megaphone.records import WorkerMetrics
 from megaphone.routing.placement import assign_homes, home_addresses, homes_enforced
 from megaphone.routing.table import Move, RoutingTable
+from megaphone.state_backends.durable import SNAPSHOT_EVERY
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,21 @@ def epoch_layout(
     )
 
 
+def state_workers(state: StateDir, table: RoutingTable) -> list[int]:
+    """The workers that may hold state (:func:`epoch_layout`'s ``existing_workers``): those
+    with a folder in the state directory, or with a checkpoint location (working copies on
+    the hosts) every worker that ever owned a bin."""
+    if state.manifest.get("checkpoint") is None:
+        return state.worker_ids()
+    return table.all_workers()
+
+
 def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: RoutingTable,
                **fields: Any) -> EpochSpec:
     """The one builder of an epoch's task spec, live and offline: what the layout and the
     last commit decide (what each worker installs, ships and drops, what the commit left
-    behind), the state directory's identity, and the caller's ``fields`` (the update, the
-    shuffle, a group's labels...)."""
+    behind), the state directory's identity and checkpoint location (its manifest's), and the
+    caller's ``fields`` (the update, the shuffle, a group's labels...)."""
     fp = state.fingerprint
     return EpochSpec(
         epoch=layout.epoch, incoming=layout.incoming, outgoing=layout.outgoing,
@@ -80,14 +90,15 @@ def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: Rout
         else frozenset(),
         state_dir=str(state.path.absolute()), backend=state.manifest["backend"],
         key_type=fp.key_type, num_bins=fp.num_bins, pipeline_id=fp.pipeline_id,
-        **fields, **placement_fields(state, commit, fields.get("checkpoint")))
+        checkpoint=state.manifest.get("checkpoint"),
+        snapshot_every=state.manifest.get("snapshot_every", SNAPSHOT_EVERY),
+        **fields, **placement_fields(state, commit))
 
 
-def placement_fields(state: StateDir, commit: Commit, checkpoint: str | None
-                     ) -> dict[str, Any]:
+def placement_fields(state: StateDir, commit: Commit) -> dict[str, Any]:
     """What a checkpointed pipeline's tasks need to reach each worker's home
     (docs/placement.md): the pipeline's secret and the homes with their services' addresses."""
-    if not checkpoint:
+    if not state.manifest.get("checkpoint"):
         return {}
     return {"secret": state.secret(),
             "homes": commit.home_services() if homes_enforced() else {}}

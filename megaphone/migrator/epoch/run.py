@@ -40,6 +40,7 @@ from megaphone.migrator.epoch.routing_operator import (
     epoch_layout,
     epoch_spec,
     ran_on,
+    state_workers,
 )
 from megaphone.migrator.epoch.spark_job import EpochReport, collect_epochs, epoch_job
 from megaphone.migrator.epoch.state_holder import POLICY_HISTORY
@@ -206,7 +207,7 @@ class EpochRun:
         with self.phase("layout"):
             with queue.lock:
                 layout = epoch_layout(queue.table, admitted.committed, epoch,
-                                      holder.stateful_workers())
+                                      state_workers(state, queue.table))
             spec = self._spec(admitted, layout, labels)
         with self.phase("submit"):
             columns, rows = admitted.columns, self.source.batch
@@ -331,8 +332,6 @@ class EpochRun:
             shuffle_schema=fields.pop("shuffle_schema", admitted.shuffle),
             local_dir=holder.local_dir,
             run_id=holder.run_id,
-            checkpoint=config.checkpoint,
-            snapshot_every=config.snapshot_every,
             **fields,
             **self.driver.hot.spec_fields(update, layout, self.driver.task_slots or 1),
         )

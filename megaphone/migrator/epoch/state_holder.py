@@ -261,14 +261,6 @@ class StateHolder:
 
     # -- reading state -------------------------------------------------------------------
 
-    def stateful_workers(self) -> list[int]:
-        """Workers that may hold state: those with a directory in the state directory, or
-        with a checkpoint location (working copies on the executors), every worker that ever
-        owned a bin."""
-        if self.config.checkpoint is None:
-            return self.state_dir.worker_ids()
-        return self.routing.all_workers()
-
     def durable_read(self) -> DurableRead:
         """How a task reads the committed working copies with a checkpoint location."""
         assert self.config.checkpoint is not None
