@@ -3,10 +3,11 @@
 One RocksDB worker holds ``--keys`` int64 keys (4096 bins). Each run reads all of it into
 Arrow ``(key, state)`` batches twice, side by side: the way ``pipe.state()`` reads it now
 (export chunks, int keys and msgpack integers decoded with numpy, no Python object per key;
-``megaphone.migrator.epoch.state_reader``) and the way it read it before (``backend.items()``, one
-decoded Python tuple per key, then ``pa.array``). States are counts (msgpack integers) and,
-as a second case, float sums (no vectorized decoder: values go per key in both paths, keys
-stay vectorized). Prints keys/s per path and the speed-up, medians of ``--repeats``.
+``megaphone.state_backends.kv_batches.state_rows``) and the way it read it before
+(``backend.items()``, one decoded Python tuple per key, then ``pa.array``). States are counts
+(msgpack integers) and, as a second case, float sums (no vectorized decoder: values go per
+key in both paths, keys stay vectorized). Prints keys/s per path and the speed-up, medians of
+``--repeats``.
 
     python bench/state_read.py --keys 2e6
 """
@@ -26,11 +27,10 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from megaphone.migrator.epoch.state_reader import _batch
 from megaphone.routing.bins import bin_of
 from megaphone.state_backends import open_backend
 from megaphone.state_backends.encoding import encode_keys, pack_values
-from megaphone.state_backends.kv_batches import kv_columns
+from megaphone.state_backends.kv_batches import kv_columns, state_rows
 
 BINS = 4096
 #: Rows per Arrow batch of the per-key path (what the earlier reader used).
@@ -42,7 +42,7 @@ def vectorized(db, schema: pa.Schema) -> int:
     rows = 0
     for chunk in db.export_bins(range(BINS)):
         k, v = kv_columns(chunk)
-        rows += _batch(schema, "int64", k, v, True).num_rows
+        rows += state_rows(schema, "int64", k, v, True).num_rows
     return rows
 
 

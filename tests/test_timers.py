@@ -202,7 +202,7 @@ def test_the_memory_backend_finds_its_timers_after_a_reopen(tmp_path):
 
 
 def test_the_state_reader_leaves_timer_keys_out():
-    from megaphone.migrator.epoch.state_reader import _batch
+    from megaphone.state_backends.kv_batches import state_rows
 
     for key_type, keys, arrow in (("int64", [*FE_KEYS, None], pa.int64()),
                                   ("str", ["a", "", None], pa.string())):
@@ -212,7 +212,7 @@ def test_the_state_reader_leaves_timer_keys_out():
         v = pa.array([b"" if is_timer_key(r) else pack_value(7) for r in k.to_pylist()],
                      pa.binary())
         schema = pa.schema([("key", arrow), ("state", pa.int64())])
-        got = _batch(schema, key_type, k, v, decoded=True).to_pylist()
+        got = state_rows(schema, key_type, k, v, decoded=True).to_pylist()
         assert sorted(got, key=repr) == sorted(({"key": x, "state": 7} for x in keys), key=repr)
 
 

@@ -1,4 +1,5 @@
-"""Exported state as Arrow ``(k, v)`` batches: reading, ordering and cutting scans into them.
+"""Exported state as Arrow ``(k, v)`` batches: reading, ordering and cutting scans into them,
+and decoding them into plain ``(key, state)`` rows (:func:`state_rows`).
 
 Export streams and import streams of every backend are RecordBatches of
 :data:`~megaphone.state_backends.base.EXPORT_SCHEMA` (raw keys ``k``, msgpack values ``v``).
@@ -14,7 +15,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from megaphone.state_backends.base import EXPORT_SCHEMA
-from megaphone.state_backends.encoding import byte_lengths
+from megaphone.state_backends.encoding import (
+    byte_lengths,
+    decode_int_keys,
+    decode_keys,
+    unpack_ints,
+    unpack_values,
+)
+from megaphone.state_backends.timer_keys import without_timers
 
 _SCAN_BLOCK = 1024  # entries pulled from a range scan at a time while exporting
 
@@ -92,3 +100,25 @@ def cut_batches(
                     break
     if ks:
         yield record_batch(ks, vs)
+
+
+def state_rows(schema: pa.Schema, key_type: str, k: pa.Array, v: pa.Array,
+               decoded: bool) -> pa.RecordBatch:
+    """One exported chunk as ``(key, state)`` rows of ``schema``: int keys and int states are
+    decoded without Python objects (others per key); undecoded states stay msgpack bytes.
+    Timer keys are no state rows (and no plain keys): they are left out."""
+    k, v = without_timers(k, v)
+    ints = decode_int_keys(k) if key_type == "int64" else None
+    if ints is not None:
+        keys = pa.array(ints[1], schema.field(0).type)
+    else:
+        _, raw_keys = decode_keys(k.to_pylist(), key_type)
+        keys = pa.array(raw_keys.tolist() if isinstance(raw_keys, np.ndarray) else raw_keys,
+                        schema.field(0).type)
+    if not decoded:
+        values = v.cast(schema.field(1).type)
+    else:
+        nums = unpack_ints(v)
+        values = pa.array(nums if nums is not None else unpack_values(v.to_pylist()),
+                          schema.field(1).type)
+    return pa.RecordBatch.from_arrays([keys, values], schema=schema)

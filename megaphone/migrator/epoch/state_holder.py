@@ -24,7 +24,7 @@ from megaphone.migrator.epoch.state_reader import (
     epoch_records,
     read_bin_stats,
     release_local_stores,
-    sizes_from_stats,
+    sizes_at,
 )
 from megaphone.migrator.statedir.commit import Commit
 from megaphone.migrator.statedir.directory import StateDir
@@ -276,10 +276,10 @@ class StateHolder:
         if self.config.checkpoint is None:
             return bin_sizes(self.state_dir, owners)
         with self.lock:  # nothing committed yet: every bin is empty
-            stats: Any = () if self.epoch < 0 else read_bin_stats(
+            stats: Any = {} if self.epoch < 0 else read_bin_stats(
                 self.spark, self.durable_read(), self.config.backend, self.key_type,
                 self.routing.owners(self.epoch))
-        return sizes_from_stats(stats, self.config.num_bins)
+        return sizes_at(stats, owners)
 
 
 __all__ = ["POLICY_HISTORY", "StateHolder"]

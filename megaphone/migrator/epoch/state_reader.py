@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,26 +14,32 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from megaphone.migrator.epoch.schemas import arrow_type
-from megaphone.migrator.statedir.directory import StateDir
+from megaphone.migrator.statedir.directory import StateDir, StateDirLocked
 from megaphone.paths import StateDirPaths, local_stores_path, local_worker_path
 from megaphone.plans.planner import BinSizes
 from megaphone.records import EpochMetrics
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES, open_backend
 from megaphone.state_backends.durable import SNAPSHOT_EVERY
-from megaphone.state_backends.encoding import (
-    decode_int_keys,
-    decode_keys,
-    unpack_ints,
-    unpack_values,
-)
-from megaphone.state_backends.kv_batches import kv_columns
+from megaphone.state_backends.kv_batches import kv_columns, state_rows
 from megaphone.state_backends.remote import (
     DurableSpec,
     RemoteStore,
     default_local_dir,
     release_stores,
 )
-from megaphone.state_backends.timer_keys import without_timers
+
+
+def _per_worker(spark: SparkSession, workers: list[int],
+                read: Callable[[int], Iterator[pa.RecordBatch]], schema: Any) -> DataFrame:
+    """What ``read(worker)`` yields for each of ``workers``, one task per worker."""
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for w in batch.column("id").to_pylist():
+                yield from read(w)
+
+    ids = spark.createDataFrame([(w,) for w in workers], "id long")
+    return ids.repartition(max(1, len(workers))).mapInArrow(task, schema)
 
 
 def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, owners: np.ndarray,
@@ -52,29 +58,21 @@ def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, own
     arrow_schema = pa.schema([(f.name, arrow_type(f.dataType)) for f in schema])
     paths = StateDirPaths(root)
 
-    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for w in batch.column("id").to_pylist():
-                path = paths.worker(w)
-                if durable is not None:
-                    store = durable.store(w, backend, key_type, num_bins)
-                    for chunk in store.export(bins_of[w], DEFAULT_CHUNK_BYTES, durable.epoch,
-                                              durable.epoch + 1, durable.run):
-                        k, v = kv_columns(chunk)
-                        yield _batch(arrow_schema, key_type, k, v, decoded)
-                    continue
-                if not path.exists():
-                    continue
-                state = open_backend(backend, path, key_type, num_bins, read_only=True)
-                try:
-                    for chunk in state.export_bins(bins_of[w]):
-                        k, v = kv_columns(chunk)
-                        yield _batch(arrow_schema, key_type, k, v, decoded)
-                finally:
-                    state.close()
+    def read(w: int) -> Iterator[pa.RecordBatch]:
+        if durable is not None:
+            store = durable.store(w, backend, key_type, num_bins)
+            for chunk in store.export(bins_of[w], DEFAULT_CHUNK_BYTES, durable.epoch,
+                                      durable.epoch + 1, durable.run):
+                yield state_rows(arrow_schema, key_type, *kv_columns(chunk), decoded)
+        elif paths.worker(w).exists():
+            state = open_backend(backend, paths.worker(w), key_type, num_bins, read_only=True)
+            try:
+                for chunk in state.export_bins(bins_of[w]):
+                    yield state_rows(arrow_schema, key_type, *kv_columns(chunk), decoded)
+            finally:
+                state.close()
 
-    ids = spark.createDataFrame([(w,) for w in workers], "id long")
-    return ids.repartition(max(1, len(workers))).mapInArrow(read, schema)
+    return _per_worker(spark, workers, read, schema)
 
 
 @dataclass(frozen=True)
@@ -99,53 +97,33 @@ class DurableRead:
                            DurableSpec(self.uri, worker, self.snapshot_every,
                                        self.committed_tokens.get(worker, "")))
 
+    def stats(self, worker: int, backend: str, key_type: str, num_bins: int
+              ) -> dict[int, tuple[int, int]]:
+        """``{bin: (keys, bytes)}`` of worker ``worker``'s working copy as of :attr:`epoch`."""
+        store = self.store(worker, backend, key_type, num_bins)
+        return {b: (k, n) for b, k, n in store.stats(self.epoch, self.epoch + 1, self.run)}
+
 
 def read_bin_stats(spark: SparkSession, durable: DurableRead, backend: str, key_type: str,
-                   owners: np.ndarray) -> list[tuple[int, int, int]]:
-    """``(bin, keys, bytes)`` of every non-empty bin at its owner in ``owners``, read from the
-    working copies on the executors (restored first where missing or behind)."""
+                   owners: np.ndarray) -> dict[int, dict[int, tuple[int, int]]]:
+    """Per worker, ``{bin: (keys, bytes)}`` of the non-empty bins it owns in ``owners``, read
+    from the working copies on the executors (restored first where missing or behind)."""
     num_bins = len(owners)
     workers = sorted({int(w) for w in owners})
-    bins_of = {w: set(np.flatnonzero(owners == w).tolist()) for w in workers}
+    owned = {w: set(np.flatnonzero(owners == w).tolist()) for w in workers}
 
-    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for w in batch.column("id").to_pylist():
-                store = durable.store(w, backend, key_type, num_bins)
-                stats = [(b, k, n) for b, k, n in store.stats(durable.epoch, durable.epoch + 1,
-                                                              durable.run) if b in bins_of[w]]
-                yield pa.RecordBatch.from_pylist(
-                    [{"bin": b, "keys": k, "bytes": n} for b, k, n in stats],
-                    schema=pa.schema([("bin", pa.int64()), ("keys", pa.int64()),
-                                      ("bytes", pa.int64())]))
+    def read(w: int) -> Iterator[pa.RecordBatch]:
+        stats = durable.stats(w, backend, key_type, num_bins)
+        yield pa.RecordBatch.from_pylist(
+            [{"worker": w, "bin": b, "keys": k, "bytes": n}
+             for b, (k, n) in stats.items() if b in owned[w]],
+            schema=pa.schema([(name, pa.int64()) for name in ("worker", "bin", "keys", "bytes")]))
 
-    ids = spark.createDataFrame([(w,) for w in workers], "id long")
-    rows = ids.repartition(max(1, len(workers))).mapInArrow(
-        read, "bin long, keys long, bytes long").toArrow()
-    return list(zip(*(rows.column(c).to_pylist() for c in ("bin", "keys", "bytes")),
-                    strict=True))
-
-
-def _batch(schema: pa.Schema, key_type: str, k: pa.Array, v: pa.Array,
-           decoded: bool) -> pa.RecordBatch:
-    """One exported chunk as ``(key, state)`` rows: int keys and int states are decoded
-    without Python objects (others per key); undecoded states stay msgpack bytes. Timer keys
-    are no state rows (and no plain keys): they are left out."""
-    k, v = without_timers(k, v)
-    ints = decode_int_keys(k) if key_type == "int64" else None
-    if ints is not None:
-        keys = pa.array(ints[1], schema.field(0).type)
-    else:
-        _, raw_keys = decode_keys(k.to_pylist(), key_type)
-        keys = pa.array(raw_keys.tolist() if isinstance(raw_keys, np.ndarray) else raw_keys,
-                        schema.field(0).type)
-    if not decoded:
-        values = v.cast(schema.field(1).type)
-    else:
-        nums = unpack_ints(v)
-        values = pa.array(nums if nums is not None else unpack_values(v.to_pylist()),
-                          schema.field(1).type)
-    return pa.RecordBatch.from_arrays([keys, values], schema=schema)
+    out: dict[int, dict[int, tuple[int, int]]] = {}
+    rows = _per_worker(spark, workers, read, "worker long, bin long, keys long, bytes long")
+    for row in rows.toArrow().to_pylist():
+        out.setdefault(row["worker"], {})[row["bin"]] = (row["keys"], row["bytes"])
+    return out
 
 
 def epoch_records(metrics: Iterable[Mapping[str, Any]]) -> tuple[EpochMetrics, ...]:
@@ -155,24 +133,36 @@ def epoch_records(metrics: Iterable[Mapping[str, Any]]) -> tuple[EpochMetrics, .
 
 
 def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
-    """Per-bin keys and bytes of ``state``, read read-only from every worker's backend.
-
-    A bin's size is taken from its owner under ``owners``; if the owner does not hold it yet
-    (a move not applied to state), from the lowest worker that does. Reading changes no file
-    of the state directory. With a checkpoint location the pipeline must be stopped: each
-    worker is read in this process through this host's store service, from its working copy
-    here or one restored from the durable copy (:func:`durable_bin_stats`).
+    """Per-bin keys and bytes of ``state`` (:func:`sizes_at` ``owners``), read read-only from
+    every worker's backend. Reading changes no file of the state directory. With a checkpoint
+    location the pipeline must be stopped: each worker is read in this process through this
+    host's store service, from its working copy here or one restored from the durable copy
+    (:func:`durable_bin_stats`).
     """
-    fp = state.fingerprint
-    owners = np.asarray(owners)
-    keys = np.zeros(fp.num_bins, np.int64)
-    nbytes = np.zeros(fp.num_bins, np.int64)
-    found = np.zeros(fp.num_bins, bool)
     if state.manifest.get("checkpoint") is not None:
-        per_worker = durable_bin_stats(state)
-    else:
-        per_worker = {w: {b: (s.keys, s.bytes) for b, s in stats.items()}
-                      for w, stats in _backend_bin_stats(state).items()}
+        return sizes_at(durable_bin_stats(state), owners)
+    fp = state.fingerprint
+    kind = state.manifest.get("backend", "rocksdb")
+    per_worker: dict[int, dict[int, tuple[int, int]]] = {}
+    for w in state.worker_ids():
+        backend = open_backend(kind, state.worker_path(w), fp.key_type, fp.num_bins,
+                               read_only=True)
+        try:
+            per_worker[w] = {b: (s.keys, s.bytes) for b, s in backend.bin_stats().items()}
+        finally:
+            backend.close()
+    return sizes_at(per_worker, owners)
+
+
+def sizes_at(per_worker: Mapping[int, Mapping[int, tuple[int, int]]], owners: np.ndarray
+             ) -> BinSizes:
+    """Per-bin keys and bytes from the workers' bin statistics: a bin's are its owner's under
+    ``owners`` or, if the owner does not hold it yet (a move not applied to state), those of
+    the lowest worker that does."""
+    owners = np.asarray(owners)
+    keys = np.zeros(len(owners), np.int64)
+    nbytes = np.zeros(len(owners), np.int64)
+    found = np.zeros(len(owners), bool)
     for w, stats in per_worker.items():  # owners first
         for b, (k, n) in stats.items():
             if owners[b] == w:
@@ -184,29 +174,12 @@ def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
     return BinSizes(keys, nbytes)
 
 
-def _backend_bin_stats(state: StateDir) -> dict[int, dict[int, Any]]:
-    """Every worker folder's bin statistics in a state directory without a checkpoint."""
-    fp = state.fingerprint
-    kind = state.manifest.get("backend", "rocksdb")
-    per_worker: dict[int, dict[int, Any]] = {}
-    for w in state.worker_ids():
-        backend = open_backend(kind, state.worker_path(w), fp.key_type, fp.num_bins,
-                               read_only=True)
-        try:
-            per_worker[w] = backend.bin_stats()
-        finally:
-            backend.close()
-    return per_worker
-
-
 def durable_bin_stats(state: StateDir) -> dict[int, dict[int, tuple[int, int]]]:
     """``{worker: {bin: (keys, bytes)}}`` of a stopped checkpointed pipeline as of its last
     commit, read in this process through this host's store service (a working copy missing
     or behind is restored from the durable copy first, as recovery does). The state
     directory's lock is held meanwhile (a running pipeline's is refused: read it with
     ``Pipeline.bin_sizes``), and the stores are left closed, as a stopped pipeline's."""
-    from megaphone.migrator.statedir.directory import StateDirLocked
-
     commit = state.read_commit()
     if commit.epoch < 0:
         return {}  # nothing committed yet: every bin is empty
@@ -225,15 +198,10 @@ def durable_bin_stats(state: StateDir) -> dict[int, dict[int, tuple[int, int]]]:
                        fp.pipeline_id, uuid.uuid4().hex, commit.worker_tokens())
     release_local_stores(state, local_dir)  # a crashed pipeline's, if still open
     try:
-        out: dict[int, dict[int, tuple[int, int]]] = {}
         # the workers the commit knows: one that gave away its last bins has left it (its
         # durable copy is gone), and one a plan adds holds nothing until an epoch gives it bins
-        for w in sorted(commit.worker_tokens()):
-            store = read.store(w, state.manifest.get("backend", "rocksdb"), fp.key_type,
-                               fp.num_bins)
-            out[w] = {b: (k, n) for b, k, n in store.stats(commit.epoch, commit.epoch + 1,
-                                                           read.run)}
-        return out
+        return {w: read.stats(w, state.manifest.get("backend", "rocksdb"), fp.key_type,
+                              fp.num_bins) for w in sorted(commit.worker_tokens())}
     finally:
         release_local_stores(state, local_dir)
         if not held:
@@ -246,12 +214,3 @@ def release_local_stores(state: StateDir, local_dir: str) -> None:
     release_stores(local_dir, str(state.path))
     if state.manifest.get("checkpoint") is not None:
         release_stores(local_dir, str(local_stores_path(local_dir, state.fingerprint.pipeline_id)))
-
-
-def sizes_from_stats(stats: Iterable[tuple[int, int, int]], num_bins: int) -> BinSizes:
-    """:class:`BinSizes` from ``(bin, keys, bytes)`` rows (the executors' bin statistics)."""
-    keys = np.zeros(num_bins, np.int64)
-    nbytes = np.zeros(num_bins, np.int64)
-    for b, k, n in stats:
-        keys[b], nbytes[b] = k, n
-    return BinSizes(keys=keys, bytes=nbytes)
