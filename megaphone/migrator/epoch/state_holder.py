@@ -180,7 +180,7 @@ class StateHolder:
         """Let a Spark Connect server open the state: its stores released, its lock freed."""
         with self.lock:
             state = self.state_dir
-            self.release_stores(state)
+            release_local_stores(state, self.local_dir)
             state.unlock()
 
     def close(self) -> None:
@@ -188,7 +188,7 @@ class StateHolder:
         if self.state is None:
             return
         self.flush_metrics()  # the last epoch's metrics, into the driver's durable copy
-        self.release_stores(self.state)
+        release_local_stores(self.state, self.local_dir)
         self.state.unlock()
         unregister(self.state.fingerprint.pipeline_id, self.owner)
 
@@ -196,13 +196,8 @@ class StateHolder:
         """Bring ``state`` back to ``commit`` (:func:`check_and_recover`). Its stores may still be
         open in the store service (a crashed run's, or a failed epoch's): it closes them first,
         since recovery opens them here; the next epoch's tasks open them there again."""
-        self.release_stores(state)
-        self.recovery = check_and_recover(state, commit)
-
-    def release_stores(self, state: StateDir) -> None:
-        """Close ``state``'s stores in this host's store service (working copies under the
-        state directory, or this host's under ``local_dir`` with a checkpoint location)."""
         release_local_stores(state, self.local_dir)
+        self.recovery = check_and_recover(state, commit)
 
     @property
     def local_dir(self) -> str:
