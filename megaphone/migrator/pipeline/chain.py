@@ -80,14 +80,12 @@ class Chain:
         """
         epoch = self.epoch + 1
         data = batch
-        for i, stage in enumerate(self.stages):
+        for stage, link in zip(self.stages, [*self.links, None], strict=True):
             if stage.epoch >= epoch:
                 data = stage._driver.read_outputs(epoch)
             else:
                 data = stage.process(data, input_end=input_end)
-            link = self.links[i] if i < len(self.links) else None
-            if link is not None:
-                data = link(data)
+            data = data if link is None else link(data)
         return data
 
     @property
