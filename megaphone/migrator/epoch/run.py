@@ -44,8 +44,7 @@ from megaphone.migrator.epoch.routing_operator import (
 )
 from megaphone.migrator.epoch.spark_job import EpochReport, collect_epochs, epoch_job
 from megaphone.migrator.epoch.state_holder import POLICY_HISTORY
-from megaphone.migrator.statedir.commit import Commit, StreamPosition
-from megaphone.migrator.statedir.directory import StateDir
+from megaphone.migrator.statedir.commit import StreamPosition
 from megaphone.migrator.statedir.faults import crash_point
 from megaphone.migrator.statedir.inbox import take_plans
 from megaphone.migrator.task.columns import LABEL
@@ -53,7 +52,7 @@ from megaphone.migrator.task.spec import EpochSpec, with_labels
 from megaphone.migrator.task.updates import Update
 from megaphone.migrator.trace import epoch_trace, take_marks, trace_enabled
 from megaphone.operators.process import watermark
-from megaphone.plans.plan_queue import PlanQueue, PolicyInputs
+from megaphone.plans.plan_queue import PolicyInputs
 from megaphone.records import EpochMetrics
 from megaphone.routing.placement import away
 from megaphone.spark import check_python_workers, task_slots
@@ -96,17 +95,13 @@ processing_clock: Callable[[], float] = time.time
 
 @dataclass(frozen=True)
 class Admission:
-    """A batch admitted to an epoch: its record columns and update, its tasks' shuffle and
-    outputs schemas, and the pipeline's state directory, plan queue and last commit (the state
-    directory is created on first use)."""
+    """A batch admitted to an epoch (admitting the first creates the state directory): its
+    record columns and update, and its tasks' shuffle and outputs schemas."""
 
     columns: dict[str, Column]
     update: Update
     shuffle: pa.Schema
     outputs: pa.Schema
-    state: StateDir
-    queue: PlanQueue
-    committed: Commit
 
 
 @dataclass(frozen=True)
@@ -194,7 +189,7 @@ class EpochRun:
         started = time.time()
         with self.phase("admit"):
             admitted = self._admit()  # creates the state dir on first use
-            state, queue = admitted.state, admitted.queue
+            state, queue = holder.state_dir, holder.plans
             take_plans(state, holder.submit_plan)  # plans posted by `megaphone migrate`
             lag = max(0.0, started - self.input_end) if self.input_end is not None else 0.0
             with queue.lock:
@@ -206,7 +201,7 @@ class EpochRun:
         labels = self.source.labels[:self.size]
         with self.phase("layout"):
             with queue.lock:
-                layout = epoch_layout(queue.table, admitted.committed, epoch,
+                layout = epoch_layout(queue.table, holder.commit, epoch,
                                       state_workers(state, queue.table))
             spec = self._spec(admitted, layout, labels)
         with self.phase("submit"):
@@ -227,7 +222,7 @@ class EpochRun:
             if before_commit is not None:
                 before_commit(reports[0].outputs)
         with self.phase("commit"):
-            self._commit_all(admitted, layout, reports)
+            self._commit_all(layout, reports)
         with self.phase("cleanup"):
             keep = self.last - holder.config.keep_outputs + 1
             state.prune_outputs(keep if self.source.keep_from is None
@@ -271,7 +266,7 @@ class EpochRun:
                 raise TypeError(f"value column {schema.value!r} is "
                                 f"{value_type.simpleString()} but the pipeline's are {theirs}")
         shuffle, outputs = schema.task_schemas(key_type, update, batch.schema, state.manifest)
-        return Admission(columns, update, shuffle, outputs, state, holder.plans, holder.commit)
+        return Admission(columns, update, shuffle, outputs)
 
     def _policy_inputs(self, lag_s: float) -> PolicyInputs:
         """What adaptive plans' policies see before the group (metadata only)."""
@@ -303,7 +298,7 @@ class EpochRun:
         :data:`processing_clock`, one for the group; an operator whose ``processing_time`` is
         true gets it as its watermark, so its timers fire by the clock."""
         holder, update = self.holder, admitted.update
-        config, committed = holder.config, admitted.committed
+        config, committed = holder.config, holder.commit
         fields: dict[str, Any] = {}
         if update.is_process:
             owners = holder.routing.owners(layout.epoch)
@@ -336,12 +331,12 @@ class EpochRun:
             **self.driver.hot.spec_fields(update, layout, self.driver.task_slots or 1),
         )
 
-    def _commit_all(self, admitted: Admission, layout: EpochLayout,
-                    reports: list[EpochReport]) -> None:
+    def _commit_all(self, layout: EpochLayout, reports: list[EpochReport]) -> None:
         """Commit the group's epochs in order (:meth:`StateDir.commit_epoch`: each one's outputs
         kept, then its commit record). Bins that moved at the first epoch stay pending drops
         until the next group's first epoch (a retried group job may export them again)."""
-        queue, before, load = admitted.queue, admitted.committed, self.driver.bin_load
+        holder, load = self.holder, self.driver.bin_load
+        queue, before = holder.plans, holder.commit
         stream = self.source.stream
         for report in reports:
             record = report.record
@@ -359,7 +354,7 @@ class EpochRun:
                 if self.grouped:
                     commit.label = record.label
                 record.away = away(commit.worker_homes(), ran_on(record.per_worker))
-                admitted.state.commit_epoch(commit, report.outputs)  # the epoch's commit point
-                self.holder.commit = commit
+                holder.state_dir.commit_epoch(commit, report.outputs)  # the epoch's commit point
+                holder.commit = commit
             before = commit
             self.records.append(record)
