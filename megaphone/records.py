@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -211,3 +212,10 @@ class EpochMetrics(_Record):
     def total(self, name: str) -> float:
         """The sum of one :class:`WorkerMetrics` field over the epoch's workers."""
         return sum(getattr(m, name) or 0 for m in self.per_worker.values())
+
+
+def epoch_records(metrics: Iterable[Mapping[str, Any] | EpochMetrics]) -> tuple[EpochMetrics, ...]:
+    """Stored per-epoch metrics (plain dicts, or records already) as records, for planning
+    and policies."""
+    return tuple(m if isinstance(m, EpochMetrics) else EpochMetrics.from_dict(dict(m))
+                 for m in metrics)

@@ -17,10 +17,9 @@ from pyspark.sql import functions as F
 from megaphone import MigrationPlan, Pipeline
 from megaphone.cli import main
 from megaphone.migrator.control.ds2_controller import DS2Controller
-from megaphone.migrator.epoch.state_reader import epoch_records
 from megaphone.plans.autoscale import Policy, input_span, select_window
 from megaphone.plans.scale_decision import ScaleDecision, decide_once, explain
-from megaphone.records import EpochMetrics
+from megaphone.records import EpochMetrics, epoch_records
 
 # -- a fake pipeline -------------------------------------------------------------------------
 

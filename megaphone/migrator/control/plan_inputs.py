@@ -16,13 +16,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from megaphone.migrator.epoch.state_reader import bin_sizes, epoch_records
+from megaphone.migrator.epoch.state_reader import bin_sizes
 from megaphone.migrator.statedir.directory import StateDir
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.plans.planner import BinSizes, PlanningInputs, check_request, plan_rescale
 from megaphone.plans.strategies import FLUID
 from megaphone.plans.targets import TargetSpec
-from megaphone.records import EpochMetrics
+from megaphone.records import EpochMetrics, epoch_records
 from megaphone.routing.table import RoutingTable
 from megaphone.snailtrail import EpochTrace
 

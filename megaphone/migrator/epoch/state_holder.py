@@ -21,7 +21,6 @@ from megaphone.migrator.epoch.config import PipelineConfig, check_config, check_
 from megaphone.migrator.epoch.state_reader import (
     DurableRead,
     bin_sizes,
-    epoch_records,
     read_bin_stats,
     release_local_stores,
     sizes_at,
@@ -35,7 +34,7 @@ from megaphone.plans.plan import MigrationPlan
 from megaphone.plans.plan_queue import MigrationHandle, PlanQueue
 from megaphone.plans.planner import BinSizes
 from megaphone.plans.policy import MigrationPolicy
-from megaphone.records import EpochMetrics
+from megaphone.records import EpochMetrics, epoch_records
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
 from megaphone.snailtrail import EpochTrace

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,6 @@ from megaphone.migrator.epoch.schemas import arrow_type
 from megaphone.migrator.statedir.directory import StateDir, StateDirLocked
 from megaphone.paths import StateDirPaths, local_stores_path, local_worker_path
 from megaphone.plans.planner import BinSizes
-from megaphone.records import EpochMetrics
 from megaphone.state_backends import DEFAULT_CHUNK_BYTES, open_backend
 from megaphone.state_backends.durable import SNAPSHOT_EVERY
 from megaphone.state_backends.kv_batches import kv_columns, state_rows
@@ -124,12 +123,6 @@ def read_bin_stats(spark: SparkSession, durable: DurableRead, backend: str, key_
     for row in rows.toArrow().to_pylist():
         out.setdefault(row["worker"], {})[row["bin"]] = (row["keys"], row["bytes"])
     return out
-
-
-def epoch_records(metrics: Iterable[Mapping[str, Any]]) -> tuple[EpochMetrics, ...]:
-    """Stored per-epoch metrics (plain dicts) as records, for planning and policies."""
-    return tuple(m if isinstance(m, EpochMetrics) else EpochMetrics.from_dict(dict(m))
-                 for m in metrics)
 
 
 def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
