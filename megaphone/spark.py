@@ -38,7 +38,7 @@ RUNTIME_CONF = ("spark.sql.execution.arrow.pyspark.enabled",
 #: Spark's optimizer rule that computes a projection over local data (a DataFrame made from
 #: Python or Arrow data) row by row in the interpreter, before constants are folded: it would
 #: rebuild the routing version's owner array
-#: (:func:`~megaphone.migrator.epoch.spark_job.owner_column`) for every record -- ~7 s for an
+#: (:func:`~megaphone.routing.bins.owner_column`) for every record -- ~7 s for an
 #: epoch of 20,000 records at 4,096 bins instead of ~0.3 s.
 LOCAL_RELATION_RULE = "org.apache.spark.sql.catalyst.optimizer.ConvertToLocalRelation"
 

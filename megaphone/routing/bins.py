@@ -4,7 +4,8 @@ The hash is exactly Spark SQL's ``xxhash64(key)`` for a ``LongType`` or ``String
 reinterpreted as an unsigned 64-bit integer, so the driver (numpy, :func:`bin_of`) and the JVM
 (:func:`bin_column`) always agree on which bin a key lives in. XXH64 is implemented here in
 vectorized numpy (:mod:`megaphone.routing.xxh64`): arrays of keys are hashed without a per-key
-Python loop.
+Python loop. A bin's worker under one routing version is looked up in the JVM too
+(:func:`owner_column`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "MIN_NUM_BINS",
     "bin_column",
     "bin_of",
+    "owner_column",
     "validate_num_bins",
     "xxhash64_unsigned",
 ]
@@ -115,3 +117,20 @@ def bin_column(
         raise TypeError(f"col must be a column name or a Column, got {type(col).__name__}")
     key = col.cast(KEY_SPARK_CASTS[key_type])
     return F.shiftrightunsigned(F.xxhash64(key), 64 - k).cast("int")
+
+
+def owner_column(owners: np.ndarray, bin_: Column) -> Column:
+    """The worker of bin ``bin_`` under one routing version (``owners``: the worker of every
+    bin), as a Spark expression.
+
+    The owners are one string literal split into an ``array<int>``, which Spark's optimizer
+    folds into a constant: a lookup per record, with no broadcast join (and no extra job) per
+    epoch, and one expression however many bins there are. (For local input too: a pipeline
+    turns off the rule that would compute it row by row before folding,
+    :data:`~megaphone.spark.LOCAL_RELATION_RULE`.)
+    """
+    from pyspark.sql import functions as F
+
+    text = ",".join(str(int(w)) for w in owners)
+    table = F.split(F.lit(text), ",").cast("array<int>")
+    return F.element_at(table, bin_ + 1)

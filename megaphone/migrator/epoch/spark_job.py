@@ -1,9 +1,9 @@
 """The Spark side of an epoch: one job that routes records, ships moving state and applies.
 
 Map stage: records get their bin in the JVM (``xxhash64``) and their worker from the routing
-version in force (:func:`owner_column`); the old owners of moving bins export them
-(:func:`~megaphone.migrator.task.state_operator.export_worker`). One shuffle (``repartitionById``)
-brings both to partition ``w`` = worker ``w``, where
+version in force (:func:`~megaphone.routing.bins.owner_column`); the old owners of moving bins
+export them (:func:`~megaphone.migrator.task.state_operator.export_worker`). One shuffle
+(``repartitionById``) brings both to partition ``w`` = worker ``w``, where
 :func:`~megaphone.migrator.task.state_operator.apply_worker` installs the state and then applies
 the records. Each worker returns its outputs and rows of reports
 (:func:`~megaphone.migrator.task.state_operator.result_schema`): results travel in the job, not
@@ -47,7 +47,7 @@ from megaphone.migrator.task.state_operator import apply_worker, export_worker, 
 from megaphone.migrator.task.updates import UpdateError
 from megaphone.plans.hot_keys import epoch_summary
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
-from megaphone.routing.bins import bin_column
+from megaphone.routing.bins import bin_column, owner_column
 
 log = logging.getLogger("megaphone.epoch")
 
@@ -64,20 +64,6 @@ RETRYABLE = ("StoreUnavailable", "LeaseLost", "A shuffle map stage with indeterm
 def retryable(error_text: str) -> bool:
     """Whether a failed epoch job (its Spark error's text) is run again."""
     return any(mark in error_text for mark in RETRYABLE)
-
-
-def owner_column(owners: np.ndarray, bin_: Column) -> Column:
-    """The worker of bin ``bin_`` under one routing version, as a Spark expression.
-
-    The owners are one string literal split into an ``array<int>``, which Spark's optimizer
-    folds into a constant: a lookup per record, with no broadcast join (and no extra job) per
-    epoch, and one expression however many bins there are. (For local input too: a pipeline
-    turns off the rule that would compute it row by row before folding,
-    :data:`~megaphone.spark.LOCAL_RELATION_RULE`.)
-    """
-    text = ",".join(str(int(w)) for w in owners)
-    table = F.split(F.lit(text), ",").cast("array<int>")
-    return F.element_at(table, bin_ + 1)
 
 
 @dataclass(frozen=True)
