@@ -177,3 +177,33 @@ def test_a_group_splits_its_epochs_hot_keys_with_the_same_results(spark, tmp_pat
         [6, 5, 1]
     assert {r[0]: r[1] for r in pipe.state().collect()} == state
     pipe.close()
+
+
+class ValueCounts(Combiner):
+    """Counts per value: a state keyed by int, which msgpack carries as a map with int keys."""
+
+    def fold(self, key, values):
+        out: dict = {}
+        for v in values:
+            out[v] = out.get(v, 0) + 1
+        return out
+
+    def combine(self, a, b):
+        return {v: a.get(v, 0) + b.get(v, 0) for v in a.keys() | b.keys()}
+
+    def outputs(self, key, state):
+        return [len(state)]
+
+
+def test_states_and_partials_with_int_map_keys_merge_split_or_not():
+    from megaphone.migrator.task.hot_split import Partials, combine_partials
+    from megaphone.migrator.task.updates import make_update
+    from megaphone.state_backends.encoding import unpack_value
+
+    counts = ValueCounts()
+    state, outputs = counts(5, [1, 2, 1], None)
+    assert (state, outputs) == ({1: 2, 2: 1}, [2])
+    partials = Partials([5, 5], [0, 0], [2, 1], [{2: 1, 3: 1}, {3: 1}])
+    new_raw, keys, outs = combine_partials(make_update(counts, None), partials,
+                                           [msgpack.packb(state)], 2, 0)
+    assert unpack_value(new_raw[0]) == {1: 2, 2: 2, 3: 2} and (keys, outs) == ([5], [3])

@@ -89,6 +89,22 @@ def test_apply_custom_names_the_key_epoch_and_worker(values, message):
     assert info.value.__cause__ is not None and "\n" not in str(info.value)
 
 
+def by_value(key, values, state):
+    """A state keyed by int: msgpack map keys that are not strings."""
+    state = state or {}
+    for v in values:
+        state[v] = state.get(v, 0) + 1
+    return state, [len(state)]
+
+
+def test_a_state_with_int_map_keys_comes_back_at_the_next_epoch():
+    update = make_update(by_value, None)
+    first, _, _ = apply_custom(update, records([5], [[1, 2, 1]]), [None], 1, 0)
+    second, keys, outputs = apply_custom(update, records([5], [[2, 3]]), first, 2, 0)
+    assert unpack_value(second[0]) == {1: 2, 2: 2, 3: 1}
+    assert (keys, outputs) == ([5], [3])
+
+
 def test_an_output_that_does_not_convert_names_its_key():
     schema = pa.schema([("k", pa.int64()), ("out", pa.string())])
     assert custom_outputs([1, 2], ["a", "b"], schema).to_pylist() == [

@@ -26,7 +26,7 @@ import msgpack
 def roundtrip(value: Any) -> Any:
     """``value`` as it comes back from msgpack (tuples become lists): what travels between
     workers, so both modes hand ``combine`` the same objects."""
-    return msgpack.unpackb(msgpack.packb(value))
+    return msgpack.unpackb(msgpack.packb(value), strict_map_key=False)
 
 
 class Combiner(ABC):

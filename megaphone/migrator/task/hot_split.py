@@ -47,6 +47,7 @@ from megaphone.migrator.task.updates import (
 )
 from megaphone.operators.combiner import Combiner
 from megaphone.plans.hot_keys import HeavyHitters
+from megaphone.state_backends.encoding import unpack_value
 
 
 def splittable(update: Update) -> bool:
@@ -188,7 +189,7 @@ def take_partials(table: pa.Table) -> tuple[pa.Table, Partials | None]:
     if not pc.any(is_partial).as_py():
         return table, None
     part = table.filter(is_partial)
-    decoded = [msgpack.unpackb(raw) for raw in part.column(PARTIAL).to_pylist()]
+    decoded = [unpack_value(raw) for raw in part.column(PARTIAL).to_pylist()]
     partials = Partials(part.column(KEY).to_pylist(), part.column(BIN).to_pylist(),
                         [int(d[0]) for d in decoded], [d[1] for d in decoded])
     records = table.filter(pc.invert(is_partial))
@@ -230,7 +231,7 @@ def combine_partials(update: Update, partials: Partials, old_raw: list[bytes | N
     out_keys: list[Any] = []
     out_values: list[Any] = []
     for (key, (_, parts)), raw in zip(partials.by_key().items(), old_raw, strict=True):
-        state = None if raw is None else msgpack.unpackb(raw)
+        state = None if raw is None else unpack_value(raw)
         try:
             new = combiner.merge(state, parts)
             outputs = list(combiner.outputs(key, new))

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from megaphone.errors import MegaphoneError
 from megaphone.migrator.task.columns import BIN, KEY, VALUE
 from megaphone.operators.process import ProcessFunction
+from megaphone.state_backends.encoding import unpack_value
 
 #: ``f(key, values, state) -> (new_state, outputs)``: the general keyed update.
 UpdateFn = Callable[[Any, list, Any], tuple[Any, Iterable[Any]]]
@@ -152,7 +153,7 @@ def make_update(
 
 
 def _unpack(raw: bytes | None) -> Any:
-    return None if raw is None else msgpack.unpackb(raw)
+    return None if raw is None else unpack_value(raw)
 
 
 def apply_builtin(
