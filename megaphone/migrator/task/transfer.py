@@ -127,6 +127,7 @@ def _file_rows(schema: pa.Schema, dst: int, f: BinFile | FileRef, spec: EpochSpe
                                BIN: pa.array([f.file.bin], pa.int32()),
                                STATE_FILE: pa.array([msgpack.packb(f.to_wire())], pa.binary())},
                    RowKind.FILE_PART)
+        crash_point("export", spec.epoch, spec.local_dir)
         return
     try:
         for offset, data in file_parts(f.path, spec.chunk_bytes):
