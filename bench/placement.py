@@ -26,6 +26,7 @@ pulled home to home, and the new workers' homes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -42,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import megaphone
 from bench.epoch_floor import epoch_frame, machine
 from megaphone import MigrationPlan, Move
-from megaphone.paths import local_stores_path
+from megaphone.paths import host_id_path, local_stores_path
 from megaphone.spark import spark_session
 from tests.helpers.cluster import CLUSTER_CONF, kill_host, namespaces_permitted, two_hosts
 
@@ -88,7 +89,8 @@ def run_once(hosts, name: str, args: argparse.Namespace) -> dict:
             m = pipe.metric_records(last=1)[0]
             if moves:
                 scale_out = moved_across(m, moves, sizes, homes,
-                                         pipe.state_dir.read_commit().worker_homes())
+                                         pipe.state_dir.read_commit().worker_homes(),
+                                         host_names(hosts), enforced=RUNS[name] == "1")
             epochs.append({
                 "epoch_s": seconds,
                 "restores": sum(1 for w in m.per_worker.values() if w.restored),
@@ -114,19 +116,34 @@ def scale_out_moves(pipe, args: argparse.Namespace) -> list[Move]:
             for b in range(len(owners)) if b % 2]
 
 
-def moved_across(m, moves: list[Move], sizes, before: dict[int, str], after: dict[int, str]
-                 ) -> dict:
+def host_names(hosts) -> dict[str, str]:
+    """``host 0`` and ``host 1`` by their host ids (read on each host's own disk)."""
+    names = {}
+    for h in (0, 1):
+        path = host_id_path(hosts.hidden / "local")
+        with contextlib.suppress(OSError):
+            root = Path(f"/proc/{hosts.procs[1 + h].pid}/root")
+            names[(root / path.relative_to("/")).read_text().strip()] = f"host {h}"
+    return names
+
+
+def moved_across(m, moves: list[Move], sizes, before: dict[int, str], after: dict[int, str],
+                 names: dict[str, str], enforced: bool) -> dict:
     """The scale-out epoch's bin bytes: of the moved bins whose sender's home differs from the
-    host that received them (the receiver's home, else where its task ran), counted by the
-    receivers times the host boundaries crossed, and pulled home to home."""
-    received = {w: before.get(w) or wm.host for w, wm in m.per_worker.items()}
+    host that received them (with homes ``enforced``, the receiver's home if it had one, else
+    where its task ran), counted by the receivers times the host boundaries crossed, and pulled
+    home to home. Before homes a sender's bytes leave from where its export task ran, not
+    from its recorded home, so the bins that changed host are approximate there."""
+    received = {w: (before.get(w) if enforced else None) or wm.host
+                for w, wm in m.per_worker.items()}
     changed = sum(int(sizes[mv.bin]) for mv in moves if before.get(mv.src) != received[mv.dst])
     workers = m.per_worker.values()
     return {"moved_bytes": int(sum(int(sizes[mv.bin]) for mv in moves)),
             "changed_host_bytes": changed,
             "across_bytes": sum(w.across_bytes or 0 for w in workers),
             "h2h_bytes": sum(w.h2h_bytes or 0 for w in workers),
-            "new_homes": {w: after.get(w) for w in sorted({mv.dst for mv in moves})},
+            "new_homes": {w: names.get(after.get(w), after.get(w))
+                          for w in sorted({mv.dst for mv in moves})},
             "epoch_s": m.duration_s}
 
 

@@ -156,7 +156,7 @@ class Arrivals:
         self.records: list[pa.RecordBatch] = []
         self.files = FileAssembler(transfer_dir(store_path, "in"))
         self.refs: list[FileRef] = []  # files kept at their senders' homes
-        self._hosts: dict[str, tuple[int, list[str]]] = {}  # a shipped file's bytes, hosts
+        self._paths: dict[str, tuple[int, list[str]]] = {}  # per file: bytes, hosts so far
         self._arrived = False
 
     def chunks(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -186,11 +186,13 @@ class Arrivals:
                               parts.column(STATE_VALUE).to_pylist(), strict=True):
             wire = msgpack.unpackb(desc, raw=False)
             if "source" in wire:
-                self.refs.append(FileRef.from_wire(wire))
+                self.refs.append(ref := FileRef.from_wire(wire))
+                self._paths[ref.file.name] = (ref.file.bytes, [ref.host])
             else:
                 f = BinFile.from_wire(wire)
                 self.files.add(f, int(wire["offset"]), data)
-                self._hosts[f.name] = (f.bytes, list(wire.get("hosts") or ()))
+                self._paths[f.name] = (f.bytes, [*wire.get("hosts", ()),
+                                                 host_id(self.spec.local_dir)])
             self._arrival()
 
     def _arrival(self) -> None:
@@ -233,20 +235,15 @@ class Arrivals:
             raise RuntimeError(f"worker {self.worker} received files of bins {stray} at epoch "
                                f"{self.spec.epoch} but does not install them: the epoch's "
                                "layout is inconsistent")
-        here = store_host(self.spec, self.worker, store)
-        replies = []
-        if files:
-            replies.append(store.ingest(files, self.spec.chunk_bytes))
-            self.metrics.across_bytes = sum(n * crossings(*via, host_id(self.spec.local_dir),
-                                                          here)
-                                            for n, via in self._hosts.values())
+        replies = [store.ingest(files, self.spec.chunk_bytes)] if files else []
         if self.refs:
-            replies.append(store.pull(self.refs, self.spec.chunk_bytes))
-            self.metrics.h2h_bytes = replies[-1]["bytes"]
-            self.metrics.across_bytes = (self.metrics.across_bytes or 0) + sum(
-                r.file.bytes * crossings(r.host, here) for r in self.refs)
+            replies.append(pulled := store.pull(self.refs, self.spec.chunk_bytes))
+            self.metrics.h2h_bytes = pulled["bytes"]
         if not replies:
             return None
+        here = store_host(self.spec, self.worker, store)
+        self.metrics.across_bytes = sum(n * crossings(*path, here)
+                                        for n, path in self._paths.values())
         self.metrics.keys_in += sum(r["keys"] for r in replies)
         self.metrics.bytes_in += sum(r["bytes"] for r in replies)
         self.metrics.files_in = len(files) + len(self.refs)
