@@ -12,6 +12,13 @@ run: restores (and catch-ups) per steady epoch after ``--warmup``, tasks away fr
 those that reached their home, working-copy bytes per host against one copy, epoch p50, the
 epochs after the loss, and whether the final state counts every record once.
 
+With ``--scale-out`` (2 by default), the run starts on ``--workers - 2`` workers and the last
+warm-up epoch moves every other bin of the first workers to the two new ones, as files.
+Printed for that epoch: the bytes of the moved bins whose sender's home and receiver's host
+differ, the bytes the receivers counted times the host boundaries each crossed (docs/placement.md,
+step 7: with homes each bin is pulled home to home, so the two are equal, 1.0x), the bytes
+pulled home to home, and the new workers' homes.
+
     python bench/placement.py
     python bench/placement.py --keys 1e7 --json bench/results/placement/run1.json
 """
@@ -19,6 +26,7 @@ epochs after the loss, and whether the final state counts every record once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -34,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import megaphone
 from bench.epoch_floor import epoch_frame, machine
-from megaphone.paths import local_stores_path
+from megaphone import MigrationPlan, Move
+from megaphone.paths import host_id_path, local_stores_path
 from megaphone.spark import spark_session
 from tests.helpers.cluster import CLUSTER_CONF, kill_host, namespaces_permitted, two_hosts
 
@@ -55,9 +64,11 @@ def run_once(hosts, name: str, args: argparse.Namespace) -> dict:
     tag = name.replace(" ", "-")
     pipe = megaphone.Pipeline(
         spark, str(hosts.hidden / f"state-{tag}"), key="key", update="count",
-        workers=args.workers, num_bins=args.bins, local_dir=str(hosts.hidden / "local"),
-        checkpoint=str(hosts.shared / f"checkpoint-{tag}"))
+        workers=args.workers - args.scale_out, num_bins=args.bins,
+        local_dir=str(hosts.hidden / "local"), checkpoint=str(hosts.shared / f"checkpoint-{tag}"),
+        transfer="files")
     epochs: list[dict] = []
+    scale_out: dict = {}
     try:
         t0 = time.perf_counter()
         pipe.process_arrow(spark.range(args.keys, numPartitions=2)
@@ -68,10 +79,18 @@ def run_once(hosts, name: str, args: argparse.Namespace) -> dict:
                 stores = local_stores_path(hosts.hidden / "local", pipe.fingerprint.pipeline_id)
                 copies = [host_bytes(hosts.procs[1 + h], stores) for h in (0, 1)]
                 kill_host(hosts.procs[2])
+            moves = scale_out_moves(pipe, args) if i == args.warmup - 1 and args.scale_out else []
+            if moves:
+                sizes, homes = pipe.bin_sizes().bytes, pipe.state_dir.read_commit().worker_homes()
+                pipe.migrate(MigrationPlan.from_moves(pipe.routing, [moves]))
             t0 = time.perf_counter()
             pipe.process_arrow(epoch_frame(spark, i + 1, args.records, args.keys))
             seconds = time.perf_counter() - t0
             m = pipe.metric_records(last=1)[0]
+            if moves:
+                scale_out = moved_across(m, moves, sizes, homes,
+                                         pipe.state_dir.read_commit().worker_homes(),
+                                         host_names(hosts), enforced=RUNS[name] == "1")
             epochs.append({
                 "epoch_s": seconds,
                 "restores": sum(1 for w in m.per_worker.values() if w.restored),
@@ -85,7 +104,47 @@ def run_once(hosts, name: str, args: argparse.Namespace) -> dict:
         pipe.close()
         spark.stop()
     return {"load_s": load_s, "epochs": epochs, "copy_bytes": copies, "state_total": total,
-            "expected_total": args.keys + args.records * (args.epochs + args.after)}
+            "expected_total": args.keys + args.records * (args.epochs + args.after),
+            "scale_out": scale_out}
+
+
+def scale_out_moves(pipe, args: argparse.Namespace) -> list[Move]:
+    """Every other bin of each of the first workers, to the ``--scale-out`` new workers."""
+    owners = pipe.routing.owners()
+    first = args.workers - args.scale_out
+    return [Move(b, int(owners[b]), first + (b // 2) % args.scale_out)
+            for b in range(len(owners)) if b % 2]
+
+
+def host_names(hosts) -> dict[str, str]:
+    """``host 0`` and ``host 1`` by their host ids (read on each host's own disk)."""
+    names = {}
+    for h in (0, 1):
+        path = host_id_path(hosts.hidden / "local")
+        with contextlib.suppress(OSError):
+            root = Path(f"/proc/{hosts.procs[1 + h].pid}/root")
+            names[(root / path.relative_to("/")).read_text().strip()] = f"host {h}"
+    return names
+
+
+def moved_across(m, moves: list[Move], sizes, before: dict[int, str], after: dict[int, str],
+                 names: dict[str, str], enforced: bool) -> dict:
+    """The scale-out epoch's bin bytes: of the moved bins whose sender's home differs from the
+    host that received them (with homes ``enforced``, the receiver's home if it had one, else
+    where its task ran), counted by the receivers times the host boundaries crossed, and pulled
+    home to home. Before homes a sender's bytes leave from where its export task ran, not
+    from its recorded home, so the bins that changed host are approximate there."""
+    received = {w: (before.get(w) if enforced else None) or wm.host
+                for w, wm in m.per_worker.items()}
+    changed = sum(int(sizes[mv.bin]) for mv in moves if before.get(mv.src) != received[mv.dst])
+    workers = m.per_worker.values()
+    return {"moved_bytes": int(sum(int(sizes[mv.bin]) for mv in moves)),
+            "changed_host_bytes": changed,
+            "across_bytes": sum(w.across_bytes or 0 for w in workers),
+            "h2h_bytes": sum(w.h2h_bytes or 0 for w in workers),
+            "new_homes": {w: names.get(after.get(w), after.get(w))
+                          for w in sorted({mv.dst for mv in moves})},
+            "epoch_s": m.duration_s}
 
 
 def summary(run: dict, args: argparse.Namespace) -> dict:
@@ -104,6 +163,7 @@ def summary(run: dict, args: argparse.Namespace) -> dict:
         "after_loss_p50_s": statistics.median(e["epoch_s"] for e in after),
         "restores_after_loss": sum(e["restores"] for e in after),
         "exact": run["state_total"] == run["expected_total"],
+        "scale_out": run["scale_out"],
     }
 
 
@@ -117,10 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=40, help="steady epochs before the loss")
     p.add_argument("--warmup", type=int, default=10, help="steady epochs not counted")
     p.add_argument("--after", type=int, default=5, help="epochs after host 1 is lost")
+    p.add_argument("--scale-out", type=int, default=2, help="new workers after the warm-up")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     if not 0 <= args.warmup < args.epochs or args.after < 1:
         p.error("need 0 <= --warmup < --epochs and --after >= 1")
+    if not 0 <= args.scale_out < args.workers or (args.scale_out and not args.warmup):
+        p.error("need 0 <= --scale-out < --workers, and --warmup >= 1 to scale out")
     mach = machine()
     command = "python " + shlex.join([sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
     print(f"# placement: nproc {mach['nproc']}, {mach['platform']}, PySpark {mach['pyspark']}")
@@ -148,6 +211,19 @@ def main(argv: list[str] | None = None) -> int:
     copies = sum(homes["copy_bytes"]) / max(1, sum(before["copy_bytes"]))
     print(f"\nepoch p50 with homes / before: {homes['epoch_p50_s'] / before['epoch_p50_s']:.2f}x; "
           f"copy bytes with homes / before: {copies:.2f}x")
+    if args.scale_out:
+        print(f"\n## scale-out {args.workers - args.scale_out} -> {args.workers} workers at "
+              f"warm-up epoch {args.warmup - 1}: bytes of moved bins")
+        print("| | moved | changed host | across hosts (x crossings) | across / changed host | "
+              "home to home | new workers' homes | epoch s |")
+        print("|---|---:|---:|---:|---:|---:|---|---:|")
+        for name, r in rows.items():
+            s = r["scale_out"]
+            ratio = s["across_bytes"] / s["changed_host_bytes"] if s["changed_host_bytes"] \
+                else float("nan")
+            print(f"| {name} | {s['moved_bytes']:,} | {s['changed_host_bytes']:,} | "
+                  f"{s['across_bytes']:,} | {ratio:.2f}x | {s['h2h_bytes']:,} | "
+                  f"{s['new_homes']} | {s['epoch_s']:.2f} |")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({

@@ -88,6 +88,12 @@ class WorkerMetrics(_Record):
     bytes_out: int | None = None
     #: Bins that left as whole files (the rest of ``bins_out`` went as rows).
     files_out: int | None = None
+    #: Bytes (keys and values) of the bins that arrived as files pulled by the worker's home
+    #: from their sender's home (docs/placement.md, home to home: across hosts at most once).
+    h2h_bytes: int | None = None
+    #: Bytes of the bins that arrived as files, each times the host boundaries it crossed on
+    #: its way (sender's home, export task, receiving task, receiver's home; or home to home).
+    across_bytes: int | None = None
     export_s: float | None = None
     #: The apply task's wall-clock marks (``time.time()``, one per phase, see
     #: :data:`~megaphone.migrator.task.state_operator.MARKS`) and its seconds waiting for the

@@ -178,10 +178,14 @@ def test_a_live_move_ships_bins_as_files_and_the_durable_copy_has_them(spark, tm
     arrived = m["per_worker"]["2"]
     assert (arrived["files_in"], arrived["install_method"]) == (4, "files")
     assert sum(w.get("files_out", 0) for w in m["per_worker"].values()) == 4
+    # With a checkpoint location workers have homes: the files were kept at the senders' home
+    # and pulled by the receiver's, on one host here (docs/placement.md, step 7).
+    assert arrived["h2h_bytes"] == arrived["bytes_in"] > 0 and arrived["across_bytes"] == 0
+    copies = local_stores_path(pipe.local_dir, pipe.fingerprint.pipeline_id)
     epoch(list(range(0, 400, 3)))
+    assert not any(copies.rglob("out-*.sst"))  # the senders' next epoch dropped them
     # Lose every working copy: the next epoch restores them from the durable copy, whose
     # changelog holds the bins that arrived as files.
-    copies = local_stores_path(pipe.local_dir, pipe.fingerprint.pipeline_id)
     release_stores(pipe.local_dir, str(copies))
     for worker_copy in copies.iterdir():
         shutil.rmtree(worker_copy)

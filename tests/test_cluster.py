@@ -104,6 +104,11 @@ def test_with_a_checkpoint_it_runs_on_two_hosts_and_survives_losing_one(cluster,
         assert set(result["remote"][e]) <= set(result["away"][e]), epoch
         for w in map(str, result["unreachable"][e]):
             assert epoch > 3 and home[w] == ran_on[w], (epoch, w)
+    # Bins move home to home (docs/placement.md, step 7): every moved byte was pulled by the
+    # receiver's home from the sender's, so it crossed hosts at most once.
+    moved = [m for e in range(EPOCHS) for m in result["moved"][str(e)].values()]
+    assert sum(m[0] for m in moved) > 0
+    assert all(m[1] == m[0] and m[2] <= m[0] for m in moved), result["moved"]
     # Spark does not pin a worker's task to a host. When every worker's last epoch before the
     # kill ran on host 0, the copies there are current and nothing needs restoring. That
     # happened in 1 of 5 runs here, so a restore is not asserted; tests/test_checkpoint.py

@@ -36,13 +36,16 @@ def reference() -> tuple[dict, dict]:
     return outputs, {str(k): v for k, v in counts.items()}
 
 
-def run_driver(state_dir: Path, strategy: str, out: Path, crash_at: str | None):
+def run_driver(state_dir: Path, strategy: str, out: Path, crash_at: str | None,
+               checkpoint: str | None = None):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MEGAPHONE_LOCAL_DIR": local_dir(state_dir)}
     env.pop("MEGAPHONE_CRASH_AT", None)
     if crash_at:
         env["MEGAPHONE_CRASH_AT"] = crash_at
+    extra = [] if checkpoint is None else [checkpoint]
     return subprocess.run(
-        [sys.executable, "-m", "tests.helpers.crash_driver", str(state_dir), strategy, str(out)],
+        [sys.executable, "-m", "tests.helpers.crash_driver", str(state_dir), strategy, str(out),
+         *extra],
         cwd=ROOT, env=env, start_new_session=True, capture_output=True, text=True, timeout=300,
     )
 
@@ -162,3 +165,20 @@ def test_crash_at_every_phase_then_resume_equals_a_run_without_crash(tmp_path):
     # fluid-late's last crash hit the commit write: every worker had applied the epoch, so the
     # resume rolled all of them back to the last commit before running it again.
     assert results["fluid-late"]["rolled_back"] == [0, 1, 2, 3]
+
+
+def test_store_kills_while_bins_move_home_to_home_rerun_the_epoch(tmp_path):
+    """A checkpointed pipeline's fluid plan moves its bins home to home (docs/placement.md,
+    step 7; tests/test_handoff.py has the services' side). Every store service is killed once
+    after a file was kept (``export``) and once before one was pulled (``receive``: the
+    restarted service no longer keeps it): each epoch's job runs again, and the outputs and
+    state equal a run without kills."""
+    state_dir, out = tmp_path / "state", tmp_path / "out.json"
+    result = run_driver(state_dir, "fluid", out, "export:2:store,receive:3:store",
+                        checkpoint=str(tmp_path / "checkpoint"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    fired = sorted(p.name for p in Path(local_dir(state_dir)).glob("crashed-*"))
+    assert fired == ["crashed-export-2", "crashed-receive-3"]
+    got = json.loads(out.read_text())
+    assert (got["outputs"], got["state"]) == reference()
+    assert got["h2h_bytes"] > 0 and got["job_attempts"] > EPOCHS

@@ -17,7 +17,9 @@ pipeline registered. A network connection is then, in order:
    location from the registration (:func:`network_request`). Only :data:`NETWORK_OPS` are
    served; ``release``, ``destroy``, ``shutdown`` and ``ingest`` (which names files on this
    disk; a bin file comes over the network in parts, ``ingest_parts``) stay on the Unix
-   socket.
+   socket. ``fetch`` serves only a file the bound pipeline's worker keeps for a pull, and
+   ``pull`` makes this service fetch files from another as the bound pipeline
+   (:mod:`~megaphone.state_backends.handoff`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ AUTH_TIMEOUT_S = 10.0
 SECRET_BYTES = 32
 #: The operations a network connection may run (on its pipeline's stores only).
 NETWORK_OPS = frozenset({"begin", "read", "timers", "drop", "install", "ingest_parts",
-                         "commit", "export", "stats"})
+                         "commit", "export", "stats", "pull", "fetch"})
 #: Request fields a network client may not set: they name paths on this host, or what the
 #: registration fixes.
 _FORBIDDEN = ("path", "prefix", "files", "checkpoint")
@@ -231,7 +233,7 @@ def network_request(req: dict[str, Any], reg: Registration, host_dir: str) -> di
     if isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
         raise NetworkRefused(f"a network request names a worker (an int >= 0), not {worker!r:.40}")
     path = os.path.abspath(local_worker_path(host_dir, reg.pipeline_id, worker))
-    return {**req, "path": path, "checkpoint": reg.checkpoint}
+    return {**req, "path": path, "checkpoint": reg.checkpoint, "pipeline": reg.pipeline_id}
 
 
 def bind_address() -> str:

@@ -24,6 +24,7 @@ import pyarrow as pa
 from megaphone.paths import local_worker_path, service_dir
 from megaphone.state_backends.base import DEFAULT_CHUNK_BYTES
 from megaphone.state_backends.bin_files import BinFile, file_parts
+from megaphone.state_backends.handoff import FileRef
 from megaphone.state_backends.service_client import (
     StoreError,
     StoreUnavailable,
@@ -201,6 +202,16 @@ class RemoteStore:
             forget(self._key)  # the stream was cut: the connection is out of step
             raise
 
+    def pull(self, refs: Sequence[FileRef], part_bytes: int = DEFAULT_CHUNK_BYTES
+             ) -> dict[str, Any]:
+        """Install arriving bins from files kept at their senders' homes: the service holding
+        this store fetches them from there itself, in parts of at most ``part_bytes``
+        (:mod:`~megaphone.state_backends.handoff`); returns the path taken, keys, bytes,
+        seconds."""
+        pipeline = self._durable.pipeline_id if self._durable is not None else ""
+        return self._call("pull", lease=self.lease, pipeline=pipeline, part_bytes=part_bytes,
+                          refs=[r.to_wire() for r in refs])
+
     def read(self, raw_keys: Sequence[bytes]) -> list[bytes | None]:
         """Current values of ``raw_keys``."""
         if not raw_keys:
@@ -227,22 +238,26 @@ class RemoteStore:
         return reply
 
     def export(self, bins: Sequence[int], chunk_bytes: int, required: int | None = None,
-               current: int | None = None, run: str = "", file_min_bytes: int | None = None
-               ) -> Iterator[pa.RecordBatch | BinFile]:
+               current: int | None = None, run: str = "", file_min_bytes: int | None = None,
+               keep: bool = False) -> Iterator[pa.RecordBatch | BinFile | FileRef]:
         """Stream the state of ``bins`` as ``(k, v)`` chunks, as of the driver's last commit:
         first an epoch ``current`` that another run applied is rolled back, and a store behind
         ``required`` restored from its durable copy (as at :meth:`begin`). With
         ``file_min_bytes``, a bin of at least that many bytes comes as one :class:`BinFile` on
-        this host instead, where the backend can write one (the caller deletes it)."""
+        this host instead, where the backend can write one (the caller deletes it). With
+        ``keep``, such a file stays where the store is, for the receiver's home to pull, and a
+        :class:`FileRef` to it comes instead (if the service listens for other hosts)."""
         finished = False
-        if self.remote:  # a file would be written on the home's disk, out of this task's reach
-            file_min_bytes = None
+        if self.remote and not keep:  # a file would be written on the home's disk, out of
+            file_min_bytes = None  # this task's reach
         try:
             for frame in self.conn.receive_stream("export", **self._id, bins=list(bins),
                                                   chunk_bytes=chunk_bytes, required=required,
                                                   current=current, run=run,
-                                                  file_min_bytes=file_min_bytes):
-                if "file" in frame:
+                                                  file_min_bytes=file_min_bytes, keep=keep):
+                if "ref" in frame:
+                    yield FileRef.from_wire(frame["ref"])
+                elif "file" in frame:
                     yield BinFile.from_wire(frame["file"])
                 else:
                     yield from ipc_to_batches(frame["chunk"])

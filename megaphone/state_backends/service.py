@@ -48,6 +48,8 @@ from megaphone.state_backends import wire
 from megaphone.state_backends.base import StateBackend
 from megaphone.state_backends.bin_files import BinFile, FileAssembler, transfer_dir
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
+from megaphone.state_backends.handoff import FileRef, drop_kept, keep_file, pull_files, serve_file
+from megaphone.state_backends.host import host_id
 from megaphone.state_backends.network import (
     Network,
     NetworkRefused,
@@ -178,6 +180,8 @@ class StoreService:
                         self._install(sock, req, owner)
                     elif op == "ingest_parts":
                         self._ingest_parts(sock, req, owner)
+                    elif op == "fetch":
+                        serve_file(sock, req)
                     else:
                         handler = getattr(self, f"op_{op}", None)
                         if handler is None:
@@ -187,7 +191,7 @@ class StoreService:
                     log.info("%s failed: %r", op, exc)
                     send_frame(sock, {"ok": False, "error": type(exc).__name__,
                                       "message": str(exc)})
-                    if op in ("export", "install", "ingest_parts"):
+                    if op in ("export", "install", "ingest_parts", "fetch"):
                         return  # the stream's remaining frames are unread: drop the connection
         except wire.FrameError as exc:  # not this protocol: say why, then drop the connection
             log.warning("dropped a connection: %s", exc)
@@ -212,6 +216,7 @@ class StoreService:
         with entry.lock:
             restored = self._catch_up(entry, req)
             apply = entry.store.check_can_apply(epoch := req["epoch"], req.get("group_start"))
+            drop_kept(req["path"], req.get("current", epoch))  # their epochs are committed
             entry.lease += 1
             return {"lease": entry.lease, "apply": apply, "restored": restored,
                     "outputs": b"" if apply else entry.store.stored_outputs(epoch),
@@ -300,6 +305,31 @@ class StoreService:
         send_frame(sock, {"ok": True, "method": stats.method, "keys": stats.keys,
                           "bytes": stats.bytes, "seconds": seconds})
 
+    def op_pull(self, req: dict[str, Any], owner) -> dict[str, Any]:
+        """Install arriving bins from files kept at their senders' homes (``refs``): fetched
+        from those services over the network as the pipeline (``pipeline``, registered here),
+        written into the store's incoming transfer directory and ingested at once."""
+        entry = self._leased(req, owner)
+        reg = None if self.network is None else self.network.registration(req.get("pipeline"))
+        if reg is None:
+            raise ValueError(f"pipeline {req.get('pipeline')!r:.80} is not registered here: "
+                             "its secret is needed to pull bin files from other hosts")
+        refs = [FileRef.from_wire(r) for r in req["refs"]]
+        files = FileAssembler(transfer_dir(req["path"], "in"))
+        try:
+            pull_files(refs, files, reg.pipeline_id, reg.secret.hex(), int(req["part_bytes"]))
+            with entry.lock:
+                if req.get("lease") != entry.lease:  # a newer attempt began while it pulled
+                    raise LeaseLost(f"store {req['path']}: a newer attempt of the epoch has "
+                                    "begun")
+                started = time.perf_counter()
+                stats = entry.store.ingest_files(files.complete())
+                seconds = time.perf_counter() - started
+        finally:
+            files.discard()
+        return {"method": stats.method, "keys": stats.keys, "bytes": stats.bytes,
+                "seconds": seconds}
+
     def op_read(self, req: dict[str, Any], owner) -> dict[str, Any]:
         """Current values of raw keys."""
         entry = self.entry(req, owner)
@@ -325,9 +355,13 @@ class StoreService:
 
     def _export(self, sock: socket.socket, req: dict[str, Any], owner) -> None:
         """Stream bins as ``(k, v)`` chunks; with ``file_min_bytes`` (and a backend that can),
-        each bin of at least that many bytes goes as one file instead (its descriptor)."""
+        each bin of at least that many bytes goes as one file instead (its descriptor). With
+        ``keep`` (and a listener), a file stays here for the receiver's home to pull
+        (:mod:`~megaphone.state_backends.handoff`): its reference goes instead."""
         entry = self.entry(req, owner)
         min_bytes = req.get("file_min_bytes")
+        source = self.network.address if self.network is not None and req.get("keep") and \
+            isinstance(req.get("current"), int) and isinstance(req.get("worker"), int) else None
         with entry.lock:
             self._catch_up(entry, req)
             backend = entry.store.backend
@@ -336,7 +370,11 @@ class StoreService:
             else:
                 for b in req["bins"]:
                     made = backend.write_bin_file(b, max(1, min_bytes))
-                    if made is not None:
+                    if made is not None and source is not None:
+                        kept = keep_file(made, req["current"])
+                        send_frame(sock, {"ref": FileRef(kept, req["worker"], source, host_id(
+                            self.network.host_dir)).to_wire()})
+                    elif made is not None:
                         send_frame(sock, {"file": made.to_wire()})
                     else:
                         _send_chunks(sock, backend, [b], req["chunk_bytes"])

@@ -5,7 +5,7 @@ Usage: ``python -m tests.helpers.cluster_client MASTER STATE_DIR LOCAL_DIR OUT_J
 [CHECKPOINT PAUSE_AFTER]``. Without a checkpoint location it runs one epoch (which must fail
 loudly). With one, it runs :data:`EPOCHS` epochs with a migration plan in flight; after epoch
 ``PAUSE_AFTER`` it writes ``OUT_JSON.paused`` and waits for ``OUT_JSON.resume`` (the test kills
-a host meanwhile).
+a host meanwhile). Moving bins travel as files, so that with homes each goes home to home.
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ def main(master: str, state_dir: str, local_dir: str, out: str, checkpoint: str 
          pause_after: str | None = None) -> None:
     spark = spark_session(master, "megaphone-cluster-test", CLUSTER_CONF)
     pipe = Pipeline(spark, state_dir, key="k", update="count", workers=2, num_bins=NUM_BINS,
-                    key_type="int64", local_dir=local_dir, checkpoint=checkpoint)
+                    key_type="int64", local_dir=local_dir, checkpoint=checkpoint,
+                    transfer="files")
     result: dict = {"outputs": {}, "restored": {}, "ran_on": {}, "away": {}, "remote": {},
-                    "unreachable": {}, "homes": {}}
+                    "unreachable": {}, "homes": {}, "moved": {}}
     try:
         if checkpoint is None:
             pipe.process(spark.createDataFrame([(k,) for k in range(40)], "k long"))
@@ -69,6 +70,8 @@ def main(master: str, state_dir: str, local_dir: str, out: str, checkpoint: str 
             result["away"][epoch] = record.away
             result["homes"][epoch] = pipe.state_dir.read_commit().homes
             result["remote"][epoch] = sorted(w for w, m in record.per_worker.items() if m.remote)
+            result["moved"][epoch] = {w: [m.bytes_in, m.h2h_bytes or 0, m.across_bytes or 0]
+                                      for w, m in record.per_worker.items() if m.bins_in}
             result["unreachable"][epoch] = sorted(w for w, m in record.per_worker.items()
                                                   if m.home_unreachable)
             if pause_after is not None and epoch == int(pause_after):

@@ -1,7 +1,8 @@
 """Run a small counting pipeline with a migration plan to the end (resuming after crashes).
 
-Usage: ``python -m tests.helpers.crash_driver STATE_DIR STRATEGY OUT_JSON``. Each epoch's batch
-is a pure function of the epoch number, so a resumed run sees the same input. At the end the
+Usage: ``python -m tests.helpers.crash_driver STATE_DIR STRATEGY OUT_JSON [CHECKPOINT]`` (with a
+checkpoint location, workers have homes and bins moving as files go home to home). Each epoch's
+batch is a pure function of the epoch number, so a resumed run sees the same input. At the end the
 outputs of every epoch and the final state are written to OUT_JSON.
 """
 
@@ -28,12 +29,12 @@ def batch_keys(epoch: int) -> list[int]:
     return [(epoch * 7 + i * 3) % 40 for i in range(30)] + [HOT_KEY] * 20
 
 
-def main(state_dir: str, strategy: str, out: str) -> None:
+def main(state_dir: str, strategy: str, out: str, checkpoint: str | None = None) -> None:
     spark = spark_session("local[2]", "crash-driver")
     # fluid ships its bins as files, all-at-once as rows: the chains cover both transfers.
     pipe = Pipeline(spark, state_dir, key="k", update="count", workers=2, num_bins=16,
                     key_type="int64", pipeline_id="crash-test", keep_outputs=100,
-                    transfer="files" if strategy == "fluid" else "rows")
+                    transfer="files" if strategy == "fluid" else "rows", checkpoint=checkpoint)
     pipe.split_hot_keys(ShareThreshold(share=0.2, min_records=10))  # crashes while split
     while pipe.epoch + 1 < EPOCHS:
         epoch = pipe.epoch + 1
@@ -43,7 +44,9 @@ def main(state_dir: str, strategy: str, out: str) -> None:
         pipe.process(spark.createDataFrame([(k,) for k in batch_keys(epoch)], "k long"))
     write_results(pipe, out, files_in=sum(w.get("files_in") or 0 for m in pipe.metrics()
                                           for w in m["per_worker"].values()),
-                  split_records=sum(m["split_records"] or 0 for m in pipe.metrics()))
+                  split_records=sum(m["split_records"] or 0 for m in pipe.metrics()),
+                  h2h_bytes=sum(w.get("h2h_bytes") or 0 for m in pipe.metrics()
+                                for w in m["per_worker"].values()))
     pipe.close()
     spark.stop()
 
@@ -66,4 +69,4 @@ def write_results(pipe: Pipeline, out: str, epochs: int = EPOCHS, **extra: Any) 
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

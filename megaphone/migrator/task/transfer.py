@@ -4,7 +4,9 @@ A bin travels either as rows (one shuffle row per key: :data:`~megaphone.migrato
 STATE_KEY`, :data:`~megaphone.migrator.task.columns.STATE_VALUE`) or, from the size the pipeline's
 ``transfer`` mode sets, as one SST file cut into parts of at most ``chunk_bytes``
 (:data:`~megaphone.migrator.task.columns.STATE_FILE` holds the part's descriptor, ``STATE_VALUE``
-its bytes). Either way memory stays bounded by the chunk size and nothing passes through the driver.
+its bytes). With homes, a file stays at the sender's home and only its reference travels: the
+receiver's home pulls it from there (:mod:`~megaphone.state_backends.handoff`). Either way memory
+stays bounded by the chunk size and nothing passes through the driver.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from megaphone.state_backends.bin_files import (
     transfer_dir,
 )
 from megaphone.state_backends.encoding import payload_bytes
+from megaphone.state_backends.handoff import FileRef, crossings
+from megaphone.state_backends.host import host_id
 from megaphone.state_backends.remote import RemoteStore
 
 #: Every :class:`RowKind`, as the shuffle's kind column holds them.
@@ -70,15 +74,18 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None, schema:
     keys_out = files = 0
     min_bytes = file_min_bytes(spec.transfer)
     spans: list[list[float]] = []  # [bin, start, end] on the wall clock, for the trace
+    hosts = [] if store is None else [store_host(spec, sender, store), host_id(spec.local_dir)]
     for dst, bins in sorted(by_dst.items()) if store is not None else ():
         for b in sorted(bins):
             spans.append([b, time.time(), 0.0])
             for item in store.export([b], spec.chunk_bytes, spec.required_epoch(sender),
-                                     spec.epoch, spec.run_id, file_min_bytes=min_bytes):
-                if isinstance(item, BinFile):
-                    yield from _file_rows(schema, dst, item, spec)
-                    keys_out += item.keys
-                    bytes_by_bin[b] = bytes_by_bin.get(b, 0) + item.bytes
+                                     spec.epoch, spec.run_id, file_min_bytes=min_bytes,
+                                     keep=bool(spec.homes and spec.secret)):
+                if isinstance(item, BinFile | FileRef):
+                    f = item.file if isinstance(item, FileRef) else item
+                    yield from _file_rows(schema, dst, item, spec, hosts)
+                    keys_out += f.keys
+                    bytes_by_bin[b] = bytes_by_bin.get(b, 0) + f.bytes
                     files += 1
                     continue
                 keys_out += item.num_rows
@@ -105,13 +112,26 @@ def _state_rows(schema: pa.Schema, dst: int, b: int, chunk: pa.RecordBatch) -> p
                 RowKind.STATE)
 
 
-def _file_rows(schema: pa.Schema, dst: int, f: BinFile, spec: EpochSpec
-               ) -> Iterator[pa.RecordBatch]:
-    """One shuffle row per part of bin file ``f`` to worker ``dst``; the file is deleted
-    once shipped (or when shipping fails)."""
+def store_host(spec: EpochSpec, worker: int, store: RemoteStore) -> str:
+    """The id of the host whose service holds ``worker``'s ``store``."""
+    return spec.homes[worker][0] if store.remote else host_id(spec.local_dir)
+
+
+def _file_rows(schema: pa.Schema, dst: int, f: BinFile | FileRef, spec: EpochSpec,
+               hosts: list[str]) -> Iterator[pa.RecordBatch]:
+    """One shuffle row per part of bin file ``f`` to worker ``dst``, each naming the ``hosts``
+    its bytes went through (the file is deleted once shipped, or when shipping fails); a
+    reference to a file kept at the sender's home goes as one row without bytes."""
+    if isinstance(f, FileRef):
+        yield rows(schema, 1, {WORKER: pa.array([dst], pa.int32()),
+                               BIN: pa.array([f.file.bin], pa.int32()),
+                               STATE_FILE: pa.array([msgpack.packb(f.to_wire())], pa.binary())},
+                   RowKind.FILE_PART)
+        crash_point("export", spec.epoch, spec.local_dir)
+        return
     try:
         for offset, data in file_parts(f.path, spec.chunk_bytes):
-            desc = msgpack.packb({**f.to_wire(), "offset": offset})
+            desc = msgpack.packb({**f.to_wire(), "offset": offset, "hosts": hosts})
             yield rows(schema, 1, {WORKER: pa.array([dst], pa.int32()),
                                    BIN: pa.array([f.bin], pa.int32()),
                                    STATE_FILE: pa.array([desc], pa.binary()),
@@ -135,6 +155,8 @@ class Arrivals:
         self.spec, self.worker, self.metrics = spec, worker, metrics
         self.records: list[pa.RecordBatch] = []
         self.files = FileAssembler(transfer_dir(store_path, "in"))
+        self.refs: list[FileRef] = []  # files kept at their senders' homes
+        self._paths: dict[str, tuple[int, list[str]]] = {}  # per file: bytes, hosts so far
         self._arrived = False
 
     def chunks(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -163,7 +185,14 @@ class Arrivals:
         for desc, data in zip(parts.column(STATE_FILE).to_pylist(),
                               parts.column(STATE_VALUE).to_pylist(), strict=True):
             wire = msgpack.unpackb(desc, raw=False)
-            self.files.add(BinFile.from_wire(wire), int(wire["offset"]), data)
+            if "source" in wire:
+                self.refs.append(ref := FileRef.from_wire(wire))
+                self._paths[ref.file.name] = (ref.file.bytes, [ref.host])
+            else:
+                f = BinFile.from_wire(wire)
+                self.files.add(f, int(wire["offset"]), data)
+                self._paths[f.name] = (f.bytes, [*wire.get("hosts", ()),
+                                                 host_id(self.spec.local_dir)])
             self._arrival()
 
     def _arrival(self) -> None:
@@ -196,21 +225,29 @@ class Arrivals:
             self.files.discard()
 
     def _ingest(self, store: RemoteStore, incoming: Iterable[int]) -> str | None:
-        """Ingest the bin files received whole; the method taken, ``None`` if there were none.
-        Fails loudly on a file of a bin this worker does not install at this epoch."""
+        """Ingest the bin files received whole, and have the store's service pull those kept
+        at their senders' homes; the method taken, ``None`` if there were none. Fails loudly on
+        a file of a bin this worker does not install at this epoch. Counts the bytes pulled
+        home to home and the bytes times the host crossings of every file."""
         files = self.files.complete()
-        if not files:
-            return None
-        stray = sorted({f.bin for f in files} - set(incoming))
+        stray = sorted(({f.bin for f in files} | {r.file.bin for r in self.refs}) - set(incoming))
         if stray:
             raise RuntimeError(f"worker {self.worker} received files of bins {stray} at epoch "
                                f"{self.spec.epoch} but does not install them: the epoch's "
                                "layout is inconsistent")
-        reply = store.ingest(files, self.spec.chunk_bytes)
-        self.metrics.keys_in += reply["keys"]
-        self.metrics.bytes_in += reply["bytes"]
-        self.metrics.files_in = len(files)
-        return reply["method"]
+        replies = [store.ingest(files, self.spec.chunk_bytes)] if files else []
+        if self.refs:
+            replies.append(pulled := store.pull(self.refs, self.spec.chunk_bytes))
+            self.metrics.h2h_bytes = pulled["bytes"]
+        if not replies:
+            return None
+        here = store_host(self.spec, self.worker, store)
+        self.metrics.across_bytes = sum(n * crossings(*path, here)
+                                        for n, path in self._paths.values())
+        self.metrics.keys_in += sum(r["keys"] for r in replies)
+        self.metrics.bytes_in += sum(r["bytes"] for r in replies)
+        self.metrics.files_in = len(files) + len(self.refs)
+        return "+".join(dict.fromkeys(r["method"] for r in replies))
 
 
 class TimedInput:
