@@ -12,8 +12,10 @@ run: restores (and catch-ups) per steady epoch after ``--warmup``, tasks away fr
 those that reached their home, working-copy bytes per host against one copy, epoch p50, the
 epochs after the loss, and whether the final state counts every record once.
 
-With ``--scale-out`` (2 by default), the run starts on ``--workers - 2`` workers and the last
-warm-up epoch moves every other bin of the first workers to the two new ones, as files.
+With ``--scale-out`` (2 by default), the run starts on ``--workers - 2`` workers on host 0 alone
+(host 1 is stopped before the load and joins, empty, three epochs before the scale-out), and the
+last warm-up epoch moves every other bin of the first workers to the two new ones, as files:
+with homes, the new workers are homed on the new host (the host with the fewest homes).
 Printed for that epoch: the bytes of the moved bins whose sender's home and receiver's host
 differ, the bytes the receivers counted times the host boundaries each crossed (docs/placement.md,
 step 7: with homes each bin is pulled home to home, so the two are equal, 1.0x), the bytes
@@ -50,10 +52,33 @@ from tests.helpers.cluster import CLUSTER_CONF, kill_host, namespaces_permitted,
 RUNS = {"before homes": "0", "homes": "1"}
 
 
-def host_bytes(proc, path: Path) -> int:
-    """Bytes of the files under ``path`` as the simulated host of ``proc`` sees them."""
-    root = Path(f"/proc/{proc.pid}/root") / path.relative_to("/")
-    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+def worker_bytes(proc, stores: Path) -> dict[str, int]:
+    """Bytes of each worker's working copy under ``stores`` as the simulated host of ``proc``
+    sees them (by the copy's folder name)."""
+    root = Path(f"/proc/{proc.pid}/root") / stores.relative_to("/")
+    if not root.is_dir():
+        return {}
+    return {d.name: sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+            for d in sorted(root.iterdir()) if d.is_dir()}
+
+
+def copies(per_host: list[dict[str, int]]) -> float:
+    """Working copies held, in units of one copy: all hosts' bytes over the bytes of each
+    worker's largest copy (a host holding every worker once and no other copy is 1.0)."""
+    largest: dict[str, int] = {}
+    for host in per_host:
+        for worker, size in host.items():
+            largest[worker] = max(largest.get(worker, 0), size)
+    return sum(sum(h.values()) for h in per_host) / max(1, sum(largest.values()))
+
+
+def wait_for_executors(spark, count: int, timeout: float = 120) -> None:
+    """Wait until ``count`` executors (the driver not counted) are registered."""
+    deadline = time.monotonic() + timeout
+    while len(spark.sparkContext.statusTracker().getExecutorInfos()) - 1 < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fewer than {count} executors after {timeout:.0f} s")
+        time.sleep(0.5)
 
 
 def run_once(hosts, name: str, args: argparse.Namespace) -> dict:
@@ -69,15 +94,21 @@ def run_once(hosts, name: str, args: argparse.Namespace) -> dict:
         transfer="files")
     epochs: list[dict] = []
     scale_out: dict = {}
+    rejoin = args.warmup - 4 if args.scale_out else None
     try:
+        if rejoin is not None:  # the first workers live on host 0; host 1 joins later
+            kill_host(hosts.procs[2])
         t0 = time.perf_counter()
         pipe.process_arrow(spark.range(args.keys, numPartitions=2)
                            .withColumnRenamed("id", "key"))
         load_s = time.perf_counter() - t0
         for i in tqdm(range(args.epochs + args.after), desc=name, leave=False):
+            if i == rejoin:
+                hosts.ensure_hosts()
+                wait_for_executors(spark, 2)
             if i == args.epochs:
                 stores = local_stores_path(hosts.hidden / "local", pipe.fingerprint.pipeline_id)
-                copies = [host_bytes(hosts.procs[1 + h], stores) for h in (0, 1)]
+                held = [worker_bytes(hosts.procs[1 + h], stores) for h in (0, 1)]
                 kill_host(hosts.procs[2])
             moves = scale_out_moves(pipe, args) if i == args.warmup - 1 and args.scale_out else []
             if moves:
@@ -103,7 +134,7 @@ def run_once(hosts, name: str, args: argparse.Namespace) -> dict:
     finally:
         pipe.close()
         spark.stop()
-    return {"load_s": load_s, "epochs": epochs, "copy_bytes": copies, "state_total": total,
+    return {"load_s": load_s, "epochs": epochs, "copy_bytes": held, "state_total": total,
             "expected_total": args.keys + args.records * (args.epochs + args.after),
             "scale_out": scale_out}
 
@@ -130,11 +161,11 @@ def host_names(hosts) -> dict[str, str]:
 def moved_across(m, moves: list[Move], sizes, before: dict[int, str], after: dict[int, str],
                  names: dict[str, str], enforced: bool) -> dict:
     """The scale-out epoch's bin bytes: of the moved bins whose sender's home differs from the
-    host that received them (with homes ``enforced``, the receiver's home if it had one, else
+    host that received them (with homes ``enforced``, the receiver's home after the epoch, else
     where its task ran), counted by the receivers times the host boundaries crossed, and pulled
     home to home. Before homes a sender's bytes leave from where its export task ran, not
     from its recorded home, so the bins that changed host are approximate there."""
-    received = {w: (before.get(w) if enforced else None) or wm.host
+    received = {w: (after.get(w) if enforced else None) or wm.host
                 for w, wm in m.per_worker.items()}
     changed = sum(int(sizes[mv.bin]) for mv in moves if before.get(mv.src) != received[mv.dst])
     workers = m.per_worker.values()
@@ -158,7 +189,8 @@ def summary(run: dict, args: argparse.Namespace) -> dict:
         "away_share": sum(e["away"] for e in steady) / tasks,
         "remote_share": sum(e["remote"] for e in steady) / tasks,
         "epoch_p50_s": statistics.median(e["epoch_s"] for e in steady),
-        "copy_bytes": run["copy_bytes"],
+        "copy_bytes": [sum(h.values()) for h in run["copy_bytes"]],
+        "copies": copies(run["copy_bytes"]),
         "after_loss_max_s": max(e["epoch_s"] for e in after),
         "after_loss_p50_s": statistics.median(e["epoch_s"] for e in after),
         "restores_after_loss": sum(e["restores"] for e in after),
@@ -182,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 0 <= args.warmup < args.epochs or args.after < 1:
         p.error("need 0 <= --warmup < --epochs and --after >= 1")
-    if not 0 <= args.scale_out < args.workers or (args.scale_out and not args.warmup):
-        p.error("need 0 <= --scale-out < --workers, and --warmup >= 1 to scale out")
+    if not 0 <= args.scale_out < args.workers or (args.scale_out and args.warmup < 4):
+        p.error("need 0 <= --scale-out < --workers, and --warmup >= 4 to scale out")
     mach = machine()
     command = "python " + shlex.join([sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
     print(f"# placement: nproc {mach['nproc']}, {mach['platform']}, PySpark {mach['pyspark']}")
@@ -200,17 +232,18 @@ def main(argv: list[str] | None = None) -> int:
           f"on 2 hosts of 1 core; steady epochs {args.warmup}-{args.epochs - 1}, then host 1 "
           f"lost and {args.after} epochs")
     print("| | restores / epoch | catch-ups / epoch | tasks away | away, at home's store | "
-          "copy bytes host 0 + host 1 | epoch p50 s | after loss p50 / max s | exact |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+          "copy bytes host 0 + host 1 | copies | epoch p50 s | after loss p50 / max s | exact |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for name, r in rows.items():
         print(f"| {name} | {r['restores_per_epoch']:.2f} | {r['catch_ups_per_epoch']:.2f} | "
               f"{r['away_share']:.0%} | {r['remote_share']:.0%} | "
-              f"{r['copy_bytes'][0]:,} + {r['copy_bytes'][1]:,} | {r['epoch_p50_s']:.2f} | "
+              f"{r['copy_bytes'][0]:,} + {r['copy_bytes'][1]:,} | {r['copies']:.2f} | "
+              f"{r['epoch_p50_s']:.2f} | "
               f"{r['after_loss_p50_s']:.2f} / {r['after_loss_max_s']:.2f} | {r['exact']} |")
     before, homes = rows["before homes"], rows["homes"]
-    copies = sum(homes["copy_bytes"]) / max(1, sum(before["copy_bytes"]))
+    ratio = sum(homes["copy_bytes"]) / max(1, sum(before["copy_bytes"]))
     print(f"\nepoch p50 with homes / before: {homes['epoch_p50_s'] / before['epoch_p50_s']:.2f}x; "
-          f"copy bytes with homes / before: {copies:.2f}x")
+          f"copy bytes with homes / before: {ratio:.2f}x")
     if args.scale_out:
         print(f"\n## scale-out {args.workers - args.scale_out} -> {args.workers} workers at "
               f"warm-up epoch {args.warmup - 1}: bytes of moved bins")

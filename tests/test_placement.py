@@ -46,12 +46,14 @@ def test_a_host_id_file_megaphone_did_not_write_is_refused(tmp_path):
         host_id(str(tmp_path))
 
 
-def test_new_workers_are_homed_on_the_least_loaded_known_host():
-    # Workers 0-3 all first ran on host a; host b is known from worker 4's task.
+def test_new_workers_are_homed_where_their_first_copy_was_made():
+    # Workers 0-3 first ran on host a, worker 4 on host b: each copy stays where it was made.
     homes = assign_homes({}, [0, 1, 2, 3, 4], {0: "a", 1: "a", 2: "a", 3: "a", 4: "b"})
-    assert sorted(homes.values()).count("a") in (2, 3)
-    assert abs(list(homes.values()).count("a") - list(homes.values()).count("b")) <= 1
-    assert homes[0] == "a"  # a tie goes to the host the task ran on (its copy is there)
+    assert homes == {0: "a", 1: "a", 2: "a", 3: "a", 4: "b"}
+    # A scale-out: workers 2 and 3 get bins, 3 ran on the new host c, 2 reported no host; it
+    # goes to the known host with the fewest homes (b, known from where 0 and 1 ran).
+    after = assign_homes({0: "a", 1: "a"}, [0, 1, 2, 3], {0: "b", 1: "b", 3: "c"})
+    assert after == {0: "a", 1: "a", 2: "b", 3: "c"}
 
 
 def test_homes_stay_while_a_worker_holds_state_and_leave_with_it():

@@ -4,8 +4,10 @@
 (:func:`megaphone.state_backends.host.host_id`) and the runtime says where each task ran.
 
 Homes change only by decision. A worker keeps its home while it has state; a worker that first
-gets bins is homed on the known host with the fewest homes, preferring the host its task ran
-on when several tie (its working copy is there already).
+gets bins is homed where its task ran, because its first working copy was made there (homing
+it elsewhere would move its bytes a second time, as a restore at the new home); only a worker
+whose task's host is unknown is homed on the known host with the fewest homes. The spread of
+new homes over hosts is therefore that of Spark's first tasks for them (docs/placement.md).
 """
 
 from __future__ import annotations
@@ -26,20 +28,21 @@ def assign_homes(homes: Mapping[int, str], workers: Iterable[int],
                  ran_on: Mapping[int, str], unreachable: Iterable[int] = ()
                  ) -> dict[int, str]:
     """The homes after an epoch: those of ``homes`` whose worker is among ``workers`` (the
-    workers that hold state), and one for each of ``workers`` without a home, chosen among the
-    hosts known (homes' and ``ran_on``'s, where the epoch's tasks ran). A worker whose task
-    could not reach its home (``unreachable``) used the copy where it ran: that is its home
-    now. A worker whose task ran nowhere known, with no host known at all, stays without a
-    home until one is."""
+    workers that hold state), and one for each of ``workers`` without a home. A worker whose
+    task could not reach its home (``unreachable``), or had none, used the copy where it ran
+    (``ran_on``): that is its home now. One that ran nowhere known is homed on the known host
+    (homes' and ``ran_on``'s) with the fewest homes; with no host known at all, it stays
+    without a home until one is."""
     holding = set(workers)
     out = {w: h for w, h in homes.items() if w in holding}
-    out.update({w: ran_on[w] for w in unreachable if w in holding and w in ran_on})
+    out.update({w: ran_on[w] for w in set(unreachable) | (holding - set(out))
+                if w in holding and w in ran_on})
     hosts = sorted(set(out.values()) | set(ran_on.values()))
     count = Counter(out.values())
     for w in sorted(holding - set(out)):
         if not hosts:
             continue
-        home = min(hosts, key=lambda h: (count[h], h != ran_on.get(w), h))
+        home = min(hosts, key=lambda h: (count[h], h))
         out[w] = home
         count[home] += 1
     return dict(sorted(out.items()))
