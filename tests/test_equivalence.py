@@ -19,7 +19,7 @@ import tempfile
 import uuid
 
 import msgpack
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 from pyspark import cloudpickle
 
@@ -149,12 +149,42 @@ SPARK_PHASES = [p for p in Phase if p != Phase.shrink or os.environ.get(
 
 
 # Each example runs a pipeline on Spark for a few seconds; every CI run draws new ones, so
-# coverage grows from run to run (MEGAPHONE_SPARK_EXAMPLES=500 for a long run).
-SPARK_EXAMPLES = int(os.environ.get("MEGAPHONE_SPARK_EXAMPLES", "25"))
+# coverage grows from run to run (MEGAPHONE_SPARK_EXAMPLES=500 for a long run). The explicit
+# examples below run in every run besides them.
+SPARK_EXAMPLES = int(os.environ.get("MEGAPHONE_SPARK_EXAMPLES", "14"))
+
+#: Scenarios every run checks, between them: each key type with the null key, a custom, a
+#: built-in and a count update (null values skipped or counted), both backends, bins shipped
+#: as files, rows and either, one to three workers scaled out to five and back, chained plans
+#: queued in one epoch, and each kind of last plan (fixed, a random policy, the deadline's).
+EXPLICIT = [
+    {"key_type": "str", "workers": 3, "backend": "rocksdb", "transfer": "files",
+     "update": "custom", "value_kind": "int", "count_value": False,
+     "batches": [[("a", 1), (None, 2), ("b", 3), ("a", -4)], [("b", 5), ("", 6), (None, -1)],
+                 [("a", 7), ("zz", 0)]],
+     "plans": [[[(0, [(0, 0, 3), (4, 1, 4)]), (1, [(0, 3, 1)])]],
+               [[(0, [(5, 2, 0), (7, 1, 4)])]], []],
+     "adaptive": "deadline", "policy_seed": 0},
+    {"key_type": "int64", "workers": 2, "backend": "memory", "transfer": "rows",
+     "update": "sum", "value_kind": "float", "count_value": False,
+     "batches": [[(2**63 - 1, 1.0), (None, None), (-(2**63), -3.0), (5, None)],
+                 [(5, 2.0), (None, 4.0)], [(2**63 - 1, None), (7, 0.0)]],
+     "plans": [[[(0, [(0, 0, 2), (3, 1, 0)]), (2, [(9, 1, 3)])]], [], [[(0, [(0, 2, 1)])]]],
+     "adaptive": "random", "policy_seed": 7},
+    {"key_type": "int64", "workers": 1, "backend": "rocksdb", "transfer": "auto",
+     "update": "count", "value_kind": "int", "count_value": True,
+     "batches": [[(1, None), (1, 2), (None, 3)], [(2, 1), (None, None)], []],
+     "plans": [[[(0, [(0, 0, 1), (1, 0, 2)])], [(0, [(2, 0, 3)]), (1, [(0, 1, 4)])]],
+               [[(0, [(1, 2, 0)])]], []],
+     "adaptive": None, "policy_seed": 0},
+]
 
 
 @settings(phases=SPARK_PHASES, max_examples=SPARK_EXAMPLES)
 @given(scenarios())
+@example(EXPLICIT[0])
+@example(EXPLICIT[1])
+@example(EXPLICIT[2])
 def test_outputs_and_state_equal_a_run_without_migration(spark, scenario):
     run_scenario(spark, scenario)
 

@@ -119,8 +119,8 @@ def test_the_crash_chains_cover_every_phase():
 
 def wait_for_service_exit(state_dir: Path, timeout: float = IDLE_EXIT_S + 15) -> None:
     """The store services of a crashed pipeline must end by themselves: at once when the
-    executor they served is gone, at the latest after IDLE_EXIT_S without a store or a
-    connection (a service the crash left without ever opening a store)."""
+    executor that started or used them is gone (also one the crash left before its first
+    connection), at the latest after IDLE_EXIT_S without a store or a connection."""
     deadline = time.monotonic() + timeout
     while service_pids(local_dir(state_dir)):
         assert time.monotonic() < deadline, "the store service outlived its crashed pipeline"

@@ -164,6 +164,24 @@ def test_a_service_running_other_code_is_replaced(tmp_path):
             old.kill()
 
 
+def test_a_service_whose_starter_died_before_its_hello_exits_at_once(tmp_path):
+    """A crash while the service starts leaves it without a store or a connection: it watches
+    its starter from the start, so it exits as soon as it finds it gone, not after idling."""
+    local = str(tmp_path / "local")
+    os.makedirs(local)
+    starter = subprocess.Popen([sys.executable, "-c", "pass"])
+    watch = f"{starter.pid}:{process_start(starter.pid)}"
+    starter.wait()  # gone (and reaped) before the service runs
+    started = time.monotonic()
+    service = subprocess.run(
+        [sys.executable, "-c", "from megaphone.state_backends import service_process; "
+         "service_process.main()", local, "--idle-exit", "3600", "--watch", watch],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        timeout=60)
+    assert service.returncode == 0 and time.monotonic() - started < 30
+    assert service_pid(local) is None
+
+
 def test_a_copy_that_a_failed_run_left_on_a_host_is_never_used(tmp_path):
     """Two hosts (two services) and one checkpoint location. Run r1 applies epoch 1 on host A
     and fails before committing it; run r2 applies epoch 1 to another batch on host B and

@@ -30,7 +30,7 @@ from megaphone.paths import (
     store_socket_path,
 )
 from megaphone.state_backends.network import AUTH_FRAME_BYTES, auth_mac
-from megaphone.state_backends.service_identity import code_id
+from megaphone.state_backends.service_identity import code_id, process_start
 from megaphone.state_backends.wire import recv_frame, send_frame
 
 log = logging.getLogger("megaphone.store")
@@ -270,10 +270,14 @@ def _start(local_dir: str) -> _Connection:
         if conn is not None:
             return conn
         log_path = store_log_path(local_dir)
+        # the starter is watched from the service's first moment: if it dies before its hello
+        # (a crash while the service starts), the service exits at once, not after idling
+        starter = executor_pid() or os.getpid()
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-c",
-                 "from megaphone.state_backends.service_process import main; main()", local_dir],
+                 "from megaphone.state_backends.service_process import main; main()", local_dir,
+                 "--watch", f"{starter}:{process_start(starter)}"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                 close_fds=True)
         deadline = time.monotonic() + START_TIMEOUT_S

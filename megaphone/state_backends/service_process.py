@@ -24,9 +24,14 @@ from megaphone.state_backends.service import IDLE_EXIT_S, StoreService
 log = logging.getLogger("megaphone.store_service")
 
 
-def run(local_dir: str, idle_exit_s: float = IDLE_EXIT_S) -> None:
-    """Serve ``local_dir``'s socket until shut down, idle, or the executors using it are gone."""
+def run(local_dir: str, idle_exit_s: float = IDLE_EXIT_S,
+        starter: tuple[int, int] | None = None) -> None:
+    """Serve ``local_dir``'s socket until shut down, idle, or the executors using it are gone;
+    ``starter`` (pid, start time) is the process that started it, watched from the start as
+    if it had already connected."""
     service = StoreService(idle_exit_s, host_dir_of(local_dir))
+    if starter is not None:
+        service.watched.add(starter)
     path = store_socket_path(local_dir)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # the caller holds the start lock: no live service owns it
@@ -65,10 +70,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("local_dir")
     parser.add_argument("--idle-exit", type=float, default=IDLE_EXIT_S)
+    parser.add_argument("--watch", metavar="PID:START", default=None,
+                        help="the starter's pid and start time (clock ticks since boot)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(levelname)s %(message)s")
-    run(args.local_dir, args.idle_exit)
+    starter = None
+    if args.watch is not None:
+        pid, _, start = args.watch.partition(":")
+        # a starter already gone has no start time: one that cannot match any process
+        starter = (int(pid), int(start) if start.isdigit() else -1)
+    run(args.local_dir, args.idle_exit, starter)
 
 
 if __name__ == "__main__":
