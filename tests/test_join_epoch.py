@@ -129,6 +129,17 @@ def test_a_record_without_a_row_fails_as_key_by_key() -> None:
     assert run_both(fn, [[("a", 50, row)], [("a", 10, empty), ("b", 3, empty)]]) == 2
 
 
+def test_windows_too_many_to_number_per_key_are_still_told_apart() -> None:
+    """Event times 2**61 apart in windows of 1 us: ``slot * windows + window`` would not fit
+    int64, so the windows are numbered by ``numpy.unique``."""
+    fn = Join(window_us=1)
+    left = {"left": {"id": "p", "x": 1}, "right": None}
+    right = {"left": None, "right": {"y": 2, "z": None}}
+    far = 2**60 - 1
+    epoch = [(k, t, side) for k in ("a", "b") for t in (-far, far) for side in (left, right)]
+    assert run_both(fn, [epoch, epoch]) == 2
+
+
 def test_event_times_near_the_ends_of_int64_run_key_by_key() -> None:
     fn = Join(within_us=5)
     record = ("a", 2**62, {"left": {"id": "p", "x": 1}, "right": None})

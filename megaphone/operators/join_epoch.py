@@ -241,13 +241,19 @@ def _removed_by(slots: np.ndarray, keeps: np.ndarray, timer_slots: np.ndarray,
 
 
 def _groups(fn: JoinShape, sides: list[_Side]) -> list[np.ndarray]:
-    """Each row's equi-join group: its slot, or its slot and tumbling window (``window_us``)."""
+    """Each row's equi-join group: its slot, or its slot and tumbling window (``window_us``):
+    ``slot * windows + window`` when that fits int64, else an id from ``numpy.unique``."""
     if fn.window_us is None or not sum(len(s.slots) for s in sides):
         return [s.slots for s in sides]
     slots = np.concatenate([s.slots for s in sides])
     windows = np.concatenate([s.times for s in sides]) // fn.window_us
-    _, ids = np.unique(np.stack([slots, windows], axis=1), axis=0, return_inverse=True)
-    ids = ids.reshape(-1)
+    windows -= windows.min()
+    span = int(windows.max()) + 1
+    if (int(slots.max()) + 1) * span < _SAFE:
+        ids = slots * span + windows
+    else:
+        _, ids = np.unique(np.stack([slots, windows], axis=1), axis=0, return_inverse=True)
+        ids = ids.reshape(-1)
     cuts = np.cumsum([len(s.slots) for s in sides])[:-1]
     return np.split(ids, cuts)
 
