@@ -151,13 +151,11 @@ def join_epoch(fn: JoinShape, batch: EpochBatch, states: list[Any], ctx: Context
                          new_rights.slots, new_right_rows)
     timers = _timers(fn, n_slots, new_slots, new_times)
     ctx.drop_late(late)
-    out = KeyResults(new_states, fired, timers, late=ctx.late)
     slots = np.concatenate([s for s, _ in streams])
     values = list(chain.from_iterable(v for _, v in streams))
-    for i in np.argsort(slots, kind="stable").tolist():  # per key: expiry, then the pairs
-        out.out_keys.append(batch.keys[int(slots[i])])
-        out.out_values.append(values[i])
-    return out
+    by_key = np.argsort(slots, kind="stable")  # per key: expiry, then the pairs
+    return KeyResults(new_states, fired, timers, [batch.keys[s] for s in slots[by_key].tolist()],
+                      [values[i] for i in by_key.tolist()], ctx.late)
 
 
 def _new_rows(fn: JoinShape, batch: EpochBatch, watermark: int | None
