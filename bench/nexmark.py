@@ -18,7 +18,9 @@ and the query's plans; ``t0`` is set after them. Runs per query, on the same eve
   latency target ``L`` seconds), then ``--cooldown`` epochs and until the backlog drained (at
   most ``--drain-epochs`` more). Every run's outputs must equal the batch SQL
   (:mod:`megaphone.nexmark.sql`) for what it finalized, with nothing late, or the benchmark
-  stops with an error;
+  stops with an error. ``--operator-paths vectorized,per-key`` runs each of them twice: with
+  the windows and joins computing an epoch in columns (``vectorized``, the default) and key
+  by key (``per-key``, runs named ``<run>-per-key``), a before/after in one run;
 * ``native`` -- the query in Structured Streaming (``bench/nexmark_native.py``; Q4 cannot be
   written there), no restart: its steady state;
 * ``native-repartition`` -- the same query stopped between triggers where megaphone rescales,
@@ -33,6 +35,7 @@ run (one line per epoch: latency, records, rows emitted, bins moved, the plan's 
     python bench/nexmark.py --quick      # all queries and runs, a few minutes
     python bench/nexmark.py              # the full size, 20-40 minutes on 2 quiet cores
     python bench/nexmark.py --queries q4,q5 --runs fluid,batched,deadline@2,native
+    python bench/nexmark.py --quick --runs fluid --operator-paths vectorized,per-key
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from nexmark_native import NATIVE_RUNS, UNSUPPORTED, run_native
-from nexmark_report import NexRow, deadline_target, write_outputs
+from nexmark_report import PER_KEY, NexRow, deadline_target, write_outputs
 from procmem import RssSampler
 from report import RunResult, Window, label_phases, write_csv
 from restart_baselines import steady_threshold
@@ -69,6 +72,8 @@ from megaphone.nexmark.queries import QUERIES, NexmarkQuery
 
 STRATEGIES = ("all-at-once", "fluid", "batched")
 DEADLINE = "deadline@"
+#: How the windows and joins run an epoch: in columns, or key by key (their ``vectorized``).
+OPERATOR_PATHS = ("vectorized", PER_KEY)
 #: Settings by size. ``quick``: every query and run in a few minutes; ``full``: 20-40 minutes
 #: on two quiet cores.
 PROFILES: dict[str, dict[str, Any]] = {
@@ -86,6 +91,7 @@ class BenchConfig:
     size: str
     queries: tuple[str, ...]
     runs: tuple[str, ...]
+    paths: tuple[str, ...]
     rate: float
     interval: float
     bins: int
@@ -132,6 +138,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", help="comma-separated runs: fluid, batched, all-at-once, "
                                   "deadline@L, native, native-repartition (default: fluid, "
                                   "batched, deadline@<2x interval>, native, native-repartition)")
+    p.add_argument("--operator-paths", default="vectorized",
+                   help="comma-separated: vectorized (windows and joins in columns), per-key "
+                        "(key by key; runs named <run>-per-key); both for a before/after")
     p.add_argument("--rate", type=float, help="events per second")
     p.add_argument("--interval", type=float, help="epoch length in seconds")
     p.add_argument("--bins", type=int, help="bins per stage (a power of two)")
@@ -171,13 +180,16 @@ def resolve(args: argparse.Namespace) -> BenchConfig:
                                                   "native,native-repartition").split(","))
     bad = [q for q in queries if q not in QUERIES]
     bad += [r for r in runs if r not in (*STRATEGIES, *NATIVE_RUNS) and not deadline_target(r)]
-    if bad or not queries or not runs:
+    paths = tuple(dict.fromkeys(p.strip() for p in args.operator_paths.split(",") if p.strip()))
+    bad += [p for p in paths if p not in OPERATOR_PATHS]
+    if bad or not queries or not runs or not paths:
         raise SystemExit(f"unknown queries or runs {bad}: queries {','.join(QUERIES)}; runs "
-                         f"{','.join((*STRATEGIES, *NATIVE_RUNS))} or {DEADLINE}L (seconds)")
+                         f"{','.join((*STRATEGIES, *NATIVE_RUNS))} or {DEADLINE}L (seconds); "
+                         f"operator paths {','.join(OPERATOR_PATHS)}")
     out = args.out or Path(__file__).resolve().parent / "results" / f"nexmark-{size}"
     rate = pick("rate")
     return BenchConfig(
-        size=size, queries=queries, runs=runs, rate=rate, interval=interval,
+        size=size, queries=queries, runs=runs, paths=paths, rate=rate, interval=interval,
         bins=pick("bins"), workers=2, warmup=pick("warmup"), pre=pick("pre"),
         cooldown=pick("cooldown"), drain_epochs=pick("drain_epochs"),
         steady_epochs=args.steady_epochs or pick("pre") + pick("cooldown"),
@@ -209,10 +221,13 @@ class Bench:
 
 class LiveRun:
     """One megaphone run of one query: warm-up, open-loop epochs, a live rescale of every
-    stateful stage from 2 to 4 workers, cool-down and drain, then the correctness check."""
+    stateful stage from 2 to 4 workers, cool-down and drain, then the correctness check.
+    ``path``: one of :data:`OPERATOR_PATHS` (the per-key run is named ``<name>-per-key``)."""
 
-    def __init__(self, bench: Bench, query: str, name: str):
-        self.bench, self.cfg, self.query_name, self.name = bench, bench.cfg, query, name
+    def __init__(self, bench: Bench, query: str, name: str, path: str = "vectorized"):
+        self.bench, self.cfg, self.query_name = bench, bench.cfg, query
+        self.name = name if path == "vectorized" else f"{name}-{path}"
+        self.vectorized = path == "vectorized"
         self.target = deadline_target(name)
         self.strategy = "deadline" if self.target else name
         self.rows: list[NexRow] = []
@@ -227,7 +242,8 @@ class LiveRun:
         shutil.rmtree(path, ignore_errors=True)
         query = QUERIES[self.query_name](
             self.bench.spark, path, config=cfg.nexmark, workers=cfg.workers,
-            num_bins=cfg.bins, backend=cfg.backend, **cfg.sizes(self.query_name))
+            num_bins=cfg.bins, backend=cfg.backend, vectorized=self.vectorized,
+            **cfg.sizes(self.query_name))
         load_before = load_avg()
         try:
             self._loop(query)
@@ -345,18 +361,20 @@ class LiveRun:
 
 
 def run_query(bench: Bench, query: str) -> list[RunResult]:
-    """Every selected run of ``query``, each written to its CSV."""
+    """Every selected run of ``query`` (a megaphone run once per operator path), each written
+    to its CSV."""
     results = []
     for name in bench.cfg.runs:
         if name in NATIVE_RUNS:
             if query in UNSUPPORTED:
                 continue
-            result = run_native(bench, query, name, NexRow)
+            done = [run_native(bench, query, name, NexRow)]
         else:
-            result = LiveRun(bench, query, name).run()
-        write_csv(bench.cfg.out / f"{query}-{name}.csv", result.rows)
-        results.append(result)
-        print(f"{query} {name:>18}: {result.check}", flush=True)
+            done = [LiveRun(bench, query, name, path).run() for path in bench.cfg.paths]
+        for result in done:
+            write_csv(bench.cfg.out / f"{query}-{result.name}.csv", result.rows)
+            results.append(result)
+            print(f"{query} {result.name:>18}: {result.check}", flush=True)
     return results
 
 

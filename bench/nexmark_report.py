@@ -31,8 +31,14 @@ class NexRow(EpochRow):
     bins_total: int = 0
 
 
+#: The operator path that runs windows and joins key by key, and the suffix of its runs' names.
+PER_KEY = "per-key"
+
+
 def deadline_target(run: str) -> float | None:
-    """``L`` of a ``deadline@L`` run name (L > 0 seconds), else None."""
+    """``L`` of a ``deadline@L`` run name (L > 0 seconds; also ``deadline@L-per-key``), else
+    None."""
+    run = run.removesuffix(f"-{PER_KEY}")
     try:
         value = float(run[len("deadline@"):]) if run.startswith("deadline@") else math.nan
     except ValueError:
@@ -91,8 +97,8 @@ def setup_text(cfg: Any) -> str:
             f"most {cfg.drain_epochs} more until the backlog drained (native: "
             f"{cfg.steady_epochs} open-loop epochs without restart); windows {cfg.window_s:g} s "
             f"(Q5 sliding every {cfg.window_s / 5:g} s); {n.num_in_flight_auctions} auctions "
-            f"in flight; backend {cfg.backend}; batched per_worker={cfg.per_worker}; Spark "
-            f"master {cfg.master}.")
+            f"in flight; operator paths {', '.join(cfg.paths)}; backend {cfg.backend}; "
+            f"batched per_worker={cfg.per_worker}; Spark master {cfg.master}.")
 
 
 RUNS_TEXT = [
@@ -100,7 +106,8 @@ RUNS_TEXT = [
     "bids and average; Q3, Q8: the join; Q5, Q7: the window stage -- their top-of-window stage "
     "keeps no state) rescaled live from 2 to 4 workers with that strategy (deadline@L: a "
     "deadline plan per stage with latency target L s); outputs checked against the batch SQL "
-    "for what the stream finalized, nothing late",
+    "for what the stream finalized, nothing late; `<run>-per-key`: the same with the windows "
+    "and joins run key by key instead of an epoch in columns (their `vectorized=False`)",
     "native: the query in Spark Structured Streaming (file source, RocksDB state, foreachBatch "
     "sink), never restarted: its steady state; outputs checked against the batch SQL",
     "native-repartition: the same, stopped between triggers where megaphone rescales, "

@@ -62,6 +62,7 @@ def test_settings_and_what_native_spark_cannot_express(nexmark) -> None:
     full = nexmark.resolve(nexmark.parser().parse_args([]))
     assert quick.queries == full.queries == ("q3", "q4", "q5", "q7", "q8")
     assert quick.runs == ("fluid", "batched", "deadline@2", "native", "native-repartition")
+    assert quick.paths == ("vectorized",)
     assert full.runs[2] == "deadline@4" and full.out.name == "nexmark-full"
     assert quick.nexmark.events_per_second == quick.rate
     assert quick.per_epoch * 10 < full.per_epoch * full.bins
@@ -69,7 +70,25 @@ def test_settings_and_what_native_spark_cannot_express(nexmark) -> None:
     assert nexmark.deadline_target("deadline@x") is None
     with pytest.raises(SystemExit, match="unknown"):
         nexmark.resolve(nexmark.parser().parse_args(["--queries", "q6"]))
+    with pytest.raises(SystemExit, match="operator paths vectorized,per-key"):
+        nexmark.resolve(nexmark.parser().parse_args(["--operator-paths", "columns"]))
     import nexmark_native
 
     assert set(nexmark_native.QUERIES) == {"q3", "q5", "q7", "q8"}
     assert set(nexmark_native.UNSUPPORTED) == {"q4"}
+
+
+def test_operator_paths_run_each_megaphone_run_both_ways(nexmark) -> None:
+    """``--operator-paths vectorized,per-key``: a before/after in one run, the per-key run
+    named after its strategy (a deadline run keeps its target) with its operators' flag off."""
+    cfg = nexmark.resolve(nexmark.parser().parse_args(
+        ["--quick", "--operator-paths", "vectorized, per-key"]))
+    assert cfg.paths == ("vectorized", "per-key")
+    bench = nexmark.Bench(cfg, None, None)
+    before = nexmark.LiveRun(bench, "q5", "deadline@2", "per-key")
+    after = nexmark.LiveRun(bench, "q5", "deadline@2")
+    assert (before.name, before.strategy, before.target, before.vectorized) == \
+        ("deadline@2-per-key", "deadline", 2.0, False)
+    assert (after.name, after.strategy, after.target, after.vectorized) == \
+        ("deadline@2", "deadline", 2.0, True)
+    assert nexmark.deadline_target("deadline@2-per-key") == 2.0

@@ -1,8 +1,9 @@
 """NEXMark Q3, Q4, Q5, Q7 and Q8 on megaphone pipelines: a few epochs of generated events with
 a random migration of a random stage in the middle (random bins to random workers 0..3, then
-the new workers' bins back: scale out and in) emit exactly what the batch SQL versions compute
-over the same events, up to the last epoch's watermark, with nothing late. And Q4's winning
-bids on their own (no Spark) against a brute-force reference."""
+the new workers' bins back: scale out and in; windows and joins in columns or key by key)
+emit exactly what the batch SQL versions compute over the same events, up to the last
+epoch's watermark, with nothing late. And Q4's winning bids on their own (no Spark) against
+a brute-force reference."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megaphone import MigrationPlan, Move, Pipeline
+from megaphone import Join, MigrationPlan, Move, Pipeline, WindowAggregate
 from megaphone.nexmark import sql
 from megaphone.nexmark.definitions import SMALL_RUN
 from megaphone.nexmark.functions import TopOfWindow, WinningBids, running_average
@@ -32,14 +33,16 @@ WORKERS = 4  # moves go to workers 0..3
 def migrations(draw):
     """Which stage moves, before which epoch, and its steps: ``(bin, k)`` moves bin to the
     ``k``-th other worker (0..2) of 0..3; a last step moves every bin of workers 2 and 3 back
-    to 0 or 1. All steps are done before the last epoch."""
+    to 0 or 1. All steps are done before the last epoch. ``vectorized``: whether the windows
+    and joins run an epoch in columns or key by key."""
     steps = draw(st.lists(st.lists(st.tuples(st.integers(0, NUM_BINS - 1), st.integers(0, 2)),
                                    min_size=1, max_size=6), min_size=1, max_size=2))
     return {"stage": draw(st.integers(0, 1)),
             "epoch": draw(st.integers(1, EPOCHS - 2 - len(steps))),
             "steps": steps,
             "seed": draw(st.integers(0, 2**16)),
-            "backend": draw(st.sampled_from(["memory", "rocksdb"]))}
+            "backend": draw(st.sampled_from(["memory", "rocksdb"])),
+            "vectorized": draw(st.booleans())}
 
 
 def plan_for(pipe: Pipeline, steps: list, seed: int) -> MigrationPlan:
@@ -77,7 +80,9 @@ def final(name: str, rows: list) -> Counter:
 def test_query_with_a_migration_equals_batch_sql(spark, name, migration):
     with tempfile.TemporaryDirectory() as state_dir:
         query = QUERIES[name](spark, state_dir, workers=2, num_bins=NUM_BINS,
-                              backend=migration["backend"])
+                              backend=migration["backend"], vectorized=migration["vectorized"])
+        assert all(s.config.update.vectorized == migration["vectorized"]
+                   for s in query.stages if isinstance(s.config.update, Join | WindowAggregate))
         stage = query.stages[migration["stage"] % len(query.stages)]
         got, handle = [], None
         for epoch in range(EPOCHS):

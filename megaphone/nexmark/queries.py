@@ -47,7 +47,9 @@ class NexmarkQuery(ABC):
     ``config``: the generated stream (default :data:`~megaphone.nexmark.definitions.SMALL_RUN`);
     ``options``: keyword arguments for every stage's :class:`~megaphone.Pipeline` (``workers``,
     ``num_bins``, ``backend``, ...). Keys are int64 ids (person, auction, category, window end).
-    Lateness is 0: the generator's events come in event-time order.
+    Lateness is 0: the generator's events come in event-time order. ``vectorized=False`` runs
+    the query's windows and joins key by key (their ``vectorized`` flag): the same outputs and
+    state, slower; a baseline to compare the two in one run.
     """
 
     #: The query's name, and the type of its output rows.
@@ -55,9 +57,11 @@ class NexmarkQuery(ABC):
     row_type: ClassVar[type[NamedTuple]]
 
     def __init__(self, spark: SparkSession, state_dir: str | Path,
-                 config: NexmarkConfig = D.SMALL_RUN, **options: Any) -> None:
+                 config: NexmarkConfig = D.SMALL_RUN, *, vectorized: bool = True,
+                 **options: Any) -> None:
         self.spark = spark
         self.config = config
+        self.vectorized = vectorized
         self.state_dir = Path(state_dir)
         self._options = options
         stages, links = self._stages()
@@ -134,7 +138,7 @@ class Q3(NexmarkQuery):
 
     def _stages(self) -> tuple[Sequence[Pipeline], Sequence[Link | None]]:
         return [self.pipeline(0, "join", key="key", value="value", event_time="time",
-                              update=Join())], []
+                              update=Join(vectorized=self.vectorized))], []
 
     def inputs(self, events: Events) -> dict[str, pa.Table]:
         """Persons of OR, ID and CA and auctions of category 10, with the columns kept."""
@@ -210,7 +214,8 @@ class _WindowTop(NexmarkQuery):
 
     def _stages(self) -> tuple[Sequence[Pipeline], Sequence[Link | None]]:
         value = None if self.aggregate == "count" else "price"
-        windows = WindowAggregate(size_us=self.size_us, slide_us=self.slide_us, agg=self.aggregate)
+        windows = WindowAggregate(size_us=self.size_us, slide_us=self.slide_us, agg=self.aggregate,
+                                  vectorized=self.vectorized)
         first = self.pipeline(0, "windows", key="auction", value=value, event_time="date_time",
                               update=windows)
         second = self.pipeline(1, "top", key="end", value="row", event_time="time",
@@ -291,7 +296,8 @@ class Q8(NexmarkQuery):
 
     def _stages(self) -> tuple[Sequence[Pipeline], Sequence[Link | None]]:
         return [self.pipeline(0, "join", key="key", value="value", event_time="time",
-                              update=Join(window_us=self.window_us))], []
+                              update=Join(window_us=self.window_us,
+                                          vectorized=self.vectorized))], []
 
     def inputs(self, events: Events) -> dict[str, pa.Table]:
         """Persons and auctions, with the columns the join keeps."""
