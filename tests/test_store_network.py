@@ -62,7 +62,8 @@ def test_a_task_elsewhere_applies_an_epoch_at_the_home_over_the_network(home):
     p1, _, secrets, _ = home
     assert p1.address is not None and p1.address[0] == "127.0.0.1"
     conn = dial_network(p1.address, "p1", secrets["p1"])
-    try:
+    try:  # frames go out at once (no wait for a delayed ACK between a stream's frames)
+        assert conn.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         begun = conn.call("begin", worker=0, **KIND, epoch=1, current=1, required=0, run="r")
         assert begun["apply"] is True
         keys = raw([1, 3])

@@ -181,7 +181,7 @@ class Network:
     def handle(self, sock: socket.socket) -> None:
         """One network connection: authenticate it, then serve its requests."""
         try:
-            reg = self.authenticate(sock)
+            reg = self.authenticate(wire.no_delay(sock))
         except (NetworkRefused, wire.FrameError) as exc:
             log.warning("refused a network connection: %s", exc)
             wire.refuse(sock, exc)

@@ -31,7 +31,7 @@ from megaphone.paths import (
 )
 from megaphone.state_backends.network import AUTH_FRAME_BYTES, auth_mac
 from megaphone.state_backends.service_identity import code_id, process_start
-from megaphone.state_backends.wire import recv_frame, send_frame
+from megaphone.state_backends.wire import no_delay, recv_frame, send_frame
 
 log = logging.getLogger("megaphone.store")
 
@@ -189,7 +189,7 @@ def dial_network(address: tuple[str, int] | list, pipeline_id: str, secret: str,
     refuses."""
     host, port = address
     try:
-        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        sock = no_delay(socket.create_connection((host, int(port)), timeout=timeout))
     except OSError as exc:
         raise StoreUnavailable(f"StoreUnavailable: no store service at {host}:{port}: {exc}"
                                ) from exc

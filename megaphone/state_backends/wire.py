@@ -34,6 +34,15 @@ class FrameError(MegaphoneError, ConnectionError):
     speak this protocol (or is broken), and the connection is dropped."""
 
 
+def no_delay(sock: socket.socket) -> socket.socket:
+    """Turn Nagle's algorithm off on a TCP ``sock``: a frame written right after another (a
+    file's last part, then its end frame) otherwise waits for the peer's delayed ACK, about
+    40 ms on Linux, per exchange (measured on loopback: 44 ms per fetch with it, 0.1 ms
+    without)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
     """Send one msgpack frame (a :class:`FrameError` if it exceeds :data:`MAX_FRAME_BYTES`)."""
     body = msgpack.packb(message, use_bin_type=True)
