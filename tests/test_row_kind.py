@@ -42,6 +42,8 @@ def _kinds(batches) -> list[RowKind]:
 class _Store:
     """What an exporter reads of a store: bin 2 as one chunk of rows, bin 3 as a file."""
 
+    remote = False  # this host's store: the parts name this host
+
     def __init__(self, path: str) -> None:
         self.path = path
 
