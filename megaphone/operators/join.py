@@ -84,7 +84,8 @@ class Join:
         return pa.struct([value_type.field("left"), value_type.field("right")])
 
     def keep_until(self, time_us: int) -> int:
-        """The watermark at which a row of event time ``time_us`` leaves the state."""
+        """The watermark at which a row of event time ``time_us`` leaves the state (also
+        element-wise for a numpy array of times, as the columnar join asks it)."""
         if self.within_us is not None:
             return time_us + self.within_us
         if self.window_us is not None:
@@ -94,7 +95,8 @@ class Join:
         return FOREVER
 
     def late_at(self, time_us: int) -> int:
-        """The watermark from which a row of event time ``time_us`` is late."""
+        """The watermark from which a row of event time ``time_us`` is late (also element-wise
+        for a numpy array of times)."""
         if self.window_us is not None:
             return self.keep_until(time_us)
         if self.within_us is None and self.ttl_us is None:

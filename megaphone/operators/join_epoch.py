@@ -57,6 +57,10 @@ class JoinShape(Protocol):
     window_us: int | None
     ttl_us: int | None
 
+    def keep_until(self, time_us: Any) -> Any: ...
+
+    def late_at(self, time_us: Any) -> Any: ...
+
 
 class _Side:
     """One side's rows as flat arrays, in key (slot) order then list order: ``rows`` the stored
@@ -195,23 +199,19 @@ def _unsafe(fn: JoinShape, times: np.ndarray) -> bool:
 
 
 def _keep_until(fn: JoinShape, times: np.ndarray) -> np.ndarray:
-    """Each row's keep time (``Join.keep_until``)."""
-    if fn.within_us is not None:
-        return times + fn.within_us
-    if fn.window_us is not None:
-        return times - times % fn.window_us + fn.window_us
-    if fn.ttl_us is not None:
-        return times + fn.ttl_us
-    return np.full(len(times), FOREVER, np.int64)
+    """Each row's keep time (``Join.keep_until``, element-wise)."""
+    return _per_row(fn.keep_until(times), times)
 
 
 def _late_at(fn: JoinShape, times: np.ndarray) -> np.ndarray:
-    """The watermark from which each row is late (``Join.late_at``)."""
-    if fn.window_us is not None:
-        return _keep_until(fn, times)
-    if fn.within_us is None and fn.ttl_us is None:
-        return np.full(len(times), FOREVER, np.int64)
-    return times
+    """The watermark from which each row is late (``Join.late_at``, element-wise)."""
+    return _per_row(fn.late_at(times), times)
+
+
+def _per_row(value: Any, times: np.ndarray) -> np.ndarray:
+    """A rule's value for every row: its array, or a constant (``FOREVER``) repeated."""
+    out = np.asarray(value, np.int64)
+    return out if out.ndim else np.full(len(times), out, np.int64)
 
 
 def _removed_by(slots: np.ndarray, keeps: np.ndarray, timer_slots: np.ndarray,
