@@ -205,8 +205,7 @@ class StoreService:
 
     def _leased(self, req: dict[str, Any], owner) -> _Entry:
         entry = self.entry(req, owner)
-        if req.get("lease") != entry.lease:
-            raise LeaseLost(f"store {req['path']}: a newer attempt of the epoch has begun")
+        _check_lease(entry, req)
         return entry
 
     def op_begin(self, req: dict[str, Any], owner) -> dict[str, Any]:
@@ -297,13 +296,10 @@ class StoreService:
             for frame in _stream(sock):
                 files.add(BinFile.from_wire(frame["file"]), int(frame["offset"]), frame["data"])
             with entry.lock:
-                started = time.perf_counter()
-                stats = entry.store.ingest_files(files.complete())
-                seconds = time.perf_counter() - started
+                reply = _ingest(entry, files.complete())
         finally:
             files.discard()
-        send_frame(sock, {"ok": True, "method": stats.method, "keys": stats.keys,
-                          "bytes": stats.bytes, "seconds": seconds})
+        send_frame(sock, {"ok": True, **reply})
 
     def op_pull(self, req: dict[str, Any], owner) -> dict[str, Any]:
         """Install arriving bins from files kept at their senders' homes (``refs``): fetched
@@ -319,16 +315,10 @@ class StoreService:
         try:
             pull_files(refs, files, reg.pipeline_id, reg.secret.hex(), int(req["part_bytes"]))
             with entry.lock:
-                if req.get("lease") != entry.lease:  # a newer attempt began while it pulled
-                    raise LeaseLost(f"store {req['path']}: a newer attempt of the epoch has "
-                                    "begun")
-                started = time.perf_counter()
-                stats = entry.store.ingest_files(files.complete())
-                seconds = time.perf_counter() - started
+                _check_lease(entry, req)  # again: a newer attempt may have begun while it pulled
+                return _ingest(entry, files.complete())
         finally:
             files.discard()
-        return {"method": stats.method, "keys": stats.keys, "bytes": stats.bytes,
-                "seconds": seconds}
 
     def op_read(self, req: dict[str, Any], owner) -> dict[str, Any]:
         """Current values of raw keys."""
@@ -391,10 +381,7 @@ class StoreService:
             if os.path.dirname(os.path.abspath(f.path)) != inbox:
                 raise ValueError(f"bin file {f.path} is not in the store's transfer directory")
         with entry.lock:
-            started = time.perf_counter()
-            stats = entry.store.ingest_files(files)
-            return {"method": stats.method, "keys": stats.keys, "bytes": stats.bytes,
-                    "seconds": time.perf_counter() - started}
+            return _ingest(entry, files)
 
     def op_stats(self, req: dict[str, Any], owner) -> dict[str, Any]:
         """Keys and bytes of every non-empty bin, as of the driver's last commit."""
@@ -486,6 +473,21 @@ class StoreService:
         # Exit once idle: at once if the executors using it are gone, else after idle_exit_s.
         return not self.stopping.is_set() and \
             not (idle and (self.orphaned or now - self.last_activity > self.idle_exit_s))
+
+
+def _check_lease(entry: _Entry, req: dict[str, Any]) -> None:
+    """Refuse a write whose lease a newer attempt of the epoch has replaced (a zombie's)."""
+    if req.get("lease") != entry.lease:
+        raise LeaseLost(f"store {req['path']}: a newer attempt of the epoch has begun")
+
+
+def _ingest(entry: _Entry, files: list[BinFile]) -> dict[str, Any]:
+    """Ingest whole bin files into ``entry``'s store (its lock held); the reply: the path
+    taken, keys, bytes and seconds."""
+    started = time.perf_counter()
+    stats = entry.store.ingest_files(files)
+    return {"method": stats.method, "keys": stats.keys, "bytes": stats.bytes,
+            "seconds": time.perf_counter() - started}
 
 
 def _send_chunks(sock: socket.socket, backend: StateBackend, bins: list[int], chunk_bytes: int
