@@ -17,7 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from megaphone.operators import Context, Join
-from megaphone.operators.process import EpochBatch, KeyResults, run_epoch, run_keys, watermark
+from megaphone.operators.process import EpochBatch, KeyResults, run_epoch, run_keys
+from tests.helpers.epoch_columns import Carried, packed
 
 LEFT = pa.struct([("id", pa.string()), ("x", pa.int64())])
 RIGHT = pa.struct([("y", pa.int64()), ("z", pa.float64())])
@@ -47,21 +48,15 @@ def batch_of(records: list[Record], due: dict[Any, list[int]]) -> EpochBatch:
                       pa.array([v for _, _, v in records], VALUE))
 
 
-def packed(states: list[Any]) -> list[bytes | None]:
-    return [None if s is None else msgpack.packb(s) for s in states]
-
-
 def run_both(fn: Join, epochs: list[list[Record]]) -> int:
     """Run the epochs key by key and in columns, asserting each epoch equal (the states as
     msgpack stores them); returns the epochs that ran in columns (not declined)."""
-    states: dict[Any, bytes] = {}
-    timers: dict[Any, set[int]] = {}
-    high = None
+    carried = Carried(fn.lateness_us)
+    states = carried.states
     vectorized = 0
     for epoch_records in epochs:
-        wm = watermark(high, fn.lateness_us)
-        due = {k: sorted(t for t in ts if wm is not None and t <= wm)
-               for k, ts in timers.items()}
+        wm = carried.watermark()
+        due = carried.due(wm)
         batch = batch_of(epoch_records, due)
         now = [None if k not in states else msgpack.unpackb(states[k]) for k in batch.keys]
         want = run_keys(fn, batch.keys, batch.timers(), batch.rows(), copy.deepcopy(now),
@@ -76,15 +71,7 @@ def run_both(fn: Join, epochs: list[list[Record]]) -> int:
             assert got.out_keys == want.out_keys
             assert got.out_values == want.out_values
             assert got.late == want.late
-        for key, state, fired, added in zip(batch.keys, packed(want.states), want.fired,
-                                            want.set, strict=True):
-            if state is None:
-                states.pop(key, None)
-            else:
-                states[key] = state
-            timers[key] = (timers.get(key, set()) - set(fired)) | added
-        for _, t, _ in epoch_records:
-            high = t if high is None else max(high, t)
+        carried.advance(batch.keys, want, packed(want.states), [t for _, t, _ in epoch_records])
     return vectorized
 
 

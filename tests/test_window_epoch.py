@@ -10,7 +10,6 @@ import copy
 import math
 from typing import Any
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -18,7 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from megaphone.operators import Context, WindowAggregate
-from megaphone.operators.process import EpochBatch, KeyResults, run_epoch, run_keys, watermark
+from megaphone.operators.process import EpochBatch, KeyResults, run_epoch, run_keys
+from tests.helpers.epoch_columns import Carried, packed
 
 AGGS = ["count", "sum", "min", "max", "avg"]
 keys = st.sampled_from(["a", "b", None])
@@ -52,10 +52,6 @@ def both_ways(fn: WindowAggregate, batch: EpochBatch, states: list[Any], wm: int
     return by_record, fn.process_epoch(batch, copy.deepcopy(states), Context(0, wm))
 
 
-def packed(states: list[Any]) -> list[bytes | None]:
-    return [None if s is None else msgpack.packb(s) for s in states]
-
-
 def same_outputs(a: list[dict], b: list[dict]) -> bool:
     """Equal output lists, NaN equal to NaN and ``-0.0`` told from ``0.0``."""
     def frozen(v: dict) -> tuple:
@@ -70,14 +66,12 @@ def run_both(fn: WindowAggregate, epochs: list[list[tuple[Any, int, Any]]],
              value_type: pa.DataType) -> int:
     """Run the epochs both ways, asserting each epoch equal; returns the epochs that ran in
     columns (not declined)."""
-    states: dict[Any, Any] = {}
-    timers: dict[Any, set[int]] = {}
-    high = None
+    carried = Carried(fn.lateness_us)
+    states = carried.states
     vectorized = 0
     for batch_records in epochs:
-        wm = watermark(high, fn.lateness_us)
-        due = {k: sorted(t for t in ts if wm is not None and t <= wm)
-               for k, ts in timers.items()}
+        wm = carried.watermark()
+        due = carried.due(wm)
         batch = batch_of(batch_records, due, value_type)
         now = [states.get(k) for k in batch.keys]
         want, got = both_ways(fn, batch, now, wm)
@@ -89,15 +83,7 @@ def run_both(fn: WindowAggregate, epochs: list[list[tuple[Any, int, Any]]],
             assert got.out_keys == want.out_keys
             assert same_outputs(got.out_values, want.out_values)
             assert got.late == want.late
-        for key, state, fired, added in zip(batch.keys, want.states, want.fired, want.set,
-                                            strict=True):
-            if state is None:
-                states.pop(key, None)
-            else:
-                states[key] = state
-            timers[key] = (timers.get(key, set()) - set(fired)) | added
-        for _, t, _ in batch_records:
-            high = t if high is None else max(high, t)
+        carried.advance(batch.keys, want, want.states, [t for _, t, _ in batch_records])
     return vectorized
 
 
