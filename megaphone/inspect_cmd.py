@@ -84,6 +84,8 @@ def describe(state_dir: str) -> dict[str, Any]:
         "label": commit.label,
         "groups": groups(metrics),
         "homes": commit.homes,
+        "hosts": {h: sum(home == h for home in commit.homes.values())
+                  for h in sorted(set(commit.hosts) | set(commit.homes.values()))},
         "away": metrics[-1].get("away", []) if metrics else [],
     }
 
@@ -157,6 +159,9 @@ def render(info: dict[str, Any]) -> str:
     rows.append(["total", info["num_bins"], info["keys"], human_bytes(info["bytes"]), ""])
     lines.append("")
     lines += table(["worker", "bins", "keys", "bytes", "home"], rows)
+    if info["hosts"]:
+        known = ", ".join(f"{h} ({n} homes)" for h, n in info["hosts"].items())
+        lines.append(f"hosts       {known}; a new worker is homed on one with fewest homes")
     if info["away"]:
         lines.append(f"away        worker{'s' if len(info['away']) > 1 else ''} "
                      f"{', '.join(map(str, info['away']))} ran on another host than "

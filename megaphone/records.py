@@ -119,6 +119,9 @@ class WorkerMetrics(_Record):
     #: ``[host, port]`` of the service holding the worker's store, when the task ran at home
     #: (the driver keeps it for the tasks that run elsewhere).
     address: list[Any] | None = None
+    #: ``[shards, host, port]`` of the task's host's service for the worker's shard (one of
+    #: ``shards``), wherever the store was: the driver homes new workers on known hosts.
+    service: list[Any] | None = None
     #: Workers at home elsewhere whose copies on the task's host it had deleted first.
     pruned: list[int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)

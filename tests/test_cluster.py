@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
+from megaphone.routing.placement import plan_homes
 from megaphone.state_backends.durable import filesystem
 from megaphone.state_backends.host import HOST_ID
 from tests.helpers.cluster import ROOT, kill_host, namespaces_permitted, two_hosts
@@ -34,8 +35,10 @@ def cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("hosts")
     if not namespaces_permitted(base / "probe"):
         pytest.skip("mount namespaces are not permitted here (unshare -m and mount need root)")
-    with two_hosts(base) as hosts:
-        yield hosts
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MEGAPHONE_STORE_SERVICES", "2")  # workers 2 and 3 share 0's and 1's shards
+        with two_hosts(base) as hosts:
+            yield hosts
 
 
 def test_executors_that_cannot_see_the_state_directory_fail_the_epoch_loudly(cluster):
@@ -104,6 +107,20 @@ def test_with_a_checkpoint_it_runs_on_two_hosts_and_survives_losing_one(cluster,
         assert set(result["remote"][e]) <= set(result["away"][e]), epoch
         for w in map(str, result["unreachable"][e]):
             assert epoch > 3 and home[w] == ran_on[w], (epoch, w)
+    # The scale-out 2 -> 4 homes workers 2 and 3 before their first epoch, each on the host
+    # with the fewest homes among those whose service for its shard a task reported: the
+    # commit record keeps every such host (docs/placement.md).
+    chosen: dict[int, str] = {}
+    for epoch in range(1, EPOCHS):
+        before, e = str(epoch - 1), str(epoch)
+        new = [int(w) for w in homes[e] if w not in homes[before]]
+        planned = plan_homes({int(w): h for w, h in homes[before].items()}, new,
+                             result["hosts"][before])
+        for w, (host, _) in planned.items():
+            assert homes[e][str(w)] == host or w in result["unreachable"][e], (epoch, w)
+            chosen[w] = host
+    assert set(chosen) == {2, 3}, (homes, result["hosts"])
+    assert result["inspect_homes"] == homes[str(EPOCHS - 1)]
     # Bins move home to home (docs/placement.md, step 7): every moved byte was pulled by the
     # receiver's home from the sender's, so it crossed hosts at most once.
     moved = [m for e in range(EPOCHS) for m in result["moved"][str(e)].values()]

@@ -7,9 +7,11 @@ from __future__ import annotations
 import threading
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from megaphone.migrator.statedir.commit import Commit
-from megaphone.routing.placement import assign_homes, away
+from megaphone.routing.placement import assign_homes, away, known_hosts, plan_homes
 from megaphone.state_backends.host import HOST_ID, HostIdError, host_id
 
 
@@ -64,14 +66,93 @@ def test_homes_stay_while_a_worker_holds_state_and_leave_with_it():
     assert assign_homes({}, [0], {}) == {}  # no host known yet: homed later
 
 
+def test_hosts_keep_each_shards_service_as_tasks_report_it():
+    # Worker 0's task ran at home on a (2 shards), worker 1's away on b (one shard), worker 3's
+    # on a: a's shards 0 and 1, b's one shard.
+    hosts = known_hosts({}, [(0, "a", [2, "10.0.0.1", 7000]), (1, "b", [1, "10.0.0.2", 7100]),
+                             (3, "a", [2, "10.0.0.1", 7001])])
+    assert hosts == {"a": [["10.0.0.1", 7000], ["10.0.0.1", 7001]], "b": [["10.0.0.2", 7100]]}
+    # b restarted its service (a new port), and now runs 2 shards; a was unreachable: dropped.
+    after = known_hosts(hosts, [(2, "b", [2, "10.0.0.2", 7200])], unreachable=["a"])
+    assert after == {"b": [["10.0.0.2", 7200], None]}
+
+
+def test_new_workers_are_homed_before_their_first_epoch_on_the_hosts_with_fewest_homes():
+    # The placement bench's scale-out: workers 0 and 1 at home on a, b known from their tasks
+    # that ran there away from home; the new workers 2 and 3 both go to b.
+    hosts = {"a": [["h", 1], ["h", 2]], "b": [["h", 3], ["h", 4]]}
+    assert plan_homes({0: "a", 1: "a"}, [0, 1, 2, 3], hosts) == \
+        {2: ("b", ("h", 3)), 3: ("b", ("h", 4))}
+    # A host whose service for the worker's shard is unknown is no candidate; ties go by id.
+    assert plan_homes({}, [1, 2], {"b": [["h", 3], ["h", 4]], "a": [["h", 1], None]}) == \
+        {1: ("b", ("h", 4)), 2: ("a", ("h", 1))}
+    assert plan_homes({0: "a"}, [1], {}) == {}  # no host known yet: homed where it runs
+
+
+@given(st.dictionaries(st.integers(0, 11), st.sampled_from("abcd"), max_size=8),
+       st.sets(st.integers(0, 11), max_size=8),
+       st.dictionaries(st.sampled_from("abcde"),
+                       st.integers(1, 3).flatmap(lambda n: st.lists(
+                           st.none() | st.just(["10.0.0.1", 7000]), min_size=n, max_size=n)),
+                       max_size=5))
+def test_planned_homes_have_known_services_spread_evenly_and_leave_old_homes(homes, new, hosts):
+    planned = plan_homes(homes, new, hosts)
+    assert set(planned) <= new - set(homes)  # existing homes never change
+    counts = {h: list(homes.values()).count(h) for h in hosts}
+    for w in sorted(planned):
+        host, address = planned[w]
+        services = hosts[host]
+        assert list(address) == services[w % len(services)]  # a known service for w's shard
+        candidates = [h for h, s in hosts.items() if s[w % len(s)] is not None]
+        assert (counts[host], host) == min((counts[h], h) for h in candidates)  # fewest homes
+        counts[host] += 1
+    for w in new - set(homes) - set(planned):  # left out only when no host knows its shard
+        assert all(s[w % len(s)] is None for s in hosts.values())
+
+
+def test_an_epoch_runs_and_commits_its_new_workers_at_the_homes_chosen_before_it(monkeypatch):
+    """The task spec and the commit record agree on the homes chosen before the epoch; a new
+    worker whose task could not reach its chosen home is homed where it ran, and that host's
+    addresses are forgotten until a task reports them again."""
+    from megaphone.migrator.epoch.routing_operator import EpochLayout, commit_record, new_homes
+    from megaphone.migrator.statedir.commit import StreamPosition
+    from megaphone.records import WorkerMetrics
+    from megaphone.routing.table import Move
+
+    monkeypatch.delenv("MEGAPHONE_PLACEMENT", raising=False)
+    a, b = [["10.0.0.1", 7000], ["10.0.0.1", 7001]], [["10.0.0.2", 7000], ["10.0.0.2", 7001]]
+    before = Commit(epoch=3, homes={"0": "a", "1": "a"}, addresses={"0": a[0], "1": a[1]},
+                    hosts={"a": a, "b": b})
+    layout = EpochLayout(epoch=4, version=1, moves=(Move(5, 0, 2), Move(6, 1, 3)),
+                         live=frozenset({0, 1, 2, 3}), incoming={2: (5,), 3: (6,)},
+                         outgoing={0: ((5, 2),), 1: ((6, 3),)}, drops={}, partitions=4)
+    assert new_homes(layout, before) == {2: ("b", ("10.0.0.2", 7000)),
+                                         3: ("b", ("10.0.0.2", 7001))}
+    per_worker = {0: WorkerMetrics(host="a", address=a[0], service=[2, *a[0]]),
+                  1: WorkerMetrics(host="a", address=a[1], service=[2, *a[1]]),
+                  2: WorkerMetrics(host="a", remote=True, service=[2, *a[0]]),
+                  3: WorkerMetrics(host="a", home_unreachable=True, address=a[1],
+                                   service=[2, *a[1]])}
+    done = commit_record(layout, StreamPosition(), [], per_worker, before)
+    assert done.worker_homes() == {0: "a", 1: "a", 2: "b", 3: "a"}
+    assert done.addresses == {"0": a[0], "1": a[1], "2": b[0], "3": a[1]}
+    assert done.hosts == {"a": a}
+    monkeypatch.setenv("MEGAPHONE_PLACEMENT", "0")  # the bench's baseline: homed where it ran
+    assert new_homes(layout, before) == {}
+    assert commit_record(layout, StreamPosition(), [], per_worker, before).homes["2"] == "a"
+
+
 def test_a_commit_record_keeps_homes_and_reads_older_records_without_them():
     old = Commit.from_dict({"epoch": 3, "state_version": 1, "tokens": {"0": "t"}})
-    assert old.homes == {} and old.worker_homes() == {}
-    new = Commit(epoch=4, homes={"0": "a-0123abcd", "1": "b-0123abcd"})
+    assert old.homes == {} and old.worker_homes() == {} and old.hosts == {}
+    new = Commit(epoch=4, homes={"0": "a-0123abcd", "1": "b-0123abcd"},
+                 hosts={"a-0123abcd": [["10.0.0.1", 7000], None]})
     again = Commit.from_dict(new.to_dict())
     assert again == new and again.worker_homes() == {0: "a-0123abcd", 1: "b-0123abcd"}
     with pytest.raises(ValueError, match="homes must map workers to strings"):
         Commit.from_dict({"epoch": 1, "homes": {"w0": "a"}})
+    with pytest.raises(ValueError, match="hosts must map host ids"):
+        Commit.from_dict({"epoch": 1, "hosts": {"a": [["10.0.0.1", "7000"]]}})
 
 
 def test_a_pipeline_records_its_workers_homes_and_where_their_tasks_ran(spark, tmp_path):
@@ -93,6 +174,7 @@ def test_a_pipeline_records_its_workers_homes_and_where_their_tasks_ran(spark, t
         pipe.close()
     info = describe(str(tmp_path / "state"))
     assert info["homes"] == {"0": here, "1": here} and info["away"] == []
+    assert info["hosts"] == {here: 2}
     assert here in render(info)
 
 
@@ -116,5 +198,8 @@ def test_a_checkpointed_pipelines_tasks_register_its_secret_with_their_hosts_ser
         assert json.loads(kept.read_text())["secret"] == secret
         assert oct(os.stat(kept).st_mode & 0o777) == "0o600"
         assert secret not in json.dumps(pipe.metrics()) and secret not in repr(pipe.config)
+        # The host's services for both workers' shards are known, to home new workers on.
+        services = pipe.state_dir.read_commit().hosts[host_id(local)]
+        assert services and all(s is not None for s in services[:2])
     finally:
         pipe.close()

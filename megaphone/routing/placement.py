@@ -3,18 +3,20 @@
 (docs/placement.md). Engine-agnostic: hosts are opaque ids
 (:func:`megaphone.state_backends.host.host_id`) and the runtime says where each task ran.
 
-Homes change only by decision. A worker keeps its home while it has state; a worker that first
-gets bins is homed where its task ran, because its first working copy was made there (homing
-it elsewhere would move its bytes a second time, as a restore at the new home); only a worker
-whose task's host is unknown is homed on the known host with the fewest homes. The spread of
-new homes over hosts is therefore that of Spark's first tasks for them (docs/placement.md).
+Homes change only by decision. A worker keeps its home while it has state. A worker that first
+gets bins is homed before that epoch (:func:`plan_homes`) on the known host with the fewest
+homes among those whose service for its shard some task reported (:func:`known_hosts`): its
+task, wherever it runs, makes its first working copy there, and its bins arrive there home to
+home. With no such host known (the first epochs) it is homed where its task ran, because its
+first copy was made there (docs/placement.md).
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 
 def homes_enforced() -> bool:
@@ -59,9 +61,48 @@ def home_addresses(addresses: Mapping[int, list], before: Mapping[int, str],
     return dict(sorted(out.items()))
 
 
+def known_hosts(hosts: Mapping[str, Sequence[Any]],
+                reports: Iterable[tuple[int, str, Sequence[Any]]],
+                unreachable: Iterable[str] = ()) -> dict[str, list[Any]]:
+    """Each host's store services (per shard, ``[host, port]`` or ``None``) after an epoch:
+    ``hosts`` before it, less the hosts a task could not reach (``unreachable``: every address
+    there is suspect), updated by the epoch's ``reports``: ``(worker, host id, [shards, host,
+    port])`` of the service for the worker's shard (``worker % shards``) on the host its task
+    ran on. A host reporting another number of shards than known starts afresh."""
+    lost = set(unreachable)
+    out = {h: list(services) for h, services in hosts.items() if h not in lost}
+    for worker, host, (shards, addr, port) in sorted(reports, key=lambda r: (r[1], r[0])):
+        services = out.get(host)
+        if services is None or len(services) != shards:
+            services = out[host] = [None] * shards
+        services[worker % shards] = [addr, port]
+    return dict(sorted(out.items()))
+
+
+def plan_homes(homes: Mapping[int, str], new: Iterable[int],
+               hosts: Mapping[str, Sequence[Any]]) -> dict[int, tuple[str, tuple[str, int]]]:
+    """Homes for the ``new`` workers (those without one in ``homes`` that get bins), chosen
+    before their first epoch: each, in worker order, on the host with the fewest homes (ties
+    by host id) among the ``hosts`` (:func:`known_hosts`) whose service for its shard is
+    known, with that service's address. A worker with no such host is left out (homed where
+    its task runs, :func:`assign_homes`). Existing homes never change."""
+    count = Counter(homes.values())
+    out: dict[int, tuple[str, tuple[str, int]]] = {}
+    for w in sorted(set(new) - set(homes)):
+        known = [(h, services[w % len(services)]) for h, services in hosts.items()
+                 if services and services[w % len(services)] is not None]
+        if not known:
+            continue
+        host, (addr, port) = min(known, key=lambda c: (count[c[0]], c[0]))
+        out[w] = (host, (addr, port))
+        count[host] += 1
+    return out
+
+
 def away(homes: Mapping[int, str], ran_on: Mapping[int, str]) -> list[int]:
     """The workers whose task ran on a host other than their home."""
     return sorted(w for w, h in ran_on.items() if homes.get(w) not in (None, h))
 
 
-__all__ = ["assign_homes", "away", "home_addresses", "homes_enforced"]
+__all__ = ["assign_homes", "away", "home_addresses", "homes_enforced", "known_hosts",
+           "plan_homes"]

@@ -130,19 +130,34 @@ class RemoteStore:
         assert conn is not None
         return conn
 
-    def _register(self) -> list[Any] | None:
-        """Register the pipeline's secret with the service, once per connection (a restarted
-        service listens again only once a task registers)."""
+    def _register(self, conn: Any = None) -> list[Any] | None:
+        """Register the pipeline's secret with the service (``conn``'s, else the store's
+        unless it is :attr:`remote`), once per connection (a restarted service listens again
+        only once a task registers); its listener's address."""
         durable = self._durable
-        if durable is None or not durable.secret or self.remote:
+        if durable is None or not durable.secret or (conn is None and self.remote):
             return None
-        known = self.conn.registered.get(durable.pipeline_id)
+        conn = self.conn if conn is None else conn
+        known = conn.registered.get(durable.pipeline_id)
         if known is None or known[0] != durable.secret:
-            reply = self.conn.call("register", pipeline=durable.pipeline_id,
-                                   secret=durable.secret, checkpoint=durable.uri)
-            known = self.conn.registered[durable.pipeline_id] = (durable.secret,
-                                                                 reply["address"])
+            reply = conn.call("register", pipeline=durable.pipeline_id,
+                              secret=durable.secret, checkpoint=durable.uri)
+            known = conn.registered[durable.pipeline_id] = (durable.secret, reply["address"])
         return known[1]
+
+    def host_service(self) -> list[Any] | None:
+        """``[shards, host, port]``: where this host's service for the worker's shard (one of
+        ``shards``) listens for the pipeline's tasks, registered first if the store is
+        :attr:`remote`; the driver keeps it so that it can home new workers on this host
+        (docs/placement.md). ``None`` without a durable copy's secret, or if that service
+        fails: the address is a hint, never worth failing the task."""
+        address = self.address
+        if self.remote:
+            try:
+                address = self._register(connect(self.local_dir))
+            except (StoreUnavailable, StoreError):
+                forget(self.local_dir)
+        return None if address is None else [service_shards(), *address]
 
     def _call(self, op: str, **fields: Any) -> dict[str, Any]:
         try:

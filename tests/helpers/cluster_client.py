@@ -3,9 +3,10 @@ executors cannot see the driver's directory), and record what happened.
 
 Usage: ``python -m tests.helpers.cluster_client MASTER STATE_DIR LOCAL_DIR OUT_JSON
 [CHECKPOINT PAUSE_AFTER]``. Without a checkpoint location it runs one epoch (which must fail
-loudly). With one, it runs :data:`EPOCHS` epochs with a migration plan in flight; after epoch
-``PAUSE_AFTER`` it writes ``OUT_JSON.paused`` and waits for ``OUT_JSON.resume`` (the test kills
-a host meanwhile). Moving bins travel as files, so that with homes each goes home to home.
+loudly). With one, it runs :data:`EPOCHS` epochs with a migration plan in flight that scales
+out from 2 to 4 workers; after epoch ``PAUSE_AFTER`` it writes ``OUT_JSON.paused`` and waits for
+``OUT_JSON.resume`` (the test kills a host meanwhile). Moving bins travel as files, so that with
+homes each goes home to home.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 from megaphone import MigrationPlan, Move, Pipeline
+from megaphone.inspect_cmd import describe
 from megaphone.spark import spark_session
 from tests.helpers.cluster import CLUSTER_CONF
 
@@ -31,12 +33,13 @@ def batch_keys(epoch: int) -> list[int]:
 
 
 def plan_moves(owners: list[int]) -> list[list[tuple[int, int, int]]]:
-    """A seeded random fluid plan: half the bins, one per step, onto workers 0-2."""
+    """A seeded random fluid plan: half the bins, one per step, onto workers 0-3 (workers 2
+    and 3 get their first bins at its first and second steps)."""
     rng = random.Random(SEED)
     bins = rng.sample(range(NUM_BINS), NUM_BINS // 2)
     steps = []
     for b in bins:
-        dst = rng.choice([w for w in range(3) if w != owners[b]])
+        dst = rng.choice([w for w in range(4) if w != owners[b]])
         steps.append([(b, owners[b], dst)])
         owners[b] = dst
     return steps
@@ -49,7 +52,7 @@ def main(master: str, state_dir: str, local_dir: str, out: str, checkpoint: str 
                     key_type="int64", local_dir=local_dir, checkpoint=checkpoint,
                     transfer="files")
     result: dict = {"outputs": {}, "restored": {}, "ran_on": {}, "away": {}, "remote": {},
-                    "unreachable": {}, "homes": {}, "moved": {}}
+                    "unreachable": {}, "homes": {}, "hosts": {}, "moved": {}}
     try:
         if checkpoint is None:
             pipe.process(spark.createDataFrame([(k,) for k in range(40)], "k long"))
@@ -68,7 +71,8 @@ def main(master: str, state_dir: str, local_dir: str, out: str, checkpoint: str 
                     result["restored"].setdefault(w, []).append(epoch)
             result["ran_on"][epoch] = {w: m.host for w, m in record.per_worker.items() if m.host}
             result["away"][epoch] = record.away
-            result["homes"][epoch] = pipe.state_dir.read_commit().homes
+            commit = pipe.state_dir.read_commit()
+            result["homes"][epoch], result["hosts"][epoch] = commit.homes, commit.hosts
             result["remote"][epoch] = sorted(w for w, m in record.per_worker.items() if m.remote)
             result["moved"][epoch] = {w: [m.bytes_in, m.h2h_bytes or 0, m.across_bytes or 0]
                                       for w, m in record.per_worker.items() if m.bins_in}
@@ -87,9 +91,11 @@ def main(master: str, state_dir: str, local_dir: str, out: str, checkpoint: str 
         result["error"] = str(exc)
     result["executors"] = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
     result["epoch"] = pipe.epoch
+    pipe.close()
+    if checkpoint is not None and result["error"] is None:  # inspect reads a closed pipeline
+        result["inspect_homes"] = describe(state_dir)["homes"]
     with open(out, "w") as fh:
         json.dump(result, fh)
-    pipe.close()
     spark.stop()
 
 

@@ -16,6 +16,7 @@ from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.plans.hot_keys import committed_summary
 from megaphone.records import WorkerMetrics
+from megaphone.routing import placement
 from megaphone.routing.placement import assign_homes, home_addresses, homes_enforced
 from megaphone.routing.table import Move, RoutingTable
 from megaphone.state_backends.durable import SNAPSHOT_EVERY
@@ -92,16 +93,29 @@ def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: Rout
         key_type=fp.key_type, num_bins=fp.num_bins, pipeline_id=fp.pipeline_id,
         checkpoint=state.manifest.get("checkpoint"),
         snapshot_every=state.manifest.get("snapshot_every", SNAPSHOT_EVERY),
-        **fields, **placement_fields(state, commit))
+        **fields, **placement_fields(state, commit, layout))
 
 
-def placement_fields(state: StateDir, commit: Commit) -> dict[str, Any]:
+def placement_fields(state: StateDir, commit: Commit, layout: EpochLayout) -> dict[str, Any]:
     """What a checkpointed pipeline's tasks need to reach each worker's home
-    (docs/placement.md): the pipeline's secret and the homes with their services' addresses."""
+    (docs/placement.md): the pipeline's secret and the homes with their services' addresses,
+    those of the workers that first get bins in ``layout`` included (:func:`new_homes`)."""
     if not state.manifest.get("checkpoint"):
         return {}
     return {"secret": state.secret(),
-            "homes": commit.home_services() if homes_enforced() else {}}
+            "homes": {**commit.home_services(), **new_homes(layout, commit)}
+            if homes_enforced() else {}}
+
+
+def new_homes(layout: EpochLayout, commit: Commit) -> dict[int, tuple[str, tuple[str, int]]]:
+    """The homes chosen before ``layout``'s epoch for the workers that get bins in it and have
+    no home yet (:func:`~megaphone.routing.placement.plan_homes` on the hosts ``commit``
+    knows), with their services' addresses; a function of the last commit and the layout, so
+    the task spec and the epoch's commit record agree, and a re-run chooses alike."""
+    if not homes_enforced():
+        return {}
+    return placement.plan_homes(commit.worker_homes(), layout.live | set(layout.incoming),
+                                commit.hosts)
 
 
 def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[str, Any]],
@@ -112,13 +126,23 @@ def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[
     epoch label (``before``'s; a group sets its epochs' own), the hot keys so far
     (:func:`~megaphone.plans.hot_keys.committed_summary`) and the workers' homes
     (:func:`~megaphone.routing.placement.assign_homes`: of the workers that hold state after
-    the epoch)."""
-    hosts, homes_before = ran_on(per_worker), before.worker_homes()
+    the epoch; a new worker's home is the one chosen before the epoch, :func:`new_homes`,
+    unless its task could not reach it) and the hosts' services
+    (:func:`~megaphone.routing.placement.known_hosts`)."""
+    chosen = new_homes(layout, before)
+    hosts, homes_before = ran_on(per_worker), {**before.worker_homes(),
+                                               **{w: h for w, (h, _) in chosen.items()}}
+    unreachable = [w for w, m in per_worker.items() if m.home_unreachable]
     homes = assign_homes(homes_before, layout.live | {m.src for m in layout.moves}, hosts,
-                         [w for w, m in per_worker.items() if m.home_unreachable])
-    addresses = home_addresses({int(w): a for w, a in before.addresses.items()}, homes_before,
+                         unreachable)
+    addresses = home_addresses({**{int(w): a for w, a in before.addresses.items()},
+                                **{w: list(a) for w, (_, a) in chosen.items()}}, homes_before,
                                homes, hosts, {w: m.address for w, m in per_worker.items()
                                               if m.address is not None})
+    services = placement.known_hosts(
+        before.hosts, [(w, hosts[w], m.service) for w, m in per_worker.items()
+                       if w in hosts and m.service],
+        [homes_before[w] for w in unreachable if w in homes_before])
     times = [m.max_event_time for m in per_worker.values() if m.max_event_time is not None]
     if before.max_event_time is not None:
         times.append(before.max_event_time)
@@ -129,7 +153,7 @@ def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[
                   max_event_time=max(times) if times else None, label=before.label,
                   hot=committed_summary(before.hot, (m.hot for m in per_worker.values())),
                   homes={str(w): h for w, h in homes.items()},
-                  addresses={str(w): list(a) for w, a in addresses.items()})
+                  addresses={str(w): list(a) for w, a in addresses.items()}, hosts=services)
 
 
 def ran_on(per_worker: Mapping[int, WorkerMetrics]) -> dict[int, str]:

@@ -82,7 +82,10 @@ class Commit:
     ``label``: the epoch's label when it ran from a batch's epoch column (docs/groups.md): a
     later batch's labels must be larger. ``homes``: per worker that holds state, the id of the
     host where its state is at home, and ``addresses``: the ``[host, port]`` of the service
-    holding it there, as a task at home last reported it (docs/placement.md).
+    holding it there, as a task at home last reported it (docs/placement.md). ``hosts``: per
+    host any task reported from, the ``[host, port]`` of each of its store services (one per
+    shard, ``None`` where none was reported), so that a new worker can be homed there before
+    its first epoch.
     """
 
     epoch: int = -1
@@ -97,6 +100,7 @@ class Commit:
     label: int | None = None
     homes: dict[str, str] = field(default_factory=dict)
     addresses: dict[str, list[Any]] = field(default_factory=dict)
+    hosts: dict[str, list[Any]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any) -> Commit:
@@ -116,11 +120,16 @@ class Commit:
                     for w, t in value.items()):
                 raise ValueError(f"commit.json is malformed: {name} must map workers to strings")
         if not isinstance(commit.addresses, dict) or not all(
-                isinstance(w, str) and w.isdigit() and isinstance(a, list) and len(a) == 2
-                and isinstance(a[0], str) and isinstance(a[1], int)
+                isinstance(w, str) and w.isdigit() and _is_address(a)
                 for w, a in commit.addresses.items()):
             raise ValueError("commit.json is malformed: addresses must map workers to "
                              "[host, port]")
+        if not isinstance(commit.hosts, dict) or not all(
+                isinstance(h, str) and isinstance(s, list) and s
+                and all(a is None or _is_address(a) for a in s)
+                for h, s in commit.hosts.items()):
+            raise ValueError("commit.json is malformed: hosts must map host ids to lists of "
+                             "[host, port] or null")
         if not isinstance(commit.hot, dict):
             raise ValueError("commit.json is malformed: hot must be an object")
         return commit
@@ -141,3 +150,9 @@ class Commit:
         """Per worker whose home's service address is known: its home and that address."""
         return {int(w): (h, (self.addresses[w][0], self.addresses[w][1]))
                 for w, h in self.homes.items() if w in self.addresses}
+
+
+def _is_address(value: Any) -> bool:
+    """Whether ``value`` is a service's ``[host, port]`` as JSON holds it."""
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) \
+        and isinstance(value[1], int)

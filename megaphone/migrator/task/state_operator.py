@@ -162,6 +162,7 @@ def apply_worker(
     marks["begun"] = time.time()
     metrics.restored = store.restored
     metrics.remote, metrics.address = store.remote or None, store.address
+    metrics.service = store.host_service()
     metrics.home_unreachable, metrics.pruned = store.home_unreachable or None, pruned or None
     if apply:
         store.drop_bins(sorted(set(spec.drops.get(worker, ())) | set(incoming)))
