@@ -10,7 +10,7 @@ target (:mod:`megaphone.plans.targets`) and orders the moves into steps
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -49,6 +49,26 @@ class BinSizes:
     def zeros(cls, num_bins: int) -> BinSizes:
         """Sizes of an empty pipeline."""
         return cls(np.zeros(num_bins, np.int64), np.zeros(num_bins, np.int64))
+
+    @classmethod
+    def at(cls, per_worker: Mapping[int, Mapping[int, tuple[int, int]]], owners: np.ndarray
+           ) -> BinSizes:
+        """Per-bin keys and bytes from the workers' bin statistics (``{worker: {bin: (keys,
+        bytes)}}``): a bin's are its owner's under ``owners`` or, if the owner does not hold
+        it yet (a move not applied to state), those of the lowest worker that does."""
+        owners = np.asarray(owners)
+        keys = np.zeros(len(owners), np.int64)
+        nbytes = np.zeros(len(owners), np.int64)
+        found = np.zeros(len(owners), bool)
+        for w, stats in per_worker.items():  # owners first
+            for b, (k, n) in stats.items():
+                if owners[b] == w:
+                    keys[b], nbytes[b], found[b] = k, n, True
+        for _, stats in sorted(per_worker.items()):
+            for b, (k, n) in stats.items():
+                if not found[b]:
+                    keys[b], nbytes[b], found[b] = k, n, True
+        return cls(keys, nbytes)
 
 
 @dataclass(frozen=True)
