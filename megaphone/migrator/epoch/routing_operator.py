@@ -80,9 +80,15 @@ def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: Rout
                **fields: Any) -> EpochSpec:
     """The one builder of an epoch's task spec, live and offline: what the layout and the
     last commit decide (what each worker installs, ships and drops, what the commit left
-    behind), the state directory's identity and checkpoint location (its manifest's), and the
-    caller's ``fields`` (the update, the shuffle, a group's labels...)."""
+    behind), the state directory's identity and checkpoint location (its manifest's), with one
+    what its tasks need to reach each worker's home (docs/placement.md: the pipeline's secret
+    and the homes with their services' addresses), and the caller's ``fields`` (the update, the
+    shuffle, a group's labels...)."""
     fp = state.fingerprint
+    placed: dict[str, Any] = {}
+    if state.manifest.get("checkpoint"):
+        placed = {"secret": state.secret(),
+                  "homes": commit.home_services() if homes_enforced() else {}}
     return EpochSpec(
         epoch=layout.epoch, incoming=layout.incoming, outgoing=layout.outgoing,
         drops=layout.drops, live=layout.live, committed_tokens=commit.worker_tokens(),
@@ -92,16 +98,7 @@ def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: Rout
         key_type=fp.key_type, num_bins=fp.num_bins, pipeline_id=fp.pipeline_id,
         checkpoint=state.manifest.get("checkpoint"),
         snapshot_every=state.manifest.get("snapshot_every", SNAPSHOT_EVERY),
-        **fields, **placement_fields(state, commit))
-
-
-def placement_fields(state: StateDir, commit: Commit) -> dict[str, Any]:
-    """What a checkpointed pipeline's tasks need to reach each worker's home
-    (docs/placement.md): the pipeline's secret and the homes with their services' addresses."""
-    if not state.manifest.get("checkpoint"):
-        return {}
-    return {"secret": state.secret(),
-            "homes": commit.home_services() if homes_enforced() else {}}
+        **fields, **placed)
 
 
 def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[str, Any]],
