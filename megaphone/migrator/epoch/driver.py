@@ -63,26 +63,24 @@ class EpochDriver:
 
     # -- running epochs ------------------------------------------------------------------
 
-    def run_one(self, batch: DataFrame, stream: StreamPosition | None,
-                input_end: float | None = None, *,
-                want_frame: bool) -> tuple[pa.Table, DataFrame | None]:
-        """Run ``batch`` as one epoch (a group of one): its outputs, and as a DataFrame too
-        when ``want_frame`` (built before the commit point: after it, no JVM call may fail and
-        leave a committed epoch the caller was told had failed). ``stream``: the micro-batch's
-        stream position, for a stream's batch."""
-        frames: list[DataFrame] = []
+    def run(self, batch: DataFrame, column: str | None, input_end: float | None = None, *,
+            want_frame: bool, stream: StreamPosition | None = None
+            ) -> tuple[pa.Table, DataFrame | None]:
+        """Run ``batch`` as one epoch (a group of one) or, with an epoch ``column``, as its
+        epochs (one per label of ``column``, in order) in groups: their outputs (by labels,
+        each row with its label in ``column``), and as a DataFrame too when ``want_frame``
+        (for one epoch built before its commit point: after it, no JVM call may fail and leave
+        a committed epoch the caller was told had failed). ``stream``: the micro-batch's
+        stream position, for a stream's batch run as one epoch."""
+        if column is None:
+            frames: list[DataFrame] = []
 
-        def keep(outputs: pa.Table) -> None:
-            if want_frame:
-                frames.append(self.outputs_frame(outputs))
+            def keep(outputs: pa.Table) -> None:
+                if want_frame:
+                    frames.append(self.outputs_frame(outputs))
 
-        outputs = self.run_groups(batch, None, _WHOLE, input_end, stream, keep)
-        return outputs[0], (frames[0] if frames else None)
-
-    def run_labelled(self, batch: DataFrame, column: str, input_end: float | None, *,
-                     want_frame: bool) -> tuple[pa.Table, DataFrame | None]:
-        """Run every epoch of ``batch`` (one per label of its epoch ``column``, in order) in
-        groups; all their outputs, each row with its label in ``column``."""
+            outputs = self.run_groups(batch, None, _WHOLE, input_end, stream, keep)
+            return outputs[0], (frames[0] if frames else None)
         schema = self.labelled_schema(batch.schema, column)
         with self.holder.lock:
             found = scan_labels(batch, column, self.event_times(batch), self.holder.commit.label)

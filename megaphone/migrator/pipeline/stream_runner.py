@@ -206,8 +206,8 @@ class StreamRunner:
                 epoch = last - (last_id - batch_id)
                 return driver.read_outputs(epoch), epoch
             if column is None:
-                _, outputs = driver.run_one(batch, StreamPosition(location, batch_id),
-                                            want_frame=True)
+                _, outputs = driver.run(batch, None, want_frame=True,
+                                        stream=StreamPosition(location, batch_id))
                 assert outputs is not None
                 return outputs, holder.epoch
             if again and (batch_id < last_id or stream.epochs is None):
