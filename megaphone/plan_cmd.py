@@ -210,9 +210,10 @@ def run(args: argparse.Namespace) -> int:
 
 def run_ds2(args: argparse.Namespace) -> int:
     """``plan --ds2``: print DS2's decision on the last window; with ``-o`` write its plan."""
-    from megaphone.migrator.control.plan_inputs import plan_from, state_dir_source
+    from megaphone.migrator.control.plan_inputs import state_dir_source
     from megaphone.plans.autoscale import Policy
     from megaphone.plans.plan import PlanError
+    from megaphone.plans.planner import plan_from
     from megaphone.plans.scale_decision import decide_once, explain
 
     if args.window <= 0:

@@ -195,8 +195,8 @@ def test_a_committed_micro_batch_replayed_reads_all_its_outputs_back(spark, tmp_
     labels = [3, 4, 6, 8, 9]
     batch = spark.createDataFrame([(k, label) for label in labels for k in label_keys(label)],
                                   "k long, e long")
-    first, epoch = pipe._runner.run_stream_epochs(batch, 0, "ckpt", "e")
-    again, epoch_again = pipe._runner.run_stream_epochs(batch, 0, "ckpt", "e")
+    first, epoch = pipe._runner.run_batch(batch, 0, "ckpt", "e")
+    again, epoch_again = pipe._runner.run_batch(batch, 0, "ckpt", "e")
     expected, final = reference(labels)
     assert epoch == epoch_again == len(labels) - 1
     assert by_label(again.collect()) == by_label(first.collect()) == expected

@@ -2,7 +2,8 @@
 
 :class:`PlanningInputs` is what planning needs to know about a pipeline -- its routing table,
 per-bin sizes, per-bin load and recent epoch metrics -- as plain data; the runtime or a state
-directory supplies it (the migrator's ``planning`` module). :func:`plan_rescale` picks a
+directory supplies it as a :class:`PlanningSource`, read once :func:`plan_from` has checked
+the request (the migrator's ``plan_inputs`` module). :func:`plan_rescale` picks a
 target (:mod:`megaphone.plans.targets`) and orders the moves into steps
 (:mod:`megaphone.plans.strategies`).
 """
@@ -10,7 +11,7 @@ target (:mod:`megaphone.plans.targets`) and orders the moves into steps
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,6 +32,7 @@ from megaphone.plans.targets import (
 )
 from megaphone.records import EpochMetrics
 from megaphone.routing.table import RoutingTable
+from megaphone.snailtrail import EpochTrace
 
 #: Transfer rate assumed for duration estimates when no epoch has moved state yet (bytes/s).
 DEFAULT_TRANSFER_RATE = 50.0 * 2**20
@@ -49,6 +51,26 @@ class BinSizes:
     def zeros(cls, num_bins: int) -> BinSizes:
         """Sizes of an empty pipeline."""
         return cls(np.zeros(num_bins, np.int64), np.zeros(num_bins, np.int64))
+
+    @classmethod
+    def at(cls, per_worker: Mapping[int, Mapping[int, tuple[int, int]]], owners: np.ndarray
+           ) -> BinSizes:
+        """Per-bin keys and bytes from the workers' bin statistics (``{worker: {bin: (keys,
+        bytes)}}``): a bin's are its owner's under ``owners`` or, if the owner does not hold
+        it yet (a move not applied to state), those of the lowest worker that does."""
+        owners = np.asarray(owners)
+        keys = np.zeros(len(owners), np.int64)
+        nbytes = np.zeros(len(owners), np.int64)
+        found = np.zeros(len(owners), bool)
+        for w, stats in per_worker.items():  # owners first
+            for b, (k, n) in stats.items():
+                if owners[b] == w:
+                    keys[b], nbytes[b], found[b] = k, n, True
+        for _, stats in sorted(per_worker.items()):
+            for b, (k, n) in stats.items():
+                if not found[b]:
+                    keys[b], nbytes[b], found[b] = k, n, True
+        return cls(keys, nbytes)
 
 
 @dataclass(frozen=True)
@@ -254,6 +276,42 @@ def plan_rescale(
     return replace(plan, meta=meta)
 
 
+@dataclass(frozen=True)
+class PlanningSource:
+    """The cheap facts about a pipeline (routing, plans in flight, metrics and traces), and how
+    to read the costly ones (bin sizes, measured load) once a request has been checked."""
+
+    table: RoutingTable
+    in_flight: int
+    metrics: tuple[EpochMetrics, ...]
+    read_sizes: Callable[[np.ndarray], BinSizes]
+    read_load: Callable[[], np.ndarray | None]
+    traces: tuple[EpochTrace, ...] = ()
+
+    def inputs(self) -> PlanningInputs:
+        """Read the bin sizes (at the newest owners) and load: the planner's inputs."""
+        return PlanningInputs(self.table, self.read_sizes(self.table.owners()), self.read_load(),
+                              self.metrics, self.in_flight)
+
+
+def plan_from(
+    source: PlanningSource,
+    workers: int | None = None,
+    strategy: str = FLUID,
+    gap: int = 0,
+    balance: str = "keys",
+    per_worker: int = 1,
+    target: TargetSpec | str | os.PathLike[str] | None = None,
+    target_latency: float | None = None,
+    order: str | None = None,
+) -> MigrationPlan:
+    """Check the request, then read the state and plan (:func:`plan_rescale`)."""
+    target = check_request(source.table, source.in_flight, workers, target, balance)
+    return plan_rescale(source.inputs(), workers, target=target, strategy=strategy, gap=gap,
+                        balance=balance, per_worker=per_worker, target_latency=target_latency,
+                        order=order)
+
+
 def _estimate(nbytes: int, metrics: Sequence[EpochMetrics]) -> dict[str, Any]:
     """How long moving ``nbytes`` takes at the transfer rate measured in ``metrics``."""
     rate, measured = transfer_rate(metrics)
@@ -270,9 +328,11 @@ __all__ = [
     "LOAD_EPOCHS",
     "BinSizes",
     "PlanningInputs",
+    "PlanningSource",
     "check_request",
     "observed_load",
     "per_worker_table",
+    "plan_from",
     "plan_rescale",
     "transfer_rate",
 ]

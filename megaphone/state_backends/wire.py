@@ -101,11 +101,11 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def batch_to_ipc(batch: pa.RecordBatch) -> bytes:
-    """One record batch as Arrow IPC stream bytes."""
+def batch_to_ipc(batch: pa.RecordBatch | pa.Table) -> bytes:
+    """One record batch (or a table's batches) as Arrow IPC stream bytes."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
+        writer.write(batch)
     return sink.getvalue().to_pybytes()
 
 

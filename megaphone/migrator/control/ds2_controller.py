@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from megaphone.migrator.control.plan_inputs import pipeline_source, plan_from
+from megaphone.migrator.control.plan_inputs import pipeline_source
 from megaphone.plans.autoscale import (
     Policy,
     Proposal,
@@ -43,6 +43,7 @@ from megaphone.plans.autoscale import (
     select_window,
 )
 from megaphone.plans.plan import MigrationPlan, PlanError
+from megaphone.plans.planner import plan_from
 from megaphone.plans.scale_decision import ScaleDecision, decide
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class Autoscaler:
     """The policy loop around a decision rule; subclasses implement :meth:`propose`.
 
     ``pipe`` is a :class:`~megaphone.Pipeline`; ``planner(pipe, workers)`` builds the plan
-    (default: :func:`~megaphone.migrator.control.plan_inputs.plan_from` the pipeline's planning
+    (default: :func:`~megaphone.plans.planner.plan_from` the pipeline's planning
     source, with the policy's strategy and balance); ``clock`` gives the time when
     :meth:`step` is called without ``now``.
     """

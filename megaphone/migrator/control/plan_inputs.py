@@ -4,24 +4,22 @@
 The planner itself is pure (:func:`megaphone.plans.planner.plan_rescale`); this module reads
 the routing table, the plans in flight, the recorded metrics (as
 :class:`~megaphone.records.EpochMetrics`), per-bin sizes from the state backends and the
-measured per-bin load, and hands them over as :class:`~megaphone.plans.planner.PlanningInputs`.
+measured per-bin load, and hands them over as a
+:class:`~megaphone.plans.planner.PlanningSource` (read into
+:class:`~megaphone.plans.planner.PlanningInputs` once a request is checked).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from megaphone.migrator.epoch.state_reader import bin_sizes
 from megaphone.migrator.statedir.directory import StateDir
-from megaphone.plans.plan import MigrationPlan, PlanError
-from megaphone.plans.planner import BinSizes, PlanningInputs, check_request, plan_rescale
-from megaphone.plans.strategies import FLUID
-from megaphone.plans.targets import TargetSpec
+from megaphone.plans.plan import PlanError
+from megaphone.plans.planner import BinSizes, PlanningSource
 from megaphone.records import EpochMetrics, epoch_records
 from megaphone.routing.table import RoutingTable
 from megaphone.snailtrail import EpochTrace
@@ -59,24 +57,6 @@ def committed_table(state: StateDir, state_version: int) -> RoutingTable:
     return table.truncated(state_version) if table.version > state_version else table
 
 
-@dataclass(frozen=True)
-class PlanningSource:
-    """The cheap facts about a pipeline (routing, plans in flight, metrics and traces), and how
-    to read the costly ones (bin sizes, measured load) once a request has been checked."""
-
-    table: RoutingTable
-    in_flight: int
-    metrics: tuple[EpochMetrics, ...]
-    read_sizes: Callable[[np.ndarray], BinSizes]
-    read_load: Callable[[], np.ndarray | None]
-    traces: tuple[EpochTrace, ...] = ()
-
-    def inputs(self) -> PlanningInputs:
-        """Read the bin sizes (at the newest owners) and load: the planner's inputs."""
-        return PlanningInputs(self.table, self.read_sizes(self.table.owners()), self.read_load(),
-                              self.metrics, self.in_flight)
-
-
 def pipeline_source(pipeline: LivePipeline) -> PlanningSource:
     """What a live pipeline offers for planning: its live routing table, its metrics and its
     smoothed per-bin load."""
@@ -100,29 +80,9 @@ def state_dir_source(state: StateDir | str | os.PathLike[str]) -> PlanningSource
                           tuple(state.traces.read()))
 
 
-def plan_from(
-    source: PlanningSource,
-    workers: int | None = None,
-    strategy: str = FLUID,
-    gap: int = 0,
-    balance: str = "keys",
-    per_worker: int = 1,
-    target: TargetSpec | str | os.PathLike[str] | None = None,
-    target_latency: float | None = None,
-    order: str | None = None,
-) -> MigrationPlan:
-    """Check the request, then read the state and plan (:func:`plan_rescale`)."""
-    target = check_request(source.table, source.in_flight, workers, target, balance)
-    return plan_rescale(source.inputs(), workers, target=target, strategy=strategy, gap=gap,
-                        balance=balance, per_worker=per_worker, target_latency=target_latency,
-                        order=order)
-
-
 __all__ = [
     "LivePipeline",
-    "PlanningSource",
     "committed_table",
     "pipeline_source",
-    "plan_from",
     "state_dir_source",
 ]

@@ -6,6 +6,8 @@ as one epoch or as the epochs of its epoch column, in groups of G >= 1 epochs
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -23,6 +25,8 @@ from megaphone.migrator.statedir.commit import StreamPosition
 from megaphone.migrator.task.columns import EVENT_TIME
 from megaphone.migrator.task.updates import Update
 
+#: The labels of a batch run as one epoch (without an epoch column): none.
+_WHOLE = EpochLabels((), ())
 
 class EpochDriver:
     """Runs a pipeline's epochs on its state directory (``holder``): one at a time, in groups
@@ -59,49 +63,48 @@ class EpochDriver:
 
     # -- running epochs ------------------------------------------------------------------
 
-    def run_one(self, batch: DataFrame, stream: StreamPosition | None,
-                input_end: float | None = None, *,
-                want_frame: bool) -> tuple[pa.Table, DataFrame | None]:
-        """Run ``batch`` as one epoch (a group of one): its outputs, and as a DataFrame too
-        when ``want_frame`` (built before the commit point: after it, no JVM call may fail and
-        leave a committed epoch the caller was told had failed). ``stream``: the micro-batch's
-        stream position, for a stream's batch."""
-        frames: list[DataFrame] = []
+    def run(self, batch: DataFrame, column: str | None, input_end: float | None = None, *,
+            want_frame: bool, stream: StreamPosition | None = None
+            ) -> tuple[pa.Table, DataFrame | None]:
+        """Run ``batch`` as one epoch (a group of one) or, with an epoch ``column``, as its
+        epochs (one per label of ``column``, in order) in groups: their outputs (by labels,
+        each row with its label in ``column``), and as a DataFrame too when ``want_frame``
+        (for one epoch built before its commit point: after it, no JVM call may fail and leave
+        a committed epoch the caller was told had failed). ``stream``: the micro-batch's
+        stream position, for a stream's batch run as one epoch."""
+        if column is None:
+            frames: list[DataFrame] = []
 
-        def keep(outputs: pa.Table) -> None:
-            if want_frame:
-                frames.append(self.outputs_frame(outputs))
+            def keep(outputs: pa.Table) -> None:
+                if want_frame:
+                    frames.append(self.outputs_frame(outputs))
 
-        with self.holder.lock:
-            outputs = EpochRun(self, EpochSource(batch, stream=stream), 1, input_end).run(keep)
-        return outputs[0], (frames[0] if frames else None)
-
-    def run_labelled(self, batch: DataFrame, column: str, input_end: float | None, *,
-                     want_frame: bool) -> tuple[pa.Table, DataFrame | None]:
-        """Run every epoch of ``batch`` (one per label of its epoch ``column``, in order) in
-        groups; all their outputs, each row with its label in ``column``."""
+            outputs = self.run_groups(batch, None, _WHOLE, input_end, stream, keep)
+            return outputs[0], (frames[0] if frames else None)
         schema = self.labelled_schema(batch.schema, column)
         with self.holder.lock:
             found = scan_labels(batch, column, self.event_times(batch), self.holder.commit.label)
         table = concat(self.run_groups(batch, column, found, input_end), schema)
         return table, frame(self.spark, table, schema) if want_frame else None
 
-    def run_groups(self, batch: DataFrame, column: str, found: EpochLabels,
-                   input_end: float | None, stream: StreamPosition | None = None
-                   ) -> list[pa.Table]:
-        """Run the epochs of ``found``'s labels in groups; each epoch's outputs with its label
-        in ``column``. ``stream``: the micro-batch's stream position so far (a stream's batch)."""
+    def run_groups(self, batch: DataFrame, column: str | None, found: EpochLabels,
+                   input_end: float | None, stream: StreamPosition | None = None,
+                   before_commit: Callable[[pa.Table], None] | None = None) -> list[pa.Table]:
+        """Run the epochs of ``batch`` in groups, each epoch's outputs: without an epoch
+        ``column``, one epoch of the whole batch; with one, the epochs of ``found``'s labels,
+        each epoch's outputs with its label in ``column``. ``stream``: the micro-batch's stream
+        position so far (a stream's batch); ``before_commit``: as :meth:`EpochRun.run`'s."""
         holder = self.holder
         tables: list[pa.Table] = []
         done = 0
         started = stream.epoch_list() if stream is not None else []
         keep_from = started[0] if started else holder.epoch + 1
-        while done < len(found.labels):
+        while done < (len(found.labels) if column is not None else 1):
             # One group at a time under the lock: a plan submitted meanwhile (migrate() from
             # another thread) starts at the next group's first epoch.
             with holder.lock:
                 label = holder.commit.label
-                if label is not None and found.labels[done] <= label:
+                if column is not None and label is not None and found.labels[done] <= label:
                     raise RuntimeError(f"label {found.labels[done]} was overtaken: another "
                                        f"call committed label {label} meanwhile")
                 if stream is not None and done:  # the position the batch's commits left
@@ -110,10 +113,12 @@ class EpochDriver:
                                      found.max_event_times[done:], stream,
                                      None if stream is None else keep_from)
                 run = EpochRun(self, source, self.groups.next(), input_end)
-                outputs = run.run()
-                self.groups.measured(run.records, run.phases, run.size)
-            tables.extend(labelled(table, column, label)
-                          for label, table in zip(source.labels, outputs, strict=False))
+                outputs = run.run(before_commit)
+                if column is not None:  # group sizes are measured on groups by labels only
+                    self.groups.measured(run.records, run.phases, run.size)
+            tables.extend(outputs if column is None else
+                          (labelled(table, column, label)
+                           for label, table in zip(source.labels, outputs, strict=False)))
             done += run.size
         return tables
 

@@ -16,8 +16,13 @@ from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.plans.hot_keys import committed_summary
 from megaphone.records import WorkerMetrics
-from megaphone.routing import placement
-from megaphone.routing.placement import assign_homes, home_addresses, homes_enforced
+from megaphone.routing.placement import (
+    assign_homes,
+    home_addresses,
+    homes_enforced,
+    known_hosts,
+    plan_homes,
+)
 from megaphone.routing.table import Move, RoutingTable
 from megaphone.state_backends.durable import SNAPSHOT_EVERY
 
@@ -81,9 +86,16 @@ def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: Rout
                **fields: Any) -> EpochSpec:
     """The one builder of an epoch's task spec, live and offline: what the layout and the
     last commit decide (what each worker installs, ships and drops, what the commit left
-    behind), the state directory's identity and checkpoint location (its manifest's), and the
-    caller's ``fields`` (the update, the shuffle, a group's labels...)."""
+    behind), the state directory's identity and checkpoint location (its manifest's), with one
+    what its tasks need to reach each worker's home (docs/placement.md: the pipeline's secret
+    and the homes with their services' addresses), and the caller's ``fields`` (the update, the
+    shuffle, a group's labels...)."""
     fp = state.fingerprint
+    placed: dict[str, Any] = {}
+    if state.manifest.get("checkpoint"):
+        placed = {"secret": state.secret(),  # the homes new in this epoch too (new_homes)
+                  "homes": {**commit.home_services(), **new_homes(layout, commit)}
+                  if homes_enforced() else {}}
     return EpochSpec(
         epoch=layout.epoch, incoming=layout.incoming, outgoing=layout.outgoing,
         drops=layout.drops, live=layout.live, committed_tokens=commit.worker_tokens(),
@@ -93,18 +105,7 @@ def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: Rout
         key_type=fp.key_type, num_bins=fp.num_bins, pipeline_id=fp.pipeline_id,
         checkpoint=state.manifest.get("checkpoint"),
         snapshot_every=state.manifest.get("snapshot_every", SNAPSHOT_EVERY),
-        **fields, **placement_fields(state, commit, layout))
-
-
-def placement_fields(state: StateDir, commit: Commit, layout: EpochLayout) -> dict[str, Any]:
-    """What a checkpointed pipeline's tasks need to reach each worker's home
-    (docs/placement.md): the pipeline's secret and the homes with their services' addresses,
-    those of the workers that first get bins in ``layout`` included (:func:`new_homes`)."""
-    if not state.manifest.get("checkpoint"):
-        return {}
-    return {"secret": state.secret(),
-            "homes": {**commit.home_services(), **new_homes(layout, commit)}
-            if homes_enforced() else {}}
+        **fields, **placed)
 
 
 def new_homes(layout: EpochLayout, commit: Commit) -> dict[int, tuple[str, tuple[str, int]]]:
@@ -114,8 +115,7 @@ def new_homes(layout: EpochLayout, commit: Commit) -> dict[int, tuple[str, tuple
     the task spec and the epoch's commit record agree, and a re-run chooses alike."""
     if not homes_enforced():
         return {}
-    return placement.plan_homes(commit.worker_homes(), layout.live | set(layout.incoming),
-                                commit.hosts)
+    return plan_homes(commit.worker_homes(), layout.live | set(layout.incoming), commit.hosts)
 
 
 def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[str, Any]],
@@ -139,7 +139,7 @@ def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[
                                 **{w: list(a) for w, (_, a) in chosen.items()}}, homes_before,
                                homes, hosts, {w: m.address for w, m in per_worker.items()
                                               if m.address is not None})
-    services = placement.known_hosts(
+    services = known_hosts(
         before.hosts, [(w, hosts[w], m.service) for w, m in per_worker.items()
                        if w in hosts and m.service],
         [homes_before[w] for w in unreachable if w in homes_before])

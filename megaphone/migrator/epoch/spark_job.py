@@ -312,12 +312,9 @@ def epoch_metrics(layout: EpochLayout, started: float, finished: float,
         bytes_moved=sum(bytes_by_bin.values()),
         per_worker=dict(sorted(per_worker.items())),
     )
-    record.records_in = int(record.total("records_in"))
-    record.records_out = int(record.total("records_out"))
-    record.null_keys = int(record.total("null_keys"))
-    record.late_records = int(record.total("late_records"))
+    for name in ("records_in", "records_out", "null_keys", "late_records", "split_records"):
+        setattr(record, name, int(record.total(name)))  # the workers' sum
     record.keys_moved = int(record.total("keys_in"))
-    record.split_records = int(record.total("split_records"))
     hot = epoch_summary(m.hot for m in per_worker.values())
     if hot is not None:
         record.hot_keys = [list(c) for c in hot.counters]

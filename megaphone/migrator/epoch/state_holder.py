@@ -23,7 +23,6 @@ from megaphone.migrator.epoch.state_reader import (
     bin_sizes,
     read_bin_stats,
     release_local_stores,
-    sizes_at,
 )
 from megaphone.migrator.statedir.commit import Commit
 from megaphone.migrator.statedir.directory import StateDir
@@ -273,7 +272,7 @@ class StateHolder:
             stats: Any = {} if self.epoch < 0 else read_bin_stats(
                 self.spark, self.durable_read(), self.config.backend, self.key_type,
                 self.routing.owners(self.epoch))
-        return sizes_at(stats, owners)
+        return BinSizes.at(stats, owners)
 
 
 __all__ = ["POLICY_HISTORY", "StateHolder"]

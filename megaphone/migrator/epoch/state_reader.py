@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,14 +126,14 @@ def read_bin_stats(spark: SparkSession, durable: DurableRead, backend: str, key_
 
 
 def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
-    """Per-bin keys and bytes of ``state`` (:func:`sizes_at` ``owners``), read read-only from
+    """Per-bin keys and bytes of ``state`` (:meth:`BinSizes.at` ``owners``), read read-only from
     every worker's backend. Reading changes no file of the state directory. With a checkpoint
     location the pipeline must be stopped: each worker is read in this process through this
     host's store service, from its working copy here or one restored from the durable copy
     (:func:`durable_bin_stats`).
     """
     if state.manifest.get("checkpoint") is not None:
-        return sizes_at(durable_bin_stats(state), owners)
+        return BinSizes.at(durable_bin_stats(state), owners)
     fp = state.fingerprint
     kind = state.manifest.get("backend", "rocksdb")
     per_worker: dict[int, dict[int, tuple[int, int]]] = {}
@@ -144,27 +144,7 @@ def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
             per_worker[w] = {b: (s.keys, s.bytes) for b, s in backend.bin_stats().items()}
         finally:
             backend.close()
-    return sizes_at(per_worker, owners)
-
-
-def sizes_at(per_worker: Mapping[int, Mapping[int, tuple[int, int]]], owners: np.ndarray
-             ) -> BinSizes:
-    """Per-bin keys and bytes from the workers' bin statistics: a bin's are its owner's under
-    ``owners`` or, if the owner does not hold it yet (a move not applied to state), those of
-    the lowest worker that does."""
-    owners = np.asarray(owners)
-    keys = np.zeros(len(owners), np.int64)
-    nbytes = np.zeros(len(owners), np.int64)
-    found = np.zeros(len(owners), bool)
-    for w, stats in per_worker.items():  # owners first
-        for b, (k, n) in stats.items():
-            if owners[b] == w:
-                keys[b], nbytes[b], found[b] = k, n, True
-    for _, stats in sorted(per_worker.items()):
-        for b, (k, n) in stats.items():
-            if not found[b]:
-                keys[b], nbytes[b], found[b] = k, n, True
-    return BinSizes(keys, nbytes)
+    return BinSizes.at(per_worker, owners)
 
 
 def durable_bin_stats(state: StateDir) -> dict[int, dict[int, tuple[int, int]]]:

@@ -257,10 +257,7 @@ class Pipeline:
                  *, want_frame: bool) -> tuple[pa.Table, DataFrame | None]:
         if self.streaming:
             raise RuntimeError("the pipeline is running a stream; process() is not allowed")
-        if epoch_column is not None:
-            return self._driver.run_labelled(batch, epoch_column, input_end,
-                                             want_frame=want_frame)
-        return self._driver.run_one(batch, None, input_end, want_frame=want_frame)
+        return self._driver.run(batch, epoch_column, input_end, want_frame=want_frame)
 
     def start(
         self,

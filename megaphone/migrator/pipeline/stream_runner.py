@@ -114,13 +114,9 @@ class StreamRunner:
         ``run`` does each micro-batch's work instead of this pipeline's epoch, and the runners
         ``along`` count as running while the query does: a chain's stream, run by its first
         stage's runner (:meth:`~megaphone.Chain.start`; not over Spark Connect)."""
-        if run is not None:
-            run_batch: ServeBatch = run
-        elif epoch_column is None:
-            run_batch = self.run_batch
-        else:
+        if epoch_column is not None:
             self.driver.labelled_schema(stream.schema, epoch_column)
-            run_batch = functools.partial(self.run_stream_epochs, column=epoch_column)
+        run_batch = run or functools.partial(self.run_batch, column=epoch_column)
         if is_connect(self.spark):
             location = checkpoint_location
             config = self.step_aside(location)  # refuses a query without a location
@@ -188,38 +184,32 @@ class StreamRunner:
         for runner in (self, *self._along):
             runner.running = running
 
-    def run_batch(self, batch: DataFrame, batch_id: int, location: str
-                  ) -> tuple[DataFrame, int]:
-        """A stream's micro-batch as an epoch: its outputs and epoch; a batch id the stream at
-        ``location`` committed before is not applied again, its stored outputs are read."""
-        holder = self.holder
+    def run_batch(self, batch: DataFrame, batch_id: int, location: str,
+                  column: str | None = None) -> tuple[DataFrame, int]:
+        """A stream's micro-batch (``batch_id`` of the query at ``location``) as an epoch, or
+        as the epochs of its epoch ``column``'s labels in groups: its outputs (by labels, each
+        row with its label) and its last epoch. A batch id the stream committed before is not
+        applied again, its kept outputs are read; by labels, a replayed batch applies only its
+        labels not committed yet (docs/groups.md)."""
+        holder, driver = self.holder, self.driver
+        schema = None if column is None else driver.labelled_schema(batch.schema, column)
         with holder.lock:
             stream = holder.commit.stream
-            if batch_id <= stream.ran(location):
+            last_id = stream.ran(location)
+            again = batch_id <= last_id
+            if column is None and again:
                 if stream.epochs is not None:  # its outputs are several epochs', by label
                     raise RuntimeError(f"micro-batch {batch_id} of the stream at {location} "
                                        "ran by its epoch column: restart it with the same "
                                        "start(..., epoch_column=)")
                 last = holder.epoch if stream.epoch is None else stream.epoch  # offline ran
-                epoch = last - (stream.ran(location) - batch_id)
-                return self.driver.read_outputs(epoch), epoch
-            _, frame = self.driver.run_one(batch, StreamPosition(location, batch_id),
-                                           want_frame=True)
-            assert frame is not None
-            return frame, holder.epoch
-
-    def run_stream_epochs(self, batch: DataFrame, batch_id: int, location: str, column: str
-                          ) -> tuple[DataFrame, int]:
-        """A stream's micro-batch (``batch_id`` of the query at ``location``) as the epochs of
-        its epoch ``column``'s labels, in groups: all their outputs (each row with its label)
-        and the batch's last epoch. A replayed batch applies only its labels not committed yet;
-        those committed are read from the kept outputs (docs/groups.md)."""
-        holder, driver = self.holder, self.driver
-        schema = driver.labelled_schema(batch.schema, column)
-        with holder.lock:
-            stream = holder.commit.stream
-            last_id = stream.ran(location)
-            again = batch_id <= last_id
+                epoch = last - (last_id - batch_id)
+                return driver.read_outputs(epoch), epoch
+            if column is None:
+                _, outputs = driver.run(batch, None, want_frame=True,
+                                        stream=StreamPosition(location, batch_id))
+                assert outputs is not None
+                return outputs, holder.epoch
             if again and (batch_id < last_id or stream.epochs is None):
                 raise RuntimeError(
                     f"micro-batch {batch_id} of the stream at {location} is replayed, but the "
@@ -241,6 +231,7 @@ class StreamRunner:
             rest = EpochLabels(found.labels[len(done):], found.max_event_times[len(done):])
             position = stream if again else StreamPosition(location, batch_id)
         tables += driver.run_groups(batch, column, rest, None, position)
+        assert schema is not None
         table = concat(tables, schema)
         last = holder.epoch if rest.labels or not done else done[-1]
         return frame(self.spark, table, schema), last
@@ -267,10 +258,7 @@ class StreamRunner:
         ``epoch_column``'s labels if given); its metrics go into the checkpoint now, since the
         client reads them there. Plans the client posted to the checkpoint are taken first."""
         self.take_posted()
-        if epoch_column is not None:
-            outputs, epoch = self.run_stream_epochs(batch, batch_id, location, epoch_column)
-        else:
-            outputs, epoch = self.run_batch(batch, batch_id, location)
+        outputs, epoch = self.run_batch(batch, batch_id, location, epoch_column)
         self.holder.flush_metrics()
         return outputs, epoch
 

@@ -263,9 +263,7 @@ def sketch(table: pa.Table, partials: Partials | None, capacity: int) -> dict[st
     partials), bounded to ``capacity`` counters (the null key is never split, so not listed)."""
     counts: dict[Any, float] = {}
     if table.num_rows:
-        vc = pc.value_counts(table.column(KEY).combine_chunks()
-                             if isinstance(table.column(KEY), pa.ChunkedArray)
-                             else table.column(KEY))
+        vc = pc.value_counts(table.column(KEY).combine_chunks())
         values, freq = vc.field(0), vc.field(1).to_numpy()
         if len(freq) > capacity:  # only the heaviest reach Python
             top = np.argpartition(-freq, capacity)[: capacity + 1]

@@ -60,6 +60,7 @@ from megaphone.records import WorkerMetrics, WorkerReport
 from megaphone.state_backends.encoding import encode_keys
 from megaphone.state_backends.host import host_id
 from megaphone.state_backends.remote import DurableSpec, RemoteStore
+from megaphone.state_backends.wire import batch_to_ipc
 
 _BINS = pa.list_(pa.int32())
 #: The kinds of shuffle rows an epoch applies: records and hot keys' partials.
@@ -278,7 +279,7 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     marks["applied"] = time.time()
     crash_point("apply", spec.epoch, spec.local_dir)
     t0 = time.perf_counter()
-    health = store.commit(spec.epoch, keys, values, old, _ipc(outputs), incoming,
+    health = store.commit(spec.epoch, keys, values, old, batch_to_ipc(outputs), incoming,
                           spec.run_id, group_start)
     metrics.commit_s = time.perf_counter() - t0
     marks["committed"] = time.time()
@@ -358,10 +359,3 @@ def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker:
                                                              spec.epoch, worker)
         outputs = custom_outputs(out_keys, out_values, schema, spec.epoch, worker)
     return outputs, list(raw_keys), list(new_raw), list(old)
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
