@@ -44,13 +44,13 @@ spark.stop()
 """
 
 
-def _class_archive() -> str:
-    """The JVM options of the suite, with a class archive trained in a subprocess when that
-    works (without it otherwise: the archive only saves time)."""
+def _class_archive(directory: str) -> str:
+    """The JVM options of the suite, with a class archive in ``directory`` trained in a
+    subprocess when that works (without it otherwise: the archive only saves time)."""
     from megaphone.state_backends.service_client import service_pids
 
-    archive = os.path.join(_LOCAL_DIR, "spark-classes.jsa")
-    services = os.path.join(_LOCAL_DIR, "training")  # its store service's, not the tests'
+    archive = os.path.join(directory, "spark-classes.jsa")
+    services = os.path.join(directory, "training")  # its store service's, not the tests'
     quiet = "-Xlog:cds*=off"
     env = {**os.environ, "MEGAPHONE_LOCAL_DIR": services, "JAVA_TOOL_OPTIONS":
            f"{_JVM_OPTIONS} -XX:ArchiveClassesAtExit={archive} {quiet}"}
@@ -68,8 +68,26 @@ def _class_archive() -> str:
     return f"{_JVM_OPTIONS} -XX:SharedArchiveFile={archive} {quiet}"
 
 
+# Trained once per run: by pytest-xdist's controller, whose test processes (started after this)
+# inherit the options; the process that trained it removes it at the end (pytest_unconfigure).
+_ARCHIVE_DIR: str | None = None
 if "JAVA_TOOL_OPTIONS" not in os.environ:  # the user's own settings win
-    os.environ["JAVA_TOOL_OPTIONS"] = _class_archive()
+    _ARCHIVE_DIR = tempfile.mkdtemp(prefix="megaphone-tests-jvm-")
+    os.environ["JAVA_TOOL_OPTIONS"] = _class_archive(_ARCHIVE_DIR)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """At the end of this process's run, stop the store services it started (in its own
+    directory) and remove that directory, and the class archive if this process made it."""
+    from megaphone.state_backends.service_client import service_pids
+
+    for pid in service_pids(_LOCAL_DIR):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(_LOCAL_DIR, ignore_errors=True)
+    if _ARCHIVE_DIR is not None:
+        shutil.rmtree(_ARCHIVE_DIR, ignore_errors=True)
+
 
 #: Test files whose runs take longest (SIGKILL crash chains, simulated hosts, the long property
 #: runs): every test in them is marked ``slow``. They stay part of the suite; ``-m "not slow"``
@@ -79,13 +97,27 @@ SLOW_FILES = frozenset({
     "test_equivalence.py", "test_cluster.py", "test_groups_stream.py", "test_checkpoint.py",
     "test_hot_split.py",
 })
+#: Files with runs of 20-95 s each (crash chains, property runs against Spark, servers,
+#: benchmarks' smoke runs), longest first (as measured): the suite's two test processes
+#: (pytest-xdist, one test at a time each) start them first, and the short tests fill the end,
+#: so that neither process finishes a long run alone at the end.
+LONGEST_FIRST = (
+    "test_recovery.py", "test_event_time_recovery.py", "test_equivalence.py",
+    "test_groups_recovery.py", "test_stateful_processor.py", "test_chain_stream.py",
+    "test_bench_smoke.py", "test_groups_stream.py", "test_bench_nexmark.py", "test_cluster.py",
+    "test_worker_python.py", "test_connect.py", "test_nexmark_queries.py", "test_event_time.py",
+    "test_hot_split.py", "test_checkpoint.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test of :data:`SLOW_FILES` ``slow``."""
+    """Mark every test of :data:`SLOW_FILES` ``slow``, and run those of
+    :data:`LONGEST_FIRST` first, in its order."""
     for item in items:
         if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 settings.register_profile(
@@ -105,17 +137,6 @@ def spark():
     session = spark_session("local[2]", "megaphone-tests")
     yield session
     session.stop()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _stop_store_services():
-    """At the end of the session, stop the store services it started (in its own directory)."""
-    yield
-    from megaphone.state_backends.service_client import service_pids
-
-    for pid in service_pids(_LOCAL_DIR):
-        os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(_LOCAL_DIR, ignore_errors=True)
 
 
 @pytest.fixture

@@ -16,18 +16,19 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 from tests.helpers.crash_driver import batch_keys
 from tests.helpers.group_crash_driver import EPOCHS
 from tests.test_recovery import wait_for_service_exit
 
 ROOT = Path(__file__).resolve().parents[1]
-# Two chains side by side (each restart is mostly a JVM start): the crashes of each, and the
-# store kills of each of its runs (the crashes', then the resume's). The first chain's crash
-# rolls the group 0..3 back to epoch 1, so its resume runs the groups 2..3 and 4..7 and kills
-# the store in the middle of both (at most two kills inside one group's job).
+# Two chains, a test each (the suite's test processes run them side by side): the crashes of
+# each, and the store kills of each of its runs (the crashes', then the resume's). The first
+# chain's crash rolls the group 0..3 back to epoch 1, so its resume runs the groups 2..3 and
+# 4..7 and kills the store in the middle of both (at most two kills inside one group's job).
 CHAINS = {
     "commit": (["commit:2"], [[], ["apply:3:store", "install:4:store", "apply:6:store"]]),
     "collect": (["apply:5", "collect:4"], [[], [], []]),
@@ -62,26 +63,26 @@ def crash_chain(tmp_path: Path, chain: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_crashes_in_the_middle_of_groups_equal_a_run_without_crash(tmp_path):
-    with ThreadPoolExecutor(len(CHAINS)) as pool:
-        runs = {c: pool.submit(crash_chain, tmp_path, c) for c in CHAINS}
-        results = {chain: run.result() for chain, run in runs.items()}
+@pytest.mark.parametrize("chain", CHAINS)
+def test_crashes_in_the_middle_of_groups_equal_a_run_without_crash(tmp_path, chain):
+    got = crash_chain(tmp_path, chain)
     counts: Counter = Counter()
     expected = {}
     for epoch in range(EPOCHS):
         counts.update(batch_keys(epoch))
         expected[str(epoch)] = {str(k): counts[k] for k in set(batch_keys(epoch))}
-    for chain, got in results.items():
-        assert got["outputs"] == expected, chain
-        assert got["state"] == {str(k): v for k, v in counts.items()}, chain
-        assert got["workers"] == [0, 1, 2, 3], chain
-    # The last crash came after every worker committed the group 4..7: the resume rolled
-    # each back 4 epochs (the group's undo records) to the driver's commit, epoch 3.
-    assert sorted(results["collect"]["rolled_back"]) == [0, 1, 2, 3]
-    # The store kills' groups ran again, each in its job's next attempt.
-    assert results["commit"]["job_attempts"] > EPOCHS
+    assert got["outputs"] == expected
+    assert got["state"] == {str(k): v for k, v in counts.items()}
+    assert got["workers"] == [0, 1, 2, 3]
     # The runs did run groups (each epoch's metrics name its group's first epoch): the plan's
-    # step at epoch 4 started the last one; after the crash at commit:2 (0..3 left no
-    # metrics) the resume ran 2..3, then 4..7.
-    assert results["collect"]["groups"] == {str(e): 0 if e < 4 else 4 for e in range(EPOCHS)}
-    assert results["commit"]["groups"] == {str(e): 2 if e < 4 else 4 for e in range(2, EPOCHS)}
+    # step at epoch 4 started the last one.
+    if chain == "collect":
+        # The last crash came after every worker committed the group 4..7: the resume rolled
+        # each back 4 epochs (the group's undo records) to the driver's commit, epoch 3.
+        assert sorted(got["rolled_back"]) == [0, 1, 2, 3]
+        assert got["groups"] == {str(e): 0 if e < 4 else 4 for e in range(EPOCHS)}
+    else:
+        # The store kills' groups ran again, each in its job's next attempt; after the crash
+        # at commit:2 (0..3 left no metrics) the resume ran 2..3, then 4..7.
+        assert got["job_attempts"] > EPOCHS
+        assert got["groups"] == {str(e): 2 if e < 4 else 4 for e in range(2, EPOCHS)}

@@ -15,8 +15,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 from megaphone.migrator.epoch.run import PHASES
 from megaphone.state_backends.remote import service_pids
@@ -63,9 +64,8 @@ def local_dir(state_dir: Path) -> str:
 # first crash). Together the chains cover every phase but ``collect``; the transfer's phases
 # (export, install) are killed both as rows and as files, the others once. ``collect`` (and
 # ``commit`` once more) is killed in tests/test_groups_recovery.py: an epoch runs as a group
-# of one, so a group's crash there takes the same path. The chains run side by side: each
-# restart costs a JVM start, and the longest chain sets the test's time. Chain: (strategy,
-# crashes).
+# of one, so a group's crash there takes the same path. Each chain is a test of its own (the
+# suite's test processes run them side by side). Chain: (strategy, crashes).
 CHAINS = {
     "all-at-once": ("all-at-once", ["admit:2", "submit:2", "export:2", "install:2"]),
     "fluid": ("fluid", ["export:2", "receive:2", "layout:3", "install:3"]),
@@ -147,24 +147,21 @@ def crash_and_resume(tmp_path: Path, chain: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_crash_at_every_phase_then_resume_equals_a_run_without_crash(tmp_path):
-    with ThreadPoolExecutor(len(CHAINS)) as pool:
-        runs = {c: pool.submit(crash_and_resume, tmp_path, c) for c in CHAINS}
-        results = {chain: run.result() for chain, run in runs.items()}
-    expected_outputs, expected_state = reference()
-    for chain, got in results.items():
-        assert got["outputs"] == expected_outputs, chain
-        assert got["state"] == expected_state, chain
-        assert got["workers"] == [0, 1, 2, 3], chain
-        assert (got["files_in"] > 0) == (CHAINS[chain][0] == "fluid"), chain  # files or rows
-        assert got["split_records"] > 0, chain  # the hot key was split (dual mode)
-    # The resumes of these two kill the store inside epochs' jobs, which ran again (a kill
-    # between jobs, at a driver's phase, may just leave the next task to start a service).
-    for chain in ("all-at-once", "fluid"):
-        assert results[chain]["job_attempts"] > EPOCHS, chain
-    # fluid-late's last crash hit the commit write: every worker had applied the epoch, so the
-    # resume rolled all of them back to the last commit before running it again.
-    assert results["fluid-late"]["rolled_back"] == [0, 1, 2, 3]
+@pytest.mark.parametrize("chain", CHAINS)
+def test_crash_at_every_phase_then_resume_equals_a_run_without_crash(tmp_path, chain):
+    got = crash_and_resume(tmp_path, chain)
+    assert (got["outputs"], got["state"]) == reference()
+    assert got["workers"] == [0, 1, 2, 3]
+    assert (got["files_in"] > 0) == (CHAINS[chain][0] == "fluid")  # files or rows
+    assert got["split_records"] > 0  # the hot key was split (dual mode)
+    if chain in ("all-at-once", "fluid"):
+        # Their resumes kill the store inside epochs' jobs, which ran again (a kill between
+        # jobs, at a driver's phase, may just leave the next task to start a service).
+        assert got["job_attempts"] > EPOCHS
+    else:
+        # fluid-late's last crash hit the commit write: every worker had applied the epoch,
+        # so the resume rolled all of them back to the last commit before running it again.
+        assert got["rolled_back"] == [0, 1, 2, 3]
 
 
 def test_store_kills_while_bins_move_home_to_home_rerun_the_epoch(tmp_path):
