@@ -28,6 +28,7 @@ from megaphone.migrator.task.updates import Update
 #: The labels of a batch run as one epoch (without an epoch column): none.
 _WHOLE = EpochLabels((), ())
 
+
 class EpochDriver:
     """Runs a pipeline's epochs on its state directory (``holder``): one at a time, in groups
     of one or more, each group one Spark job. ``schema`` is the pipeline's record and output
