@@ -100,7 +100,8 @@ class EpochDriver:
         done = 0
         started = stream.epoch_list() if stream is not None else []
         keep_from = started[0] if started else holder.epoch + 1
-        while done < (len(found.labels) if column is not None else 1):
+        epochs = EpochSource(batch, column, found.labels).count
+        while done < epochs:
             # One group at a time under the lock: a plan submitted meanwhile (migrate() from
             # another thread) starts at the next group's first epoch.
             with holder.lock:
