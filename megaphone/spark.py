@@ -185,13 +185,14 @@ def check_python_workers(spark: SparkSession) -> None:
     slots = max(1, task_slots(spark))
     probe = F.udf(_probe_function(), "string")
     try:
-        rows = spark.range(0, slots, 1, slots).select(probe("id").alias("p")).distinct().collect()
+        # One stage, one row per slot (distinct() would add a shuffle to every app's start).
+        rows = spark.range(0, slots, 1, slots).select(probe("id").alias("p")).collect()
     except Exception as error:
         raise WorkerPythonError(f"Spark's Python workers cannot run megaphone: {driver}; "
                                 f"{workers}, {_failure_reason(error)}; {advice}") from None
     bad = []
-    for row in rows:
-        executable, version, found = row["p"].split("|", 2)
+    for probed in {row["p"] for row in rows}:
+        executable, version, found = probed.split("|", 2)
         if found != f"megaphone {__version__}":
             bad.append(f"{executable} (Python {version}), {found}")
     if bad:

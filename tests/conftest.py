@@ -102,7 +102,7 @@ SLOW_FILES = frozenset({
 #: (pytest-xdist, one test at a time each) start them first, and the short tests fill the end,
 #: so that neither process finishes a long run alone at the end.
 LONGEST_FIRST = (
-    "test_recovery.py", "test_event_time_recovery.py", "test_equivalence.py",
+    "test_event_time_recovery.py", "test_recovery.py", "test_equivalence.py",
     "test_groups_recovery.py", "test_stateful_processor.py", "test_chain_stream.py",
     "test_bench_smoke.py", "test_groups_stream.py", "test_bench_nexmark.py", "test_cluster.py",
     "test_worker_python.py", "test_connect.py", "test_nexmark_queries.py", "test_event_time.py",

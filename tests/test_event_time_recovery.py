@@ -12,8 +12,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 from tests.helpers.event_time_driver import (
     EPOCH0,
     EPOCHS,
@@ -27,15 +25,13 @@ from tests.helpers.operator_reference import join_reference, window_reference
 from tests.test_recovery import wait_for_service_exit
 
 ROOT = Path(__file__).resolve().parents[1]
-# Pipeline kills at phases of migrating epochs (the plans run at epochs 2-6), and a kill
-# between the chain's stages, in two chains, a test each (each restart is mostly a JVM start;
-# the suite's test processes run two short chains side by side instead of one long one): each
-# chain's restarts resume its last crash, then a resume runs to the end. The second chain's
-# resume loses its store service in the middle of an epoch (its job runs again: workers that
-# committed replay, and must report the same largest event time, or the next watermark and the
-# outputs would differ).
-CHAINS = {"early": (["export:2", "apply:3"], None),
-          "late": (["commit:4", "between:5"], "apply:6:store")}
+# Pipeline kills at phases of migrating epochs (the plans run at epochs 2-6) and a kill between
+# the chain's stages, in one chain: each restart resumes the last crash, then a resume runs to
+# the end. The resume loses its store service in the middle of an epoch (its job runs again:
+# workers that committed replay, and must report the same largest event time, or the next
+# watermark and the outputs would differ).
+CRASHES = ["export:2", "apply:3", "commit:4", "between:5"]
+STORE_KILL = "apply:6:store"
 
 
 def run_driver(root: Path, out: Path, crash: str | None) -> subprocess.CompletedProcess:
@@ -81,26 +77,22 @@ def expected() -> tuple[dict, dict]:
     return best, pairs
 
 
-def crash_and_resume(root: Path, chain: str) -> dict:
-    """Kill the driver at each crash of ``chain`` in turn, then resume it to the end."""
-    crashes, store_kill = CHAINS[chain]
-    for crash in crashes:
+def crash_and_resume(root: Path) -> dict:
+    """Kill the driver at each of :data:`CRASHES` in turn, then resume it to the end."""
+    for crash in CRASHES:
         result = run_driver(root, root / "out.json", crash)
         assert result.returncode == -9, (crash, result.stderr[-3000:])
         wait_for_service_exit(root / "state")
-    result = run_driver(root, root / "out.json", store_kill)
+    result = run_driver(root, root / "out.json", STORE_KILL)
     assert result.returncode == 0, result.stderr[-3000:]
-    if store_kill is not None:
-        assert list((root / "local").glob("crashed-*")), "the store service was not killed"
+    assert list((root / "local").glob("crashed-*")), "the store service was not killed"
     return json.loads((root / "out.json").read_text())
 
 
-@pytest.mark.parametrize("chain", CHAINS)
-def test_crashes_then_resume_equal_the_reference_epoch_by_epoch(tmp_path, chain):
-    got = crash_and_resume(tmp_path, chain)
+def test_crashes_then_resume_equal_the_reference_epoch_by_epoch(tmp_path):
+    got = crash_and_resume(tmp_path)
     best, pairs = expected()
     assert got["best"] == best
     assert got["join"] == pairs
     assert got["workers"] == [[0, 1, 2, 3], [0, 1, 2, 3]]
     assert got["late"] > 0  # the late records were counted, not silently dropped
-

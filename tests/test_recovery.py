@@ -3,8 +3,8 @@
 Two kinds of kill: the whole pipeline (driver, JVM, Python workers; a restart resumes it) and
 the store service that holds the workers' state (the pipeline lives on: the epoch's job runs
 again against a new service), both in the same chains of runs. Each kind hits every phase of
-:data:`PHASES` (the pipeline's ``collect`` in tests/test_groups_recovery.py), with a hot key
-split across workers (dual mode) all along.
+:data:`PHASES` (the pipeline's ``apply``, ``collect`` and ``commit`` in
+tests/test_groups_recovery.py), with a hot key split across workers (dual mode) all along.
 """
 
 from __future__ import annotations
@@ -60,16 +60,14 @@ def local_dir(state_dir: Path) -> str:
 # crash and then dies at the next phase. all-at-once moves every bin at epoch 2, as rows; fluid
 # moves one bin per epoch at epochs 2-5, as files, so its crashes hit successive migration
 # steps and every phase of a file's transfer (written and shipped, received in part,
-# ingested); fluid's crashes are split in two chains (the second runs to epoch 4 before its
-# first crash). Together the chains cover every phase but ``collect``; the transfer's phases
-# (export, install) are killed both as rows and as files, the others once. ``collect`` (and
-# ``commit`` once more) is killed in tests/test_groups_recovery.py: an epoch runs as a group
-# of one, so a group's crash there takes the same path. Each chain is a test of its own (the
-# suite's test processes run them side by side). Chain: (strategy, crashes).
+# ingested). Together the chains cover every phase but ``apply``, ``collect`` and ``commit``;
+# the transfer's phases (export, install) are killed both as rows and as files, the others
+# once. ``apply``, ``collect`` and ``commit`` are killed in tests/test_groups_recovery.py: an
+# epoch runs as a group of one, so a crash there takes the group's path. Each chain is a test
+# of its own (the suite's test processes run them side by side). Chain: (strategy, crashes).
 CHAINS = {
     "all-at-once": ("all-at-once", ["admit:2", "submit:2", "export:2", "install:2"]),
-    "fluid": ("fluid", ["export:2", "receive:2", "layout:3", "install:3"]),
-    "fluid-late": ("fluid", ["apply:4", "cleanup:4", "commit:5"]),
+    "fluid": ("fluid", ["export:2", "receive:2", "layout:3", "install:3", "cleanup:4"]),
 }
 # Kills of the store service (each fires once): the epoch's job fails, runs again, and the
 # result must still equal a run without them. They ride along in the runs of the chains, each
@@ -79,9 +77,8 @@ CHAINS = {
 STORE_KILLS = {
     "all-at-once": ["admit:1", "export:2", "install:2", "layout:3", "apply:3", "submit:4",
                     "collect:4", "commit:5", "cleanup:5"],
-    "fluid": ["export:2", "receive:2", "layout:2", "apply:4", "collect:4", "submit:5",
-              "commit:5"],
-    "fluid-late": ["cleanup:1", "install:3", "admit:3"],
+    "fluid": ["cleanup:1", "export:2", "receive:2", "layout:2", "install:3", "admit:3",
+              "apply:4", "collect:4", "submit:5", "commit:5"],
 }
 
 
@@ -154,14 +151,9 @@ def test_crash_at_every_phase_then_resume_equals_a_run_without_crash(tmp_path, c
     assert got["workers"] == [0, 1, 2, 3]
     assert (got["files_in"] > 0) == (CHAINS[chain][0] == "fluid")  # files or rows
     assert got["split_records"] > 0  # the hot key was split (dual mode)
-    if chain in ("all-at-once", "fluid"):
-        # Their resumes kill the store inside epochs' jobs, which ran again (a kill between
-        # jobs, at a driver's phase, may just leave the next task to start a service).
-        assert got["job_attempts"] > EPOCHS
-    else:
-        # fluid-late's last crash hit the commit write: every worker had applied the epoch,
-        # so the resume rolled all of them back to the last commit before running it again.
-        assert got["rolled_back"] == [0, 1, 2, 3]
+    # The resumes kill the store inside epochs' jobs, which ran again (a kill between jobs, at
+    # a driver's phase, may just leave the next task to start a service).
+    assert got["job_attempts"] > EPOCHS
 
 
 def test_store_kills_while_bins_move_home_to_home_rerun_the_epoch(tmp_path):
