@@ -49,12 +49,12 @@ Sink = Callable[[DataFrame, int], None]
 #: a pipeline (the client's own, or on a Connect server the one opened there, whose metrics are
 #: in the checkpoint when it returns).
 ServeBatch = Callable[[DataFrame, int, str], tuple[DataFrame, int]]
-#: ``open(spark, state_dir, config, epoch_column) -> serve``: opens the pipeline of ``config``
-#: in ``state_dir`` on the server, to run each micro-batch by ``epoch_column`` if not ``None``.
-BatchOpener = Callable[[SparkSession, str, PipelineConfig, str | None], ServeBatch]
+#: ``open(spark, state_dir, config) -> runner``: opens the pipeline of ``config`` in
+#: ``state_dir`` on the server; its stream runner serves the micro-batches.
+BatchOpener = Callable[[SparkSession, str, PipelineConfig], "StreamRunner"]
 
-#: Pipelines opened by batch functions in this (server-side) process, by query run.
-_OPEN: dict[str, ServeBatch] = {}
+#: The runners of pipelines opened by batch functions in this (server-side) process, by run.
+_OPEN: dict[str, StreamRunner] = {}
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,12 @@ class ServerBatch:
     run: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        serve = _OPEN.get(self.run)
-        if serve is None:  # a state directory per query run: an earlier run's may be locked
+        runner = _OPEN.get(self.run)
+        if runner is None:  # a state directory per query run: an earlier run's may be locked
             state_dir = driver_state_path(default_local_dir(), self.config.pipeline_id or "",
                                           self.run)
-            serve = _OPEN[self.run] = self.open(batch.sparkSession, str(state_dir), self.config,
-                                                self.epoch_column)
-        outputs, epoch = serve(batch, batch_id, self.location)
+            runner = _OPEN[self.run] = self.open(batch.sparkSession, str(state_dir), self.config)
+        outputs, epoch = runner.serve_batch(batch, batch_id, self.location, self.epoch_column)
         self.sink(outputs, epoch)
 
 
