@@ -112,8 +112,6 @@ class EpochDriver:
         holder = self.holder
         tables: list[pa.Table] = []
         done = 0
-        started = stream.epoch_list() if stream is not None else []
-        keep_from = started[0] if started else holder.epoch + 1
         epochs = EpochSource(batch, column, found.labels).count
         while done < epochs:
             # One group at a time under the lock: a plan submitted meanwhile (migrate() from
@@ -126,8 +124,7 @@ class EpochDriver:
                 if stream is not None and done:  # the position the batch's commits left
                     stream = holder.commit.stream
                 source = EpochSource(batch, column, found.labels[done:],
-                                     found.max_event_times[done:], stream,
-                                     None if stream is None else keep_from)
+                                     found.max_event_times[done:], stream)
                 run = EpochRun(self, source, self.groups.next(), input_end)
                 outputs = run.run(before_commit)
                 if column is not None:  # group sizes are measured on groups by labels only

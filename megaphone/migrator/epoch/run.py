@@ -89,15 +89,14 @@ class EpochSource:
     whole ``batch``. With one: the ``labels`` left in order and, per label, the largest event
     time of its records (``None`` where none, or without event time). ``stream`` is the
     micro-batch's stream position so far, for a stream's batch (each epoch's commit adds
-    itself to it), and ``keep_from`` the batch's first epoch: its kept outputs are not pruned
-    before the batch is done (a replay reads them)."""
+    itself to it; the batch's kept outputs are not pruned before it is done: a replay reads
+    them)."""
 
     batch: DataFrame
     column: str | None = None
     labels: tuple[int, ...] = ()
     max_event_times: tuple[int | None, ...] = ()
     stream: StreamPosition | None = None
-    keep_from: int | None = None
 
     @property
     def count(self) -> int:
@@ -204,8 +203,9 @@ class EpochRun:
             self._commit_all(layout, reports)
         with self.phase("cleanup"):
             keep = self.last - holder.config.keep_outputs + 1
-            state.prune_outputs(keep if self.source.keep_from is None
-                                else min(keep, self.source.keep_from))
+            if stream is not None:  # a stream's batch keeps its epochs' outputs (a replay reads)
+                keep = min(keep, (stream.epoch_list() or [epoch])[0])
+            state.prune_outputs(keep)
         share = {name: seconds / self.size for name, seconds in self.phases.items()}
         for record in self.records:
             record.job_attempts, record.phases_s = self.attempts, dict(share)
