@@ -48,7 +48,6 @@ _NO_RECORDS = make_update("count", None)
 def migrate_offline(
     state_dir: str,
     plan: MigrationPlan,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     on_step: Callable[[int, int], None] | None = None,
 ) -> MigrationHandle:
     """Apply ``plan`` to a stopped pipeline's ``state_dir``, committing step by step.
@@ -62,7 +61,7 @@ def migrate_offline(
     local_dir = default_local_dir()
     release_local_stores(state, local_dir)  # a crashed pipeline's, if still open
     try:
-        return _migrate_locked(state, plan, chunk_bytes, on_step, local_dir)
+        return _migrate_locked(state, plan, on_step, local_dir)
     finally:
         release_local_stores(state, local_dir)  # left closed, as a stopped pipeline's
         state.unlock()
@@ -71,7 +70,6 @@ def migrate_offline(
 def _migrate_locked(
     state: StateDir,
     plan: MigrationPlan,
-    chunk_bytes: int,
     on_step: Callable[[int, int], None] | None,
     local_dir: str,
 ) -> MigrationHandle:
@@ -81,7 +79,7 @@ def _migrate_locked(
     check_offline_plan(state, commit, table, plan)
     steps: list[tuple[int, int, int]] = []  # each committed step's epoch, bins and bytes
     if not plan.empty:  # an empty plan runs no epoch: the state stays as it is
-        epochs = _OfflineEpochs(state, table, chunk_bytes, local_dir)
+        epochs = _OfflineEpochs(state, table, local_dir)
         for i, step in enumerate(plan.steps):
             table.apply_step(step.moves, commit.epoch + 1)
             table.save(state.routing_path)  # before the epoch, as a live epoch's admit does
@@ -121,11 +119,9 @@ def check_offline_plan(state: StateDir, commit: Commit, table: RoutingTable,
 class _OfflineEpochs:
     """Runs epochs without records on a locked state directory, one commit each."""
 
-    def __init__(self, state: StateDir, table: RoutingTable, chunk_bytes: int,
-                 local_dir: str) -> None:
+    def __init__(self, state: StateDir, table: RoutingTable, local_dir: str) -> None:
         self.state = state
         self.table = table
-        self.chunk_bytes = chunk_bytes
         self.local_dir = local_dir
         self.run_id = uuid.uuid4().hex
 
@@ -146,7 +142,7 @@ class _OfflineEpochs:
             self.state, layout, commit, self.table,
             update=_NO_RECORDS,
             output_schema=pa.schema([("key", key)]),
-            chunk_bytes=self.chunk_bytes,
+            chunk_bytes=DEFAULT_CHUNK_BYTES,
             shuffle_schema=shuffle_schema(key, None, False),
             local_dir=self.local_dir,
             run_id=self.run_id,

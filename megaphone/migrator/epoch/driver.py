@@ -72,7 +72,9 @@ class EpochDriver:
         each row with its label in ``column``), and as a DataFrame too when ``want_frame``
         (for one epoch built before its commit point: after it, no JVM call may fail and leave
         a committed epoch the caller was told had failed). ``stream``: the micro-batch's
-        stream position, for a stream's batch run as one epoch."""
+        stream position, for a stream's batch; by labels, a position that holds committed
+        epochs is a replay of the batch, which applies only its labels not committed yet and
+        reads the others' kept outputs (docs/groups.md)."""
         if column is None:
             frames: list[DataFrame] = []
 
@@ -83,9 +85,21 @@ class EpochDriver:
             outputs = self.run_groups(batch, None, _WHOLE, input_end, stream, keep)
             return outputs[0], (frames[0] if frames else None)
         schema = self.labelled_schema(batch.schema, column)
-        with self.holder.lock:
-            found = scan_labels(batch, column, self.event_times(batch), self.holder.commit.label)
-        table = concat(self.run_groups(batch, column, found, input_end), schema)
+        holder = self.holder
+        with holder.lock:
+            done = stream.epoch_list() if stream is not None else []
+            label = holder.commit.label
+            found = scan_labels(batch, column, self.event_times(batch), None if done else label)
+            if done and (len(done) > len(found.labels) or found.labels[len(done) - 1] != label):
+                raise RuntimeError(
+                    f"micro-batch {stream.batch_id} is replayed with other labels than it ran "
+                    f"with (its {len(done)} committed epochs end at label {label}; the replay "
+                    f"holds {list(found.labels[:len(done)])[-3:]} there): the stream's source "
+                    "must replay a micro-batch alike")
+            tables = [labelled(holder.state_dir.read_outputs(e), column, label)
+                      for e, label in zip(done, found.labels, strict=False)]
+        rest = EpochLabels(found.labels[len(done):], found.max_event_times[len(done):])
+        table = concat(tables + self.run_groups(batch, column, rest, input_end, stream), schema)
         return table, frame(self.spark, table, schema) if want_frame else None
 
     def run_groups(self, batch: DataFrame, column: str | None, found: EpochLabels,
@@ -98,8 +112,6 @@ class EpochDriver:
         holder = self.holder
         tables: list[pa.Table] = []
         done = 0
-        started = stream.epoch_list() if stream is not None else []
-        keep_from = started[0] if started else holder.epoch + 1
         epochs = EpochSource(batch, column, found.labels).count
         while done < epochs:
             # One group at a time under the lock: a plan submitted meanwhile (migrate() from
@@ -112,8 +124,7 @@ class EpochDriver:
                 if stream is not None and done:  # the position the batch's commits left
                     stream = holder.commit.stream
                 source = EpochSource(batch, column, found.labels[done:],
-                                     found.max_event_times[done:], stream,
-                                     None if stream is None else keep_from)
+                                     found.max_event_times[done:], stream)
                 run = EpochRun(self, source, self.groups.next(), input_end)
                 outputs = run.run(before_commit)
                 if column is not None:  # group sizes are measured on groups by labels only

@@ -26,7 +26,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -57,29 +57,8 @@ from megaphone.records import EpochMetrics
 from megaphone.routing.placement import away
 from megaphone.spark import check_python_workers, task_slots
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-    from megaphone.migrator.epoch.groups import GroupSizes
-    from megaphone.migrator.epoch.hot_keys import HotKeys
-    from megaphone.migrator.epoch.schemas import PipelineSchema
-    from megaphone.migrator.epoch.spark_job import MapSides
-    from megaphone.migrator.epoch.state_holder import StateHolder
-
-
-class DriverState(Protocol):
-    """What a run reads and updates of the driver that starts it: what a pipeline's epochs
-    keep from one to the next (:class:`~megaphone.migrator.epoch.driver.EpochDriver` has it).
-    Declared here, so that the run does not import the driver that imports it."""
-
-    spark: SparkSession
-    holder: StateHolder
-    schema: PipelineSchema
-    hot: HotKeys
-    groups: GroupSizes
-    map_sides: MapSides
-    bin_load: np.ndarray
-    task_slots: int | None
+if TYPE_CHECKING:  # the driver imports this module: named for type checking only
+    from megaphone.migrator.epoch.driver import EpochDriver
 
 #: The driver's phases of an epoch, in order.
 DRIVER_PHASES = ("admit", "layout", "submit", "collect", "commit", "cleanup")
@@ -110,15 +89,14 @@ class EpochSource:
     whole ``batch``. With one: the ``labels`` left in order and, per label, the largest event
     time of its records (``None`` where none, or without event time). ``stream`` is the
     micro-batch's stream position so far, for a stream's batch (each epoch's commit adds
-    itself to it), and ``keep_from`` the batch's first epoch: its kept outputs are not pruned
-    before the batch is done (a replay reads them)."""
+    itself to it; the batch's kept outputs are not pruned before it is done: a replay reads
+    them)."""
 
     batch: DataFrame
     column: str | None = None
     labels: tuple[int, ...] = ()
     max_event_times: tuple[int | None, ...] = ()
     stream: StreamPosition | None = None
-    keep_from: int | None = None
 
     @property
     def count(self) -> int:
@@ -132,7 +110,7 @@ class EpochRun:
     epochs ran). The run does the work of its epochs itself (admission, task spec, commits,
     metrics) and reads of its driver only what epochs keep from one to the next."""
 
-    def __init__(self, driver: DriverState, source: EpochSource, limit: int,
+    def __init__(self, driver: EpochDriver, source: EpochSource, limit: int,
                  input_end: float | None) -> None:
         self.driver = driver
         self.holder = driver.holder
@@ -225,8 +203,9 @@ class EpochRun:
             self._commit_all(layout, reports)
         with self.phase("cleanup"):
             keep = self.last - holder.config.keep_outputs + 1
-            state.prune_outputs(keep if self.source.keep_from is None
-                                else min(keep, self.source.keep_from))
+            if stream is not None:  # a stream's batch keeps its epochs' outputs (a replay reads)
+                keep = min(keep, (stream.epoch_list() or [epoch])[0])
+            state.prune_outputs(keep)
         share = {name: seconds / self.size for name, seconds in self.phases.items()}
         for record in self.records:
             record.job_attempts, record.phases_s = self.attempts, dict(share)

@@ -64,12 +64,10 @@ def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, own
                                       durable.epoch + 1, durable.run):
                 yield state_rows(arrow_schema, key_type, *kv_columns(chunk), decoded)
         elif paths.worker(w).exists():
-            state = open_backend(backend, paths.worker(w), key_type, num_bins, read_only=True)
-            try:
+            with open_backend(backend, paths.worker(w), key_type, num_bins,
+                              read_only=True) as state:
                 for chunk in state.export_bins(bins_of[w]):
                     yield state_rows(arrow_schema, key_type, *kv_columns(chunk), decoded)
-            finally:
-                state.close()
 
     return _per_worker(spark, workers, read, schema)
 
@@ -138,12 +136,9 @@ def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
     kind = state.manifest.get("backend", "rocksdb")
     per_worker: dict[int, dict[int, tuple[int, int]]] = {}
     for w in state.worker_ids():
-        backend = open_backend(kind, state.worker_path(w), fp.key_type, fp.num_bins,
-                               read_only=True)
-        try:
+        with open_backend(kind, state.worker_path(w), fp.key_type, fp.num_bins,
+                          read_only=True) as backend:
             per_worker[w] = {b: (s.keys, s.bytes) for b, s in backend.bin_stats().items()}
-        finally:
-            backend.close()
     return BinSizes.at(per_worker, owners)
 
 

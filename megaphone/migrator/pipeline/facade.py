@@ -20,7 +20,6 @@ Spark Connect). Its arguments are one frozen
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from megaphone.migrator.epoch.driver import EpochDriver
 from megaphone.migrator.epoch.schemas import PipelineSchema
 from megaphone.migrator.epoch.state_holder import StateHolder
 from megaphone.migrator.epoch.state_reader import read_state
-from megaphone.migrator.pipeline.stream_runner import ServeBatch, Sink, StreamRunner
+from megaphone.migrator.pipeline.stream_runner import Sink, StreamRunner
 from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.statedir.recovery import RecoveryReport
 from megaphone.migrator.task.updates import UpdateArg
@@ -400,12 +399,12 @@ class Pipeline:
         return self._driver.hot.hot_keys()
 
 
-def _open_on_server(spark: SparkSession, state_dir: str, config: PipelineConfig,
-                    epoch_column: str | None) -> ServeBatch:
+def _open_on_server(spark: SparkSession, state_dir: str, config: PipelineConfig
+                    ) -> StreamRunner:
     """Open a pipeline on a Spark Connect server for a stream's batch function
-    (:class:`~megaphone.migrator.pipeline.stream_runner.ServerBatch`)."""
-    pipe = Pipeline.from_config(spark, state_dir, config)
-    return functools.partial(pipe._runner.serve_batch, epoch_column=epoch_column)
+    (:class:`~megaphone.migrator.pipeline.stream_runner.ServerBatch`); its runner serves the
+    micro-batches."""
+    return Pipeline.from_config(spark, state_dir, config)._runner
 
 
 __all__ = ["Pipeline"]

@@ -29,8 +29,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 from megaphone.migrator.epoch.config import PipelineConfig
 from megaphone.migrator.epoch.driver import EpochDriver
-from megaphone.migrator.epoch.groups import concat, frame, labelled
-from megaphone.migrator.epoch.labels import EpochLabels, scan_labels
 from megaphone.migrator.epoch.state_holder import StateHolder
 from megaphone.migrator.statedir import posted
 from megaphone.migrator.statedir.commit import StreamPosition
@@ -51,12 +49,12 @@ Sink = Callable[[DataFrame, int], None]
 #: a pipeline (the client's own, or on a Connect server the one opened there, whose metrics are
 #: in the checkpoint when it returns).
 ServeBatch = Callable[[DataFrame, int, str], tuple[DataFrame, int]]
-#: ``open(spark, state_dir, config, epoch_column) -> serve``: opens the pipeline of ``config``
-#: in ``state_dir`` on the server, to run each micro-batch by ``epoch_column`` if not ``None``.
-BatchOpener = Callable[[SparkSession, str, PipelineConfig, str | None], ServeBatch]
+#: ``open(spark, state_dir, config) -> runner``: opens the pipeline of ``config`` in
+#: ``state_dir`` on the server; its stream runner serves the micro-batches.
+BatchOpener = Callable[[SparkSession, str, PipelineConfig], "StreamRunner"]
 
-#: Pipelines opened by batch functions in this (server-side) process, by query run.
-_OPEN: dict[str, ServeBatch] = {}
+#: The runners of pipelines opened by batch functions in this (server-side) process, by run.
+_OPEN: dict[str, StreamRunner] = {}
 
 
 @dataclass(frozen=True)
@@ -75,13 +73,12 @@ class ServerBatch:
     run: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        serve = _OPEN.get(self.run)
-        if serve is None:  # a state directory per query run: an earlier run's may be locked
+        runner = _OPEN.get(self.run)
+        if runner is None:  # a state directory per query run: an earlier run's may be locked
             state_dir = driver_state_path(default_local_dir(), self.config.pipeline_id or "",
                                           self.run)
-            serve = _OPEN[self.run] = self.open(batch.sparkSession, str(state_dir), self.config,
-                                                self.epoch_column)
-        outputs, epoch = serve(batch, batch_id, self.location)
+            runner = _OPEN[self.run] = self.open(batch.sparkSession, str(state_dir), self.config)
+        outputs, epoch = runner.serve_batch(batch, batch_id, self.location, self.epoch_column)
         self.sink(outputs, epoch)
 
 
@@ -190,9 +187,9 @@ class StreamRunner:
         as the epochs of its epoch ``column``'s labels in groups: its outputs (by labels, each
         row with its label) and its last epoch. A batch id the stream committed before is not
         applied again, its kept outputs are read; by labels, a replayed batch applies only its
-        labels not committed yet (docs/groups.md)."""
-        holder, driver = self.holder, self.driver
-        schema = None if column is None else driver.labelled_schema(batch.schema, column)
+        labels not committed yet (:meth:`EpochDriver.run
+        <megaphone.migrator.epoch.driver.EpochDriver.run>`; docs/groups.md)."""
+        holder = self.holder
         with holder.lock:
             stream = holder.commit.stream
             last_id = stream.ran(location)
@@ -204,37 +201,19 @@ class StreamRunner:
                                        "start(..., epoch_column=)")
                 last = holder.epoch if stream.epoch is None else stream.epoch  # offline ran
                 epoch = last - (last_id - batch_id)
-                return driver.read_outputs(epoch), epoch
-            if column is None:
-                _, outputs = driver.run(batch, None, want_frame=True,
-                                        stream=StreamPosition(location, batch_id))
-                assert outputs is not None
-                return outputs, holder.epoch
+                return self.driver.read_outputs(epoch), epoch
             if again and (batch_id < last_id or stream.epochs is None):
                 raise RuntimeError(
                     f"micro-batch {batch_id} of the stream at {location} is replayed, but the "
                     f"pipeline committed micro-batch {last_id}"
                     + ("" if batch_id < last_id else " without epoch_column")
                     + ": its epochs' outputs cannot be told apart; restart the query as it ran")
-            label = holder.commit.label
-            found = scan_labels(batch, column, driver.event_times(batch),
-                                None if again else label)
-            done = stream.epoch_list() if again else []
-            if done and (len(done) > len(found.labels) or found.labels[len(done) - 1] != label):
-                raise RuntimeError(
-                    f"micro-batch {batch_id} is replayed with other labels than it ran with "
-                    f"(its {len(done)} committed epochs end at label {label}; the "
-                    f"replay holds {list(found.labels[:len(done)])[-3:]} there): the stream's "
-                    "source must replay a micro-batch alike")
-            tables = [labelled(holder.state_dir.read_outputs(e), column, label)
-                      for e, label in zip(done, found.labels, strict=False)]
-            rest = EpochLabels(found.labels[len(done):], found.max_event_times[len(done):])
-            position = stream if again else StreamPosition(location, batch_id)
-        tables += driver.run_groups(batch, column, rest, None, position)
-        assert schema is not None
-        table = concat(tables, schema)
-        last = holder.epoch if rest.labels or not done else done[-1]
-        return frame(self.spark, table, schema), last
+        position = stream if again else StreamPosition(location, batch_id)
+        _, outputs = self.driver.run(batch, column, want_frame=True, stream=position)
+        assert outputs is not None
+        # A replay whose labels were all committed before ends at its last committed epoch.
+        done = holder.commit.stream.epoch_list() if again else []
+        return outputs, done[-1] if done else holder.epoch
 
     # -- Spark Connect -------------------------------------------------------------------
 

@@ -214,10 +214,12 @@ def _epoch_rows(spec: EpochSpec, store: RemoteStore, part: pa.Table, worker: int
     replayed); yields its output rows and returns the records it applied per bin (``None`` on
     a replay) for its report row."""
     load = None
+    # The latest event time (partial rows carry their records'); a replay has the same records.
+    if spec.has_event_time and part.num_rows:
+        metrics.max_event_time = pc.max(part.column(EVENT_TIME)).as_py()
     if apply:
         outputs, load = apply_epoch(spec, store, part, worker, metrics, incoming, group_start)
     else:
-        metrics.max_event_time = replayed_max_event_time(spec, part.to_batches())
         metrics.replayed = True
         outputs = pa.ipc.open_stream(stored).read_all() if stored else \
             spec.output_schema.empty_table()
@@ -256,8 +258,6 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     marks = metrics.marks if metrics.marks is not None else {}
     t0 = time.perf_counter()
     load = None
-    if spec.has_event_time and table.num_rows:  # partial rows carry their records' latest
-        metrics.max_event_time = pc.max(table.column(EVENT_TIME)).as_py()
     table, partials = take_partials(table)  # hot keys' partials from lessees, if any
     # A null key is a key of its own, applied like any (bin 0); counted to stay visible.
     metrics.null_keys = table.column(KEY).null_count or None
@@ -287,14 +287,6 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     for name in ("stall_s", "pending_compaction_bytes", "l0_files"):
         setattr(metrics, name, health[name])
     return outputs, load
-
-
-def replayed_max_event_time(spec: EpochSpec, batches) -> int | None:
-    """The largest event time among the records of an epoch replayed (the same records as
-    when it was applied: the same max event time); ``None`` without event times."""
-    tops = [pc.max(b.column(EVENT_TIME)).as_py() for b in batches
-            if spec.has_event_time and b.num_rows]
-    return max((t for t in tops if t is not None), default=None)
 
 
 def report_rows(schema: pa.Schema, reports: list[str],
