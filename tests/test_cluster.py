@@ -108,15 +108,15 @@ def test_with_a_checkpoint_it_runs_on_two_hosts_and_survives_losing_one(cluster,
         for w in map(str, result["unreachable"][e]):
             assert epoch > 3 and home[w] == ran_on[w], (epoch, w)
     # The scale-out 2 -> 4 homes workers 2 and 3 before their first epoch, each on the host
-    # with the fewest homes among those whose service for its shard a task reported: the
-    # commit record keeps every such host (docs/placement.md).
+    # with the fewest homes among those with a service a task reported: the commit record
+    # keeps every such host (docs/placement.md).
     chosen: dict[int, str] = {}
     for epoch in range(1, EPOCHS):
         before, e = str(epoch - 1), str(epoch)
         new = [int(w) for w in homes[e] if w not in homes[before]]
         planned = plan_homes({int(w): h for w, h in homes[before].items()}, new,
                              result["hosts"][before])
-        for w, (host, _) in planned.items():
+        for w, (host, _, _) in planned.items():
             assert homes[e][str(w)] == host or w in result["unreachable"][e], (epoch, w)
             chosen[w] = host
     assert set(chosen) == {2, 3}, (homes, result["hosts"])
