@@ -117,7 +117,7 @@ class WorkerMetrics(_Record):
     remote: bool | None = None
     home_unreachable: bool | None = None
     #: ``[host, port]`` of the service holding the worker's store, when the task ran at home
-    #: (the driver keeps it for the tasks that run elsewhere).
+    #: or reached it over the network (the driver keeps it for the tasks that run elsewhere).
     address: list[Any] | None = None
     #: ``[shards, host, port]`` of the task's host's service for the worker's shard (one of
     #: ``shards``), wherever the store was: the driver homes new workers on known hosts.

@@ -11,7 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from megaphone.migrator.statedir.commit import Commit
-from megaphone.routing.placement import assign_homes, away, known_hosts, plan_homes
+from megaphone.routing.placement import (
+    PlannedHome,
+    assign_homes,
+    away,
+    known_hosts,
+    plan_homes,
+)
 from megaphone.state_backends.host import HOST_ID, HostIdError, host_id
 
 
@@ -78,36 +84,70 @@ def test_hosts_keep_each_shards_service_as_tasks_report_it():
 
 
 def test_new_workers_are_homed_before_their_first_epoch_on_the_hosts_with_fewest_homes():
-    # The placement bench's scale-out: workers 0 and 1 at home on a, b known from their tasks
-    # that ran there away from home; the new workers 2 and 3 both go to b.
+    # Workers 0 and 1 at home on a, b known from their tasks that ran there away from home;
+    # the new workers 2 and 3 both go to b, at its services for their shards.
     hosts = {"a": [["h", 1], ["h", 2]], "b": [["h", 3], ["h", 4]]}
     assert plan_homes({0: "a", 1: "a"}, [0, 1, 2, 3], hosts) == \
-        {2: ("b", ("h", 3)), 3: ("b", ("h", 4))}
-    # A host whose service for the worker's shard is unknown is no candidate; ties go by id.
-    assert plan_homes({}, [1, 2], {"b": [["h", 3], ["h", 4]], "a": [["h", 1], None]}) == \
-        {1: ("b", ("h", 4)), 2: ("a", ("h", 1))}
+        {2: PlannedHome("b", ("h", 3)), 3: PlannedHome("b", ("h", 4))}
+    # The placement bench's scale-out: only b's service for shard 0 was reported. Both still
+    # go to b; worker 3's task asks that service for b's shard 1 (docs/placement.md).
+    bench = {"a": [["h", 1], ["h", 2]], "b": [["h", 3], None]}
+    assert plan_homes({0: "a", 1: "a"}, [0, 1, 2, 3], bench) == \
+        {2: PlannedHome("b", ("h", 3)), 3: PlannedHome("b", ("h", 3), 1)}
+    # Ties go by host id, whichever shards are known.
+    assert plan_homes({}, [1, 2], {"b": [["h", 3], ["h", 4]], "a": [None, ["h", 2]]}) == \
+        {1: PlannedHome("a", ("h", 2)), 2: PlannedHome("b", ("h", 3))}
     assert plan_homes({0: "a"}, [1], {}) == {}  # no host known yet: homed where it runs
+    assert plan_homes({0: "a"}, [1], {"a": [None, None]}) == {}
+
+
+_HOSTS = st.dictionaries(st.sampled_from("abcde"), st.integers(1, 3).flatmap(lambda n: st.lists(
+    st.none() | st.just(["10.0.0.1", 7000]), min_size=n, max_size=n)), max_size=5)
 
 
 @given(st.dictionaries(st.integers(0, 11), st.sampled_from("abcd"), max_size=8),
-       st.sets(st.integers(0, 11), max_size=8),
-       st.dictionaries(st.sampled_from("abcde"),
-                       st.integers(1, 3).flatmap(lambda n: st.lists(
-                           st.none() | st.just(["10.0.0.1", 7000]), min_size=n, max_size=n)),
-                       max_size=5))
+       st.sets(st.integers(0, 11), max_size=8), _HOSTS)
 def test_planned_homes_have_known_services_spread_evenly_and_leave_old_homes(homes, new, hosts):
     planned = plan_homes(homes, new, hosts)
     assert set(planned) <= new - set(homes)  # existing homes never change
     counts = {h: list(homes.values()).count(h) for h in hosts}
+    candidates = [h for h, s in hosts.items() if any(a is not None for a in s)]
     for w in sorted(planned):
-        host, address = planned[w]
+        host, address, shard = planned[w]
         services = hosts[host]
-        assert list(address) == services[w % len(services)]  # a known service for w's shard
-        candidates = [h for h, s in hosts.items() if s[w % len(s)] is not None]
+        own = services[w % len(services)]
+        if shard is None:  # the service for w's shard, known
+            assert list(address) == own
+        else:  # another known service of the host, to ask for w's shard's
+            assert own is None and shard == w % len(services) and list(address) in services
         assert (counts[host], host) == min((counts[h], h) for h in candidates)  # fewest homes
         counts[host] += 1
-    for w in new - set(homes) - set(planned):  # left out only when no host knows its shard
-        assert all(s[w % len(s)] is None for s in hosts.values())
+    if candidates:  # left out only when no host has a known service
+        assert set(planned) == new - set(homes)
+    else:
+        assert planned == {}
+
+
+@given(st.dictionaries(st.integers(0, 11), st.sampled_from("ab"), max_size=6),
+       st.sets(st.integers(0, 11), min_size=1, max_size=6),
+       st.integers(1, 4), st.integers(0, 3), st.integers(0, 3))
+def test_one_known_service_per_host_homes_new_workers_on_the_emptier_host(
+        homes, new, shards, known_a, known_b):
+    """Whichever single service of each host is known, every new worker is homed, each on the
+    host with fewer homes at its turn (ties: a), at its shard's service or asking for it."""
+    hosts = {h: [["10.0.0.9", 7000 + i] if i == k % shards else None for i in range(shards)]
+             for h, k in (("a", known_a), ("b", known_b))}
+    planned = plan_homes(homes, new, hosts)
+    fresh = sorted(new - set(homes))
+    assert sorted(planned) == fresh
+    counts = {h: list(homes.values()).count(h) for h in "ab"}
+    for w in fresh:
+        emptier = "b" if counts["b"] < counts["a"] else "a"
+        assert planned[w].host == emptier, (w, counts)
+        known = next(i for i, s in enumerate(hosts[emptier]) if s is not None)
+        assert planned[w].address == ("10.0.0.9", 7000 + known)
+        assert planned[w].shard == (None if w % shards == known else w % shards)
+        counts[emptier] += 1
 
 
 def test_an_epoch_runs_and_commits_its_new_workers_at_the_homes_chosen_before_it(monkeypatch):
@@ -126,8 +166,8 @@ def test_an_epoch_runs_and_commits_its_new_workers_at_the_homes_chosen_before_it
     layout = EpochLayout(epoch=4, version=1, moves=(Move(5, 0, 2), Move(6, 1, 3)),
                          live=frozenset({0, 1, 2, 3}), incoming={2: (5,), 3: (6,)},
                          outgoing={0: ((5, 2),), 1: ((6, 3),)}, drops={}, partitions=4)
-    assert new_homes(layout, before) == {2: ("b", ("10.0.0.2", 7000)),
-                                         3: ("b", ("10.0.0.2", 7001))}
+    assert new_homes(layout, before) == {2: PlannedHome("b", ("10.0.0.2", 7000)),
+                                         3: PlannedHome("b", ("10.0.0.2", 7001))}
     per_worker = {0: WorkerMetrics(host="a", address=a[0], service=[2, *a[0]]),
                   1: WorkerMetrics(host="a", address=a[1], service=[2, *a[1]]),
                   2: WorkerMetrics(host="a", remote=True, service=[2, *a[0]]),
@@ -140,6 +180,37 @@ def test_an_epoch_runs_and_commits_its_new_workers_at_the_homes_chosen_before_it
     monkeypatch.setenv("MEGAPHONE_PLACEMENT", "0")  # the bench's baseline: homed where it ran
     assert new_homes(layout, before) == {}
     assert commit_record(layout, StreamPosition(), [], per_worker, before).homes["2"] == "a"
+
+
+def test_a_new_worker_homed_through_a_sibling_keeps_the_address_its_task_reached(monkeypatch):
+    """Only host b's service for shard 0 is known: worker 3 (shard 1) is still homed on b, its
+    spec names that service and the shard to ask it for, and the commit record keeps the
+    address of b's shard 1 service that its task reached, never the sibling's for worker 3."""
+    from megaphone.migrator.epoch.routing_operator import EpochLayout, commit_record, new_homes
+    from megaphone.migrator.statedir.commit import StreamPosition
+    from megaphone.records import WorkerMetrics
+    from megaphone.routing.table import Move
+
+    monkeypatch.delenv("MEGAPHONE_PLACEMENT", raising=False)
+    a, b = [["10.0.0.1", 7000], ["10.0.0.1", 7001]], [["10.0.0.2", 7000], ["10.0.0.2", 7001]]
+    before = Commit(epoch=3, homes={"0": "a", "1": "a"}, addresses={"0": a[0], "1": a[1]},
+                    hosts={"a": a, "b": [b[0], None]})
+    layout = EpochLayout(epoch=4, version=1, moves=(Move(5, 0, 2), Move(6, 1, 3)),
+                         live=frozenset({0, 1, 2, 3}), incoming={2: (5,), 3: (6,)},
+                         outgoing={0: ((5, 2),), 1: ((6, 3),)}, drops={}, partitions=4)
+    assert new_homes(layout, before) == {2: PlannedHome("b", ("10.0.0.2", 7000)),
+                                         3: PlannedHome("b", ("10.0.0.2", 7000), 1)}
+    per_worker = {0: WorkerMetrics(host="a", address=a[0], service=[2, *a[0]]),
+                  1: WorkerMetrics(host="a", address=a[1], service=[2, *a[1]]),
+                  2: WorkerMetrics(host="a", remote=True, address=b[0], service=[2, *a[0]]),
+                  3: WorkerMetrics(host="a", remote=True, address=b[1], service=[2, *a[1]])}
+    done = commit_record(layout, StreamPosition(), [], per_worker, before)
+    assert done.worker_homes() == {0: "a", 1: "a", 2: "b", 3: "b"}
+    assert done.addresses == {"0": a[0], "1": a[1], "2": b[0], "3": b[1]}
+    # A task that did not report the address it reached leaves it unknown (the next task
+    # that uses the store at home reports it), rather than the sibling's.
+    per_worker[3] = WorkerMetrics(host="a", remote=True, service=[2, *a[1]])
+    assert "3" not in commit_record(layout, StreamPosition(), [], per_worker, before).addresses
 
 
 def test_a_commit_record_keeps_homes_and_reads_older_records_without_them():

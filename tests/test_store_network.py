@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from megaphone.paths import local_worker_path
+from megaphone.paths import local_worker_path, service_dir
 from megaphone.state_backends.network import (
     AUTH_FRAME_BYTES,
     NetworkRefused,
@@ -25,8 +25,14 @@ from megaphone.state_backends.network import (
     network_request,
     new_secret,
 )
-from megaphone.state_backends.remote import DurableSpec, RemoteStore, StoreError, service_pid
-from megaphone.state_backends.service_client import dial_network
+from megaphone.state_backends.remote import (
+    DurableSpec,
+    RemoteStore,
+    StoreError,
+    service_pid,
+    service_pids,
+)
+from megaphone.state_backends.service_client import dial_network, sibling_address
 from megaphone.state_backends.wire import recv_frame, send_frame
 from tests.test_store_service import BINS, counts, one_epoch, raw
 
@@ -53,8 +59,7 @@ def home(tmp_path, monkeypatch):
         store("p2")
         yield p1, store, secrets, ckpt
     finally:
-        pid = service_pid(local)
-        if pid is not None:
+        for pid in service_pids(local):  # a sibling too, if a test started one
             os.kill(pid, signal.SIGKILL)
 
 
@@ -209,7 +214,7 @@ def test_a_store_away_from_home_is_used_at_home_and_here_only_if_home_is_gone(ho
     durable = DurableSpec(ckpt, 0, 50, p1.token, "p1", secrets["p1"])
     away = RemoteStore(elsewhere, str(local_worker_path(elsewhere, "p1", 0)), "rocksdb",
                        "int64", BINS, 0, durable, home=p1.address)
-    assert away.remote and not away.home_unreachable and away.address is None
+    assert away.remote and not away.home_unreachable and away.address == p1.address
     assert away.service_pid == p1.service_pid and service_pid(elsewhere) is None
     assert away.begin(1, 0) == (True, b"")
     (b_rows,), (b_file,) = {bin_of(5)}, {bin_of(6)}
@@ -260,3 +265,81 @@ def test_copies_of_workers_at_home_elsewhere_are_deleted_unless_in_use(home):
     assert not os.path.exists(other.path) and counts(p1, [1, 2]) == [1, 1]
     with pytest.raises(StoreError, match="cannot name a folder"):
         p1.conn.call("prune", pipeline="../p1", workers=[0])
+
+
+@pytest.fixture
+def two_services(monkeypatch):
+    """Two store services per host (requested before ``home``, whose services inherit it)."""
+    monkeypatch.setenv("MEGAPHONE_STORE_SERVICES", "2")
+
+
+def test_a_service_gives_its_siblings_address_only_to_its_pipeline_in_range(two_services, home):
+    """``sibling``: a known service of a host, asked by an authenticated task, starts the
+    host's service of another shard, registers the pipeline there and returns its address. A
+    wrong secret, another pipeline's id, a shard out of range and a cut or garbage frame are
+    each refused; nothing starts, and the service keeps serving."""
+    p1, _, secrets, _ = home
+    local, address, pid = p1.local_dir, p1.address, p1.service_pid
+    sibling = service_dir(local, 1)
+    for name, (pipeline, secret) in {"wrong secret": ("p1", secrets["p2"]),
+                                     "another pipeline's id": ("p2", secrets["p1"])}.items():
+        with pytest.raises(StoreError, match="NetworkRefused"):
+            sibling_address(address, pipeline, secret, 1)
+        assert service_pid(sibling) is None, name
+    with _authenticated(address, "p1", secrets["p1"]) as sock:
+        send_frame(sock, {"op": "sibling", "shard": 1, "pipeline": "p2"})
+        assert _refused(sock) == "NetworkRefused"
+    with _authenticated(address, "p1", secrets["p1"]) as sock:  # refused, and served on
+        for shard in (2, -1, "1", True, None):
+            send_frame(sock, {"op": "sibling", "shard": shard})
+            reply = recv_frame(sock)
+            assert reply["ok"] is False and "numbered 0 to 1" in reply["message"], shard
+        assert service_pid(sibling) is None
+        send_frame(sock, {"op": "sibling", "shard": 0})  # its own shard: its own address
+        assert recv_frame(sock)["address"] == list(address)
+    body = msgpack.packb({"op": "sibling", "shard": 1})
+    for name, data in {"cut short": struct.pack(">I", len(body)) + body[:-3],
+                       "garbage": struct.pack(">I", 3) + b"\xc1\xc1\xc1"}.items():
+        with _authenticated(address, "p1", secrets["p1"]) as sock:
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+            assert _refused(sock) == "FrameError", name
+        assert service_pid(sibling) is None, name
+    found = sibling_address(address, "p1", secrets["p1"], 1)
+    assert found != list(address) and service_pid(local) == pid
+    assert sibling_address(address, "p1", secrets["p1"], 1) == found  # started once
+    assert service_pid(sibling) is not None
+    dial_network(found, "p1", secrets["p1"]).close()  # it listens, p1 registered there
+    with pytest.raises(StoreError, match="NetworkRefused"):
+        dial_network(found, "p1", secrets["p2"])
+
+
+def test_a_task_away_from_a_new_workers_home_reaches_its_shard_through_a_sibling(
+        two_services, home, tmp_path):
+    """Worker 1 (shard 1) is homed on a host whose service for shard 0 only is known: a task
+    elsewhere asks that service for shard 1's, and commits worker 1's epoch at the home's
+    service for shard 1, where the home's own tasks find it; its own host gets no copy."""
+    p1, _, secrets, ckpt = home
+    local, elsewhere = p1.local_dir, str(tmp_path / "elsewhere")
+    away = RemoteStore(elsewhere, str(local_worker_path(elsewhere, "p1", 1)), "rocksdb",
+                       "int64", BINS, 1, DurableSpec(ckpt, 1, 50, "", "p1", secrets["p1"]),
+                       home=p1.address, sibling=1)
+    assert away.remote and not away.home_unreachable and away.address != p1.address
+    assert away.service_pid == service_pid(service_dir(local, 1)) != p1.service_pid
+    assert away.begin(0) == (True, b"")
+    one_epoch(away, 0, [3, 4])
+    at_home = RemoteStore(local, str(local_worker_path(local, "p1", 1)), "rocksdb", "int64",
+                          BINS, 1, DurableSpec(ckpt, 1, 50, away.token, "p1", secrets["p1"]))
+    assert at_home.service_pid == away.service_pid and at_home.address == away.address
+    assert counts(at_home, [3, 4]) == [1, 1]
+    assert not os.path.exists(local_worker_path(elsewhere, "p1", 1))
+    assert service_pids(elsewhere) == []  # nothing started on the task's own host
+    # A shard the home does not run: the task says so and uses its own host's copy.
+    lost = RemoteStore(elsewhere, str(local_worker_path(elsewhere, "p1", 1)), "rocksdb",
+                       "int64", BINS, 1, DurableSpec(ckpt, 1, 50, away.token, "p1",
+                                                     secrets["p1"]), home=p1.address, sibling=5)
+    try:
+        assert lost.home_unreachable and not lost.remote
+    finally:
+        for pid in service_pids(elsewhere):
+            os.kill(pid, signal.SIGKILL)

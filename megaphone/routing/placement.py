@@ -4,11 +4,12 @@
 (:func:`megaphone.state_backends.host.host_id`) and the runtime says where each task ran.
 
 Homes change only by decision. A worker keeps its home while it has state. A worker that first
-gets bins is homed before that epoch (:func:`plan_homes`) on the known host with the fewest
-homes among those whose service for its shard some task reported (:func:`known_hosts`): its
-task, wherever it runs, makes its first working copy there, and its bins arrive there home to
-home. With no such host known (the first epochs) it is homed where its task ran, because its
-first copy was made there (docs/placement.md).
+gets bins is homed before that epoch (:func:`plan_homes`) on the host with the fewest homes
+among those with a store service some task reported (:func:`known_hosts`): its task, wherever
+it runs, makes its first working copy there (asking a known service of that host for its
+shard's service if that one was not reported), and its bins arrive there home to home. With no
+host known (the first epochs) it is homed where its task ran, because its first copy was made
+there (docs/placement.md).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def homes_enforced() -> bool:
@@ -52,12 +53,15 @@ def assign_homes(homes: Mapping[int, str], workers: Iterable[int],
 
 def home_addresses(addresses: Mapping[int, list], before: Mapping[int, str],
                    homes: Mapping[int, str], ran_on: Mapping[int, str],
-                   reported: Mapping[int, list]) -> dict[int, list]:
+                   reported: Mapping[int, list], remote: Iterable[int] = ()) -> dict[int, list]:
     """The address of each worker's service at its home after an epoch (``homes``; ``before``
-    the epoch: ``addresses``): as a task that ran at home reported it (``reported``), else as
-    known before if the home did not change."""
+    the epoch: ``addresses``): as a task that used the store at home reported it
+    (``reported``: one that ran there, or one that reached it over the network, ``remote``),
+    else as known before if the home did not change."""
+    reached = set(remote)
     out = {w: a for w, a in addresses.items() if w in homes and before.get(w) == homes[w]}
-    out.update({w: a for w, a in reported.items() if w in homes and ran_on.get(w) == homes[w]})
+    out.update({w: a for w, a in reported.items() if w in homes and (
+        ran_on.get(w) == homes[w] or (w in reached and before.get(w) == homes[w]))})
     return dict(sorted(out.items()))
 
 
@@ -79,22 +83,38 @@ def known_hosts(hosts: Mapping[str, Sequence[Any]],
     return dict(sorted(out.items()))
 
 
+class PlannedHome(NamedTuple):
+    """A home chosen for a new worker before its first epoch: the ``host``, the ``address``
+    (host, port) of a store service there, and ``shard``: ``None`` when that service is the
+    one for the worker's shard, else the worker's shard on that host, whose service's address
+    the task away from home asks that service for (docs/placement.md)."""
+
+    host: str
+    address: tuple[str, int]
+    shard: int | None = None
+
+
 def plan_homes(homes: Mapping[int, str], new: Iterable[int],
-               hosts: Mapping[str, Sequence[Any]]) -> dict[int, tuple[str, tuple[str, int]]]:
+               hosts: Mapping[str, Sequence[Any]]) -> dict[int, PlannedHome]:
     """Homes for the ``new`` workers (those without one in ``homes`` that get bins), chosen
     before their first epoch: each, in worker order, on the host with the fewest homes (ties
-    by host id) among the ``hosts`` (:func:`known_hosts`) whose service for its shard is
-    known, with that service's address. A worker with no such host is left out (homed where
-    its task runs, :func:`assign_homes`). Existing homes never change."""
+    by host id) among the ``hosts`` (:func:`known_hosts`) with any known service, with the
+    address of its service for the worker's shard if known, else of its first known service
+    and the shard to ask it for. With no host known, no home is planned (each worker is homed
+    where its task runs, :func:`assign_homes`). Existing homes never change."""
+    known = sorted(h for h, services in hosts.items() if any(s is not None for s in services))
     count = Counter(homes.values())
-    out: dict[int, tuple[str, tuple[str, int]]] = {}
-    for w in sorted(set(new) - set(homes)):
-        known = [(h, services[w % len(services)]) for h, services in hosts.items()
-                 if services and services[w % len(services)] is not None]
-        if not known:
-            continue
-        host, (addr, port) = min(known, key=lambda c: (count[c[0]], c[0]))
-        out[w] = (host, (addr, port))
+    out: dict[int, PlannedHome] = {}
+    for w in sorted(set(new) - set(homes)) if known else ():
+        host = min(known, key=lambda h: (count[h], h))
+        services = hosts[host]
+        shard = w % len(services)
+        own = services[shard]
+        if own is not None:
+            out[w] = PlannedHome(host, (own[0], own[1]))
+        else:
+            addr, port = next(s for s in services if s is not None)
+            out[w] = PlannedHome(host, (addr, port), shard)
         count[host] += 1
     return out
 
@@ -104,5 +124,5 @@ def away(homes: Mapping[int, str], ran_on: Mapping[int, str]) -> list[int]:
     return sorted(w for w, h in ran_on.items() if homes.get(w) not in (None, h))
 
 
-__all__ = ["assign_homes", "away", "home_addresses", "homes_enforced", "known_hosts",
-           "plan_homes"]
+__all__ = ["PlannedHome", "assign_homes", "away", "home_addresses", "homes_enforced",
+           "known_hosts", "plan_homes"]

@@ -12,14 +12,17 @@ pipeline registered. A network connection is then, in order:
    pipeline's id and ``HMAC-SHA256(secret, nonce || pipeline id)`` (:func:`auth_mac`). The
    secret never crosses the network. A wrong MAC, a pipeline never registered here, a late or
    oversized frame: refused (:class:`NetworkRefused`), the connection dropped, no store touched;
-2. bound to that pipeline: a request names a ``worker``, never a path. The service derives the
-   store's path from its own local directory and the bound pipeline, and takes the checkpoint
-   location from the registration (:func:`network_request`). Only :data:`NETWORK_OPS` are
-   served; ``release``, ``destroy``, ``shutdown`` and ``ingest`` (which names files on this
-   disk; a bin file comes over the network in parts, ``ingest_parts``) stay on the Unix
-   socket. ``fetch`` serves only a file the bound pipeline's worker keeps for a pull, and
-   ``pull`` makes this service fetch files from another as the bound pipeline
-   (:mod:`~megaphone.state_backends.handoff`).
+2. bound to that pipeline: a request names a ``worker``, never a path nor another pipeline.
+   The service derives the store's path from its own local directory and the bound pipeline,
+   and takes the checkpoint location from the registration (:func:`network_request`). Only
+   :data:`NETWORK_OPS` are served; ``release``, ``destroy``, ``shutdown`` and ``ingest``
+   (which names files on this disk; a bin file comes over the network in parts,
+   ``ingest_parts``) stay on the Unix socket. ``fetch`` serves only a file the bound
+   pipeline's worker keeps for a pull, and ``pull`` makes this service fetch files from
+   another as the bound pipeline (:mod:`~megaphone.state_backends.handoff`). ``sibling``
+   names no worker but a ``shard``: the address of this host's service of that number,
+   started and registered for the bound pipeline if need be, so that a task needs one known
+   service of a host to reach them all.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ AUTH_TIMEOUT_S = 10.0
 SECRET_BYTES = 32
 #: The operations a network connection may run (on its pipeline's stores only).
 NETWORK_OPS = frozenset({"begin", "read", "timers", "drop", "install", "ingest_parts",
-                         "commit", "export", "stats", "pull", "fetch"})
+                         "commit", "export", "stats", "pull", "fetch", "sibling"})
+#: The network operations that concern this host's services, not one worker's store.
+HOST_OPS = frozenset({"sibling"})
 #: Request fields a network client may not set: they name paths on this host, or what the
 #: registration fixes.
 _FORBIDDEN = ("path", "prefix", "files", "checkpoint")
@@ -222,13 +227,18 @@ class Network:
 def network_request(req: dict[str, Any], reg: Registration, host_dir: str) -> dict[str, Any]:
     """``req`` from a connection authenticated as ``reg``'s pipeline, as the service runs it:
     an allowed operation on one of that pipeline's workers, whose store path and checkpoint
-    location the service sets itself. A :class:`NetworkRefused` for anything else."""
+    location the service sets itself, or on this host's services for that pipeline
+    (:data:`HOST_OPS`). A :class:`NetworkRefused` for anything else."""
     op = req.get("op")
     if op not in NETWORK_OPS:
         raise NetworkRefused(f"operation {op!r:.40} is not served over the network")
     named = [name for name in _FORBIDDEN if name in req]
     if named:
         raise NetworkRefused(f"a network request may not name {', '.join(named)}")
+    if req.get("pipeline", reg.pipeline_id) != reg.pipeline_id:
+        raise NetworkRefused("a network request may name only the pipeline it authenticated as")
+    if op in HOST_OPS:
+        return {**req, "pipeline": reg.pipeline_id}
     worker = req.get("worker")
     if isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
         raise NetworkRefused(f"a network request names a worker (an int >= 0), not {worker!r:.40}")
@@ -248,6 +258,6 @@ def bind_address() -> str:
         return "127.0.0.1"
 
 
-__all__ = ["AUTH_FRAME_BYTES", "AUTH_TIMEOUT_S", "NETWORK_OPS", "Network", "NetworkRefused",
-           "Registration", "auth_mac", "bind_address", "check_pipeline_id", "check_registration",
-           "network_request", "new_secret"]
+__all__ = ["AUTH_FRAME_BYTES", "AUTH_TIMEOUT_S", "HOST_OPS", "NETWORK_OPS", "Network",
+           "NetworkRefused", "Registration", "auth_mac", "bind_address", "check_pipeline_id",
+           "check_registration", "network_request", "new_secret"]

@@ -37,6 +37,7 @@ from megaphone.state_backends.service_client import (
     service_pid,
     service_pids,
     service_shards,
+    sibling_address,
 )
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches
 
@@ -65,13 +66,15 @@ class RemoteStore:
 
     def __init__(self, local_dir: str, path: str, kind: str, key_type: str,
                  num_bins: int, worker: int, durable: DurableSpec | None = None,
-                 home: Sequence[Any] | None = None) -> None:
+                 home: Sequence[Any] | None = None, sibling: int | None = None) -> None:
         """Reach the store at ``path`` of ``worker`` through the service of ``local_dir`` that
         holds that worker's stores (starting it if none runs). ``home``: the ``[host, port]``
         of the service on the worker's home, when that is another host (docs/placement.md):
         the store is reached there, over the network with the durable copy's secret
         (:attr:`remote`), or here as before if the home cannot be reached
-        (:attr:`home_unreachable`)."""
+        (:attr:`home_unreachable`). ``sibling``: ``home`` is another service of the home host,
+        asked first for the address of its service number ``sibling`` (the worker's shard
+        there, not reported yet)."""
         if durable is not None and durable.worker != worker:
             raise ValueError(f"the durable copy of worker {durable.worker} given for the store "
                              f"of worker {worker}")
@@ -79,6 +82,8 @@ class RemoteStore:
         self._path = os.path.abspath(path)
         self._durable = durable
         self._home = home
+        self._sibling = sibling
+        self._reached: list[Any] | None = None  # the home's service, once reached
         #: The store is its worker's home copy on another host, reached over the network.
         self.remote = False
         #: The home given could not be reached: the store is this host's copy.
@@ -93,8 +98,9 @@ class RemoteStore:
             self._id.update(worker=durable.worker, snapshot_every=durable.snapshot_every,
                             committed_token=durable.committed_token)
         #: ``[host, port]`` where the service holding the store listens for the pipeline's
-        #: tasks on other hosts (once registered: a local store with a durable copy's secret).
-        self.address = self._register()
+        #: tasks on other hosts: the home's reached over the network (:attr:`remote`), else
+        #: this host's once registered (a local store with a durable copy's secret).
+        self.address = self._reached if self.remote else self._register()
         self.lease: int | None = None
         #: What restoring the store from its durable copy did at :meth:`begin`, if it had to.
         self.restored: dict[str, Any] | None = None
@@ -117,6 +123,9 @@ class RemoteStore:
         durable, home = self._durable, self._home
         if home is not None and durable is not None and durable.secret:
             try:
+                if self._sibling is not None:
+                    home = sibling_address(home, durable.pipeline_id, durable.secret,
+                                           self._sibling)
                 conn = network_connect(home, durable.pipeline_id, durable.secret)
             except (StoreUnavailable, StoreError) as exc:
                 log.warning("worker %d's home %s:%s cannot be reached (%s); using this host's "
@@ -124,6 +133,7 @@ class RemoteStore:
                 self.home_unreachable = True
             else:
                 self.remote, self._key = True, network_key(home, durable.pipeline_id)
+                self._reached = list(home)
                 return conn
         self._key = self.local_dir
         conn = connect(self.local_dir)
@@ -180,7 +190,7 @@ class RemoteStore:
             reply = self._call("begin", **fields)
         except StoreUnavailable:  # a service that died since the last epoch: nothing changed
             self.conn = self._connect()  # yet, so start or reach a new one once
-            self.address = self._register()
+            self.address = self._reached if self.remote else self._register()
             reply = self._call("begin", **fields)
         self.lease = reply["lease"]
         self.restored = reply.get("restored")

@@ -43,7 +43,7 @@ from typing import Any
 import pyarrow as pa
 
 from megaphone.errors import MegaphoneError
-from megaphone.paths import local_worker_path
+from megaphone.paths import local_worker_path, service_dir
 from megaphone.state_backends import wire
 from megaphone.state_backends.base import StateBackend
 from megaphone.state_backends.bin_files import BinFile, FileAssembler, transfer_dir
@@ -56,6 +56,7 @@ from megaphone.state_backends.network import (
     check_pipeline_id,
 )
 from megaphone.state_backends.rocksdb_tuning import LogTrim
+from megaphone.state_backends.service_client import register_at, service_shards
 from megaphone.state_backends.service_identity import code_id, process_start
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
 from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
@@ -411,6 +412,22 @@ class StoreService:
             raise ValueError("this store service was started without a host directory")
         return {"address": self.network.register(req.get("pipeline"), req.get("secret"),
                                                  req.get("checkpoint"))}
+
+    def op_sibling(self, req: dict[str, Any], owner) -> dict[str, Any]:
+        """The address of this host's store service number ``shard`` for the pipeline
+        (``pipeline``, registered here): a task away from a new worker's home asks any known
+        service of the home for its worker's shard (docs/placement.md). That service is
+        started if none runs, and the pipeline is registered there as a task registers it."""
+        shard, shards = req.get("shard"), service_shards()
+        if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < shards:
+            raise ValueError(f"no store service {shard!r:.40} on this host: it runs {shards}, "
+                             f"numbered 0 to {shards - 1}")
+        network = self.network
+        reg = None if network is None else network.registration(req.get("pipeline"))
+        if network is None or reg is None:
+            raise ValueError(f"pipeline {req.get('pipeline')!r:.80} is not registered here")
+        return {"address": register_at(service_dir(network.host_dir, shard),
+                                       reg.pipeline_id, reg.secret.hex(), reg.checkpoint)}
 
     def op_prune(self, req: dict[str, Any], owner) -> dict[str, Any]:
         """Delete this host's copies of a pipeline's ``workers`` that are at home on another

@@ -213,6 +213,36 @@ def dial_network(address: tuple[str, int] | list, pipeline_id: str, secret: str,
     return conn
 
 
+def sibling_address(address: tuple[str, int] | list, pipeline_id: str, secret: str,
+                    shard: int) -> list[Any]:
+    """The ``[host, port]`` of store service number ``shard`` of the host whose service listens
+    at ``address``, asked of that service as ``pipeline_id`` (``sibling``: it starts that
+    service if none runs and registers the pipeline there, docs/placement.md). A
+    :class:`StoreUnavailable` if the service cannot be reached, a :class:`StoreError` if it
+    refuses (a shard out of its host's range)."""
+    conn = dial_network(address, pipeline_id, secret)
+    try:
+        found = conn.call("sibling", shard=shard).get("address")
+    finally:
+        conn.close()
+    if not (isinstance(found, list) and len(found) == 2 and isinstance(found[0], str)
+            and isinstance(found[1], int) and not isinstance(found[1], bool)):
+        raise StoreError(f"the service at {address[0]}:{address[1]} answered no address for "
+                         f"its service {shard}")
+    return found
+
+
+def register_at(local_dir: str, pipeline_id: str, secret: str, checkpoint: str) -> list[Any]:
+    """Register a pipeline with the service of ``local_dir`` (started if none runs), over a
+    connection of its own that is closed after; the ``[host, port]`` it listens on."""
+    conn = _dial(local_dir) or _start(local_dir)
+    try:
+        return conn.call("register", pipeline=pipeline_id, secret=secret,
+                         checkpoint=checkpoint)["address"]
+    finally:
+        conn.close()
+
+
 def network_connect(address: tuple[str, int] | list, pipeline_id: str, secret: str
                     ) -> _Connection:
     """This process's authenticated connection to the service at ``address`` for

@@ -17,6 +17,7 @@ from megaphone.migrator.task.spec import EpochSpec
 from megaphone.plans.hot_keys import committed_summary
 from megaphone.records import WorkerMetrics
 from megaphone.routing.placement import (
+    PlannedHome,
     assign_homes,
     home_addresses,
     homes_enforced,
@@ -93,9 +94,12 @@ def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: Rout
     fp = state.fingerprint
     placed: dict[str, Any] = {}
     if state.manifest.get("checkpoint"):
-        placed = {"secret": state.secret(),  # the homes new in this epoch too (new_homes)
-                  "homes": {**commit.home_services(), **new_homes(layout, commit)}
-                  if homes_enforced() else {}}
+        new = new_homes(layout, commit)  # the homes new in this epoch too
+        placed = {"secret": state.secret(),
+                  "homes": {**commit.home_services(),
+                            **{w: (p.host, p.address) for w, p in new.items()}}
+                  if homes_enforced() else {},
+                  "siblings": {w: p.shard for w, p in new.items() if p.shard is not None}}
     return EpochSpec(
         epoch=layout.epoch, incoming=layout.incoming, outgoing=layout.outgoing,
         drops=layout.drops, live=layout.live, committed_tokens=commit.worker_tokens(),
@@ -108,10 +112,10 @@ def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: Rout
         **fields, **placed)
 
 
-def new_homes(layout: EpochLayout, commit: Commit) -> dict[int, tuple[str, tuple[str, int]]]:
+def new_homes(layout: EpochLayout, commit: Commit) -> dict[int, PlannedHome]:
     """The homes chosen before ``layout``'s epoch for the workers that get bins in it and have
     no home yet (:func:`~megaphone.routing.placement.plan_homes` on the hosts ``commit``
-    knows), with their services' addresses; a function of the last commit and the layout, so
+    knows), with a service's address there; a function of the last commit and the layout, so
     the task spec and the epoch's commit record agree, and a re-run chooses alike."""
     if not homes_enforced():
         return {}
@@ -127,18 +131,21 @@ def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[
     (:func:`~megaphone.plans.hot_keys.committed_summary`) and the workers' homes
     (:func:`~megaphone.routing.placement.assign_homes`: of the workers that hold state after
     the epoch; a new worker's home is the one chosen before the epoch, :func:`new_homes`,
-    unless its task could not reach it) and the hosts' services
-    (:func:`~megaphone.routing.placement.known_hosts`)."""
+    unless its task could not reach it), their services' addresses there (a chosen one only
+    if it is the worker's shard's, else as the worker's task reported it) and the hosts'
+    services (:func:`~megaphone.routing.placement.known_hosts`)."""
     chosen = new_homes(layout, before)
     hosts, homes_before = ran_on(per_worker), {**before.worker_homes(),
-                                               **{w: h for w, (h, _) in chosen.items()}}
+                                               **{w: p.host for w, p in chosen.items()}}
     unreachable = [w for w, m in per_worker.items() if m.home_unreachable]
     homes = assign_homes(homes_before, layout.live | {m.src for m in layout.moves}, hosts,
                          unreachable)
     addresses = home_addresses({**{int(w): a for w, a in before.addresses.items()},
-                                **{w: list(a) for w, (_, a) in chosen.items()}}, homes_before,
+                                **{w: list(p.address) for w, p in chosen.items()
+                                   if p.shard is None}}, homes_before,
                                homes, hosts, {w: m.address for w, m in per_worker.items()
-                                              if m.address is not None})
+                                              if m.address is not None},
+                               [w for w, m in per_worker.items() if m.remote])
     services = known_hosts(
         before.hosts, [(w, hosts[w], m.service) for w, m in per_worker.items()
                        if w in hosts and m.service],

@@ -84,6 +84,9 @@ class EpochSpec:
     secret: str = field(default="", repr=False)
     #: Per worker whose home's service is known: its home host and that service's address.
     homes: dict[int, tuple[str, tuple[str, int]]] = field(default_factory=dict)
+    #: Per worker of :attr:`homes` whose address is another service of its home host: the
+    #: worker's shard there, whose address a task away from home asks that service for.
+    siblings: dict[int, int] = field(default_factory=dict)
     labels: tuple[int, ...] = ()
     watermarks: tuple[int | None, ...] = ()
     processing_time_us: int | None = None

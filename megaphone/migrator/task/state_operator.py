@@ -100,10 +100,10 @@ def open_store(spec: EpochSpec, worker: int, at_home: bool = True) -> RemoteStor
         DurableSpec(spec.checkpoint, worker, spec.snapshot_every,
                     spec.committed_tokens.get(worker, ""), spec.pipeline_id or "", spec.secret)
     home = spec.homes.get(worker) if at_home else None
+    away = home is not None and home[0] != host_id(spec.local_dir)
     return RemoteStore(spec.local_dir, str(spec.worker_path(worker)), spec.backend,
                        spec.key_type, spec.num_bins, worker, durable,
-                       home[1] if home is not None and home[0] != host_id(spec.local_dir)
-                       else None)
+                       home[1] if away else None, spec.siblings.get(worker) if away else None)
 
 
 def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
