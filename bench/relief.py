@@ -48,8 +48,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+import ds2_scenario
+from ds2_scenario import slow_count
+from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from tqdm import tqdm
@@ -59,6 +63,9 @@ from megaphone import Pipeline
 from megaphone.routing.bins import bin_of
 from megaphone.spark import spark_session
 from megaphone.state_backends import unpack_value
+
+# Spark's Python workers cannot import the bench helpers by name: ship the update by value.
+cloudpickle.register_pickle_by_value(ds2_scenario)
 
 ORDERS = ("bins", "relief")
 #: Acceptance targets (relief over bins): time to relief, peak latency.
@@ -92,6 +99,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="a short run: 12 epochs, 16 bins")
     p.add_argument("--out", type=Path,
                    default=Path(__file__).resolve().parent / "results" / "relief")
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="also write the summary (the JSON of OUT/summary.json) to FILE")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.smoke:
@@ -104,17 +113,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if not 0 < args.before < args.epochs:
         raise SystemExit("--before must be between 0 and --epochs")
     return args
-
-
-def slow_count(cost_s: float):
-    """The keyed update: a count that sleeps ``cost_s`` per record (the cost model)."""
-
-    def update(key: Any, values: list, state: Any) -> tuple[int, list[str]]:
-        time.sleep(len(values) * cost_s)
-        total = (state or 0) + len(values)
-        return total, [str(total)]
-
-    return update
 
 
 def hot_keys(owners: Any, bins: int, count: int) -> list[int]:
@@ -180,6 +178,8 @@ class Run:
 
 def warm(spark: SparkSession, args: argparse.Namespace, root: Path) -> None:
     """``--warmup`` epochs of a scratch pipeline as fast as they go (nothing measured)."""
+    if not args.warmup:
+        return
     pipe = Pipeline(spark, str(root / "warmup"), key="k", value="v",
                     update=slow_count(args.cost_ms / 1000), workers=args.workers,
                     num_bins=args.bins, key_type="int64",
@@ -296,11 +296,12 @@ def plot(path: Path, runs: list[Run], target: float) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the orders, check them against each other, print and write the results."""
+def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> int:
+    """Run the orders, check them against each other, print and write the results (on
+    ``spark`` when given, else a session of ``--master``)."""
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    spark = spark_session(args.master, "megaphone-relief")
+    spark = spark or spark_session(args.master, "megaphone-relief")
     root = Path(tempfile.mkdtemp(prefix="megaphone-relief-"))
     try:
         warm(spark, args, root)
@@ -336,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
             w = csv.DictWriter(fh, fieldnames=list(asdict(r.rows[0])))
             w.writeheader()
             w.writerows(asdict(row) for row in r.rows)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    text = json.dumps(summary, indent=2) + "\n"
+    (args.out / "summary.json").write_text(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text)
     plot(args.out / "relief.png", runs, args.target)
     for s in summary["runs"]:
         print(f"{s['order']:7s} round {s['round']}  time to relief "

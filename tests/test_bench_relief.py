@@ -1,7 +1,13 @@
-"""bench/relief.py's measures, on made-up epochs (the benchmark itself runs on a quiet
-machine: bench/RESULTS.md)."""
+"""bench/relief.py's measures, on made-up epochs, and a tiny run of it (the benchmark itself
+runs on a quiet machine: bench/RESULTS.md; no timing is asserted here)."""
 
 from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
 
 from tests.helpers.bench_modules import bench_module
 
@@ -21,3 +27,24 @@ def test_time_to_relief_is_from_the_decision_to_the_first_epoch_after_the_last_o
         never = relief.stats(run([1.0, 3.0, 3.0], None), 2.0)
         assert never["time_to_relief_s"] == float("inf") and never["scaling_duration_s"] is None
         assert relief._ratio(1.0, float("inf")) is None and relief._ratio(1.0, 4.0) == 0.25
+
+
+#: A tiny open-loop run: 2 measured epochs of 0.5 s at 200 records/s, the decision after one.
+TINY = ["--epochs", "2", "--before", "1", "--interval", "0.5", "--rate", "200", "--bins", "16",
+        "--keys", "100", "--hot", "3", "--cost-ms", "0.1", "--rounds", "1", "--warmup", "0",
+        "--no-progress"]
+
+
+@pytest.mark.slow
+def test_tiny_run_compares_both_orders_and_writes_its_results(spark, tmp_path: Path):
+    out, summary = tmp_path / "out", tmp_path / "summary.json"
+    with bench_module("relief") as relief:
+        assert relief.main([*TINY, "--out", str(out), "--json", str(summary)], spark=spark) == 0
+    data = json.loads(summary.read_text())
+    assert data == json.loads((out / "summary.json").read_text())
+    assert [(r["order"], r["plan_order"]) for r in data["runs"]] == [("bins", "bins"),
+                                                                      ("relief", "relief")]
+    assert {r["records_fed"] for r in data["runs"]} == {3 * 100}  # the primer and 2 epochs
+    for order in ("bins", "relief"):
+        with open(out / f"{order}-0.csv", newline="") as fh:
+            assert len(list(csv.DictReader(fh))) == 2
