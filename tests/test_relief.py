@@ -117,6 +117,30 @@ def test_every_relief_step_is_the_best_next_step_so_the_first_beats_bin_order(la
             assert ours[k] <= max_loads(owners, load, [*done, other])[-1] + 1e-9, (k, step, other)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([1.0, 2.0, 5.0, 13.5]), min_size=1, max_size=6),
+       st.lists(st.sampled_from([0.0, 1.0, 5.0, 13.5]), max_size=3), st.sampled_from([0.0, 3.0]),
+       st.randoms(use_true_random=False))
+def test_while_the_busiest_worker_stays_busiest_relief_per_step_never_grows(moved, others,
+                                                                              extra, rnd):
+    # Worker 0 sheds the bins `moved`, each to a new worker of its own, and keeps a bin at
+    # least as heavy as any (plus `extra`); workers 1.. keep no more than that: worker 0 stays
+    # the busiest throughout, so each step's relief is its bin's load, heaviest first.
+    kept = max(moved) + extra
+    load = np.array([*moved, kept, *[min(o, kept) for o in others]])
+    owners = np.array([0] * (len(moved) + 1) + list(range(1, len(others) + 1)))
+    load = np.pad(load, (0, 16 - load.size))  # 16 bins: the rest empty, on worker 0
+    owners = np.pad(owners, (0, 16 - owners.size))
+    fresh = 1 + len(others)
+    moves = [Move(b, 0, fresh + b) for b in range(len(moved))]
+    rnd.shuffle(moves)
+    steps = steps_of(make_plan(table_with(owners), moves, FLUID, load=load))
+    assert [s[0].bin for s in steps] == sorted(range(len(moved)), key=lambda b: (-moved[b], b))
+    relief = relief_steps(steps, owners, load)
+    assert [r["busiest"] for r in relief] == [0] * len(moved)
+    assert [r["relief"] for r in relief] == sorted(moved, reverse=True)
+
+
 def test_greedy_is_not_pointwise_below_bin_order_which_is_why_the_guarantee_is_per_step():
     # Worker 2 carries 13 (bins 0: 8, 2: 5), worker 1 carries 5 (bin 1); the plan swaps them.
     owners, load = np.array([2, 1, 2, 0]), np.array([8.0, 5.0, 5.0, 0.0])
