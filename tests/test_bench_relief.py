@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.bench_modules import bench_module
 
 
-def test_time_to_relief_is_from_the_decision_to_the_first_epoch_after_the_last_one_over():
+def test_time_to_relief_is_from_the_decision_until_backlog_gone_and_latency_under_target():
     with bench_module("relief") as relief:
         def run(latencies: list[float], done: float | None):
             rows = [relief.Row("x", e, 2.0 * (e + 1), 2.0 * (e + 1) + lat, lat, 1.0, 2, 0, 0,
@@ -21,8 +21,14 @@ def test_time_to_relief_is_from_the_decision_to_the_first_epoch_after_the_last_o
 
         s = relief.stats(run([0.5, 3.0, 4.0, 2.5, 1.5, 3.0, 1.0, 0.9], 15.0), target=2.0)
         # decided at 5 s; the last epoch over 2 s (epoch 5) is followed by epoch 6, done at 15 s
+        # epochs 2, 3, 4 and 6 waited for the one before them: the backlog is gone at 15 s too
         assert s["time_to_relief_s"] == 10.0 and s["peak_latency_s"] == 4.0
+        assert s["backlog_gone_s"] == 10.0 and s["latency_under_target_s"] == 10.0
         assert s["latency_at_decision_s"] == 0.5 and s["scaling_duration_s"] == 10.0
+        # under a 3 s target all the time, but epochs 2 and 3 waited (epoch 3 ends at 9 s)
+        s = relief.stats(run([0.5, 2.5, 2.5, 1.0, 0.9], None), target=3.0)
+        assert s["latency_under_target_s"] == 0.0 and s["backlog_gone_s"] == 4.0
+        assert s["time_to_relief_s"] == 4.0
         assert relief.stats(run([3.0, 1.0, 1.0], None), 2.0)["time_to_relief_s"] == 0.0
         never = relief.stats(run([1.0, 3.0, 3.0], None), 2.0)
         assert never["time_to_relief_s"] == float("inf") and never["scaling_duration_s"] is None
