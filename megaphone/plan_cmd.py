@@ -140,8 +140,10 @@ SHOWN_STEPS = 12
 
 
 def order_lines(plan: MigrationPlan, shown: int = SHOWN_STEPS) -> list[str]:
-    """The plan's order and, per step (the first ``shown``), its bins, moves, records per
-    epoch moved and the largest worker load after it, from ``plan.meta`` (:func:`rescale`)."""
+    """The plan's order and, per step (the first ``shown``), its bins, moves, the records per
+    epoch it moves, the relief it brings the worker most loaded before it (records per epoch
+    taken off it, and its load after) and the largest worker load after it, from
+    ``plan.meta`` (:func:`rescale`)."""
     meta = plan.meta
     if "order" not in meta or plan.empty:
         return []
@@ -159,10 +161,14 @@ def order_lines(plan: MigrationPlan, shown: int = SHOWN_STEPS) -> list[str]:
         pairs = sorted({(m.src, m.dst) for m in step.moves})
         rows.append([i, step.epoch, _listed([m.bin for m in step.moves]),
                      _listed([f"{a}->{b}" for a, b in pairs]), f"{r['records']:.1f}",
+                     r["busiest"], f"{r['relief']:.1f}", f"{r['busiest_after']:.1f}",
                      f"{r['max_load']:.1f}"])
     lines = ["", f"{head}; largest worker load before: {relief['max_load_before']:.1f} "
-             "records/epoch", *table(["step", "epoch", "bins", "from->to", "records/epoch",
-                                      "max load after"], rows)]
+             "records/epoch",
+             "            relief: the records/epoch a step takes off the busiest worker "
+             "before it",
+             *table(["step", "epoch", "bins", "from->to", "moved", "busiest", "relief",
+                     "its load after", "max load after"], rows)]
     if len(plan.steps) > shown:
         lines.append(f"... {len(plan.steps) - shown} more steps; max load after the last: "
                      f"{relief['steps'][-1]['max_load']:.1f}")

@@ -1,12 +1,18 @@
-"""bench/relief.py's measures, on made-up epochs (the benchmark itself runs on a quiet
-machine: bench/RESULTS.md)."""
+"""bench/relief.py's measures, on made-up epochs, and a tiny run of it (the benchmark itself
+runs on a quiet machine: bench/RESULTS.md; no timing is asserted here)."""
 
 from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
 
 from tests.helpers.bench_modules import bench_module
 
 
-def test_time_to_relief_is_from_the_decision_to_the_first_epoch_after_the_last_one_over():
+def test_time_to_relief_is_from_the_decision_until_backlog_gone_and_latency_under_target():
     with bench_module("relief") as relief:
         def run(latencies: list[float], done: float | None):
             rows = [relief.Row("x", e, 2.0 * (e + 1), 2.0 * (e + 1) + lat, lat, 1.0, 2, 0, 0,
@@ -15,9 +21,36 @@ def test_time_to_relief_is_from_the_decision_to_the_first_epoch_after_the_last_o
 
         s = relief.stats(run([0.5, 3.0, 4.0, 2.5, 1.5, 3.0, 1.0, 0.9], 15.0), target=2.0)
         # decided at 5 s; the last epoch over 2 s (epoch 5) is followed by epoch 6, done at 15 s
+        # epochs 2, 3, 4 and 6 waited for the one before them: the backlog is gone at 15 s too
         assert s["time_to_relief_s"] == 10.0 and s["peak_latency_s"] == 4.0
+        assert s["backlog_gone_s"] == 10.0 and s["latency_under_target_s"] == 10.0
         assert s["latency_at_decision_s"] == 0.5 and s["scaling_duration_s"] == 10.0
+        # under a 3 s target all the time, but epochs 2 and 3 waited (epoch 3 ends at 9 s)
+        s = relief.stats(run([0.5, 2.5, 2.5, 1.0, 0.9], None), target=3.0)
+        assert s["latency_under_target_s"] == 0.0 and s["backlog_gone_s"] == 4.0
+        assert s["time_to_relief_s"] == 4.0
         assert relief.stats(run([3.0, 1.0, 1.0], None), 2.0)["time_to_relief_s"] == 0.0
         never = relief.stats(run([1.0, 3.0, 3.0], None), 2.0)
         assert never["time_to_relief_s"] == float("inf") and never["scaling_duration_s"] is None
         assert relief._ratio(1.0, float("inf")) is None and relief._ratio(1.0, 4.0) == 0.25
+
+
+#: A tiny open-loop run: 2 measured epochs of 0.5 s at 200 records/s, the decision after one.
+TINY = ["--epochs", "2", "--before", "1", "--interval", "0.5", "--rate", "200", "--bins", "16",
+        "--keys", "100", "--hot", "3", "--cost-ms", "0.1", "--rounds", "1", "--warmup", "0",
+        "--no-progress"]
+
+
+@pytest.mark.slow
+def test_tiny_run_compares_both_orders_and_writes_its_results(spark, tmp_path: Path):
+    out, summary = tmp_path / "out", tmp_path / "summary.json"
+    with bench_module("relief") as relief:
+        assert relief.main([*TINY, "--out", str(out), "--json", str(summary)], spark=spark) == 0
+    data = json.loads(summary.read_text())
+    assert data == json.loads((out / "summary.json").read_text())
+    assert [(r["order"], r["plan_order"]) for r in data["runs"]] == [("bins", "bins"),
+                                                                      ("relief", "relief")]
+    assert {r["records_fed"] for r in data["runs"]} == {3 * 100}  # the primer and 2 epochs
+    for order in ("bins", "relief"):
+        with open(out / f"{order}-0.csv", newline="") as fh:
+            assert len(list(csv.DictReader(fh))) == 2

@@ -162,7 +162,7 @@ def test_a_pipeline_behind_with_known_load_moves_the_most_records_per_byte(caplo
     with caplog.at_level(logging.WARNING, logger="megaphone.deadline"):
         chosen = [policy(view(moves, sizes, lag=1.5, records=records)) for _ in range(3)]
     assert chosen == [[], [], [Move(0, 0, 1)]]  # not the smallest, bin 1
-    assert "moving the most records per byte bin 0 alone" in caplog.text
+    assert "moving the most relief per byte bin 0 alone" in caplog.text
 
 
 def test_a_bin_larger_than_the_budget_moves_alone_eventually_and_says_so(caplog):

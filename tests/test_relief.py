@@ -17,6 +17,7 @@ from megaphone.plans import (
     DEADLINE,
     FIXED_STRATEGIES,
     FLUID,
+    STRATEGIES,
     BinSizes,
     PlanError,
     PlanningInputs,
@@ -24,9 +25,10 @@ from megaphone.plans import (
     plan_rescale,
     target_moves,
 )
-from megaphone.plans.deadline import relief_first
+from megaphone.plans.deadline import busiest_workers, relief_first
 from megaphone.plans.policy import EpochView
-from megaphone.plans.relief import order_steps
+from megaphone.plans.relief import order_steps, relief_steps
+from megaphone.records import EpochMetrics, WorkerMetrics
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move, RoutingTable
 
@@ -113,6 +115,30 @@ def test_every_relief_step_is_the_best_next_step_so_the_first_beats_bin_order(la
         done = relief[:k]
         for other in relief[k:]:
             assert ours[k] <= max_loads(owners, load, [*done, other])[-1] + 1e-9, (k, step, other)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([1.0, 2.0, 5.0, 13.5]), min_size=1, max_size=6),
+       st.lists(st.sampled_from([0.0, 1.0, 5.0, 13.5]), max_size=3), st.sampled_from([0.0, 3.0]),
+       st.randoms(use_true_random=False))
+def test_while_the_busiest_worker_stays_busiest_relief_per_step_never_grows(moved, others,
+                                                                              extra, rnd):
+    # Worker 0 sheds the bins `moved`, each to a new worker of its own, and keeps a bin at
+    # least as heavy as any (plus `extra`); workers 1.. keep no more than that: worker 0 stays
+    # the busiest throughout, so each step's relief is its bin's load, heaviest first.
+    kept = max(moved) + extra
+    load = np.array([*moved, kept, *[min(o, kept) for o in others]])
+    owners = np.array([0] * (len(moved) + 1) + list(range(1, len(others) + 1)))
+    load = np.pad(load, (0, 16 - load.size))  # 16 bins: the rest empty, on worker 0
+    owners = np.pad(owners, (0, 16 - owners.size))
+    fresh = 1 + len(others)
+    moves = [Move(b, 0, fresh + b) for b in range(len(moved))]
+    rnd.shuffle(moves)
+    steps = steps_of(make_plan(table_with(owners), moves, FLUID, load=load))
+    assert [s[0].bin for s in steps] == sorted(range(len(moved)), key=lambda b: (-moved[b], b))
+    relief = relief_steps(steps, owners, load)
+    assert [r["busiest"] for r in relief] == [0] * len(moved)
+    assert [r["relief"] for r in relief] == sorted(moved, reverse=True)
 
 
 def test_greedy_is_not_pointwise_below_bin_order_which_is_why_the_guarantee_is_per_step():
@@ -203,6 +229,48 @@ def test_relief_first_orders_by_records_per_byte_ties_in_plan_order():
     assert [m.bin for m in order] == [2, 3, 1, 0]
 
 
+def test_relief_first_tries_the_busiest_workers_moves_first():
+    # The newest epoch: worker 1 applied the most records, so its bins relieve the backlog;
+    # worker 0's bin 0 has more records per byte but does not shorten the epoch.
+    moves = (Move(0, 0, 2), Move(1, 1, 2), Move(2, 1, 3))
+    sizes = {0: 1, 1: 100, 2: 10}
+    records = {0: 50.0, 1: 100.0, 2: 20.0}  # per byte: 50, 1, 2
+    epoch = EpochMetrics(7, per_worker={0: WorkerMetrics(records_in=50),
+                                        1: WorkerMetrics(records_in=400)})
+    view = EpochView(8, moves, sizes, records, (epoch,))
+    size = {m: sizes[m.bin] for m in moves}
+    assert busiest_workers((epoch,)) == {1}
+    assert [m.bin for m in relief_first(view, size)] == [2, 1, 0]
+    assert [m.bin for m in relief_first(EpochView(8, moves, sizes, records), size)] == [0, 2, 1]
+    assert busiest_workers(()) == set()
+
+
+@settings(max_examples=100, deadline=None)
+@given(layouts(), st.sampled_from(STRATEGIES), st.randoms(use_true_random=False))
+def test_relief_plans_end_in_bin_orders_routing_whatever_the_order_moves_come_in(
+        layout, strategy, rnd):
+    owners, target, load = layout
+    table = table_with(owners)
+    moves = target_moves(owners, target)
+    shuffled = list(moves)
+    rnd.shuffle(shuffled)
+    extra = {"target_latency": 1.0} if strategy == DEADLINE else {}
+    relief = make_plan(table, moves, strategy, load=load, **extra)
+    again = make_plan(table, shuffled, strategy, load=load, **extra)
+    bins = make_plan(table, moves, strategy, load=load, order="bins", **extra)
+    assert relief.to_dict() == again.to_dict()  # deterministic, ties too
+    ends = []
+    for plan in (relief, bins):
+        plan.validate(table, 0)
+        final = np.array(owners)
+        for step in plan.steps:
+            for b, src, dst in step.moves:
+                assert final[b] == src
+                final[b] = dst
+        ends.append(final)
+    assert (ends[0] == ends[1]).all() and (ends[0] == target).all()
+
+
 def test_plan_cli_shows_order_and_relief_per_step():
     owners = np.array([0, 0, 0, 1])
     load = np.array([2.0, 20.0, 8.0, 4.0])
@@ -214,10 +282,11 @@ def test_plan_cli_shows_order_and_relief_per_step():
     assert "order       relief; largest worker load before: 30.0 records/epoch" in text
     lines = text.splitlines()
     head = lines.index(next(ln for ln in lines if ln.startswith("step")))
-    assert lines[head].split() == ["step", "epoch", "bins", "from->to", "records/epoch", "max",
-                                   "load", "after"]
-    assert [ln.split() for ln in lines[head + 1:]] == [["0", "0", "2", "0->2", "8.0", "22.0"],
-                                                       ["1", "1", "0", "0->1", "2.0", "20.0"]]
+    assert lines[head].split() == ["step", "epoch", "bins", "from->to", "moved", "busiest",
+                                   "relief", "its", "load", "after", "max", "load", "after"]
+    assert [ln.split() for ln in lines[head + 1:]] == [
+        ["0", "0", "2", "0->2", "8.0", "0", "8.0", "22.0", "22.0"],
+        ["1", "1", "0", "0->1", "2.0", "0", "2.0", "20.0", "20.0"]]
     bins = plan_rescale(inputs, 3, strategy=FLUID, balance="load", order="bins")
     assert "order       bins;" in "\n".join(order_lines(bins))
     parser = argparse.ArgumentParser()
@@ -229,6 +298,20 @@ def test_plan_cli_shows_order_and_relief_per_step():
         parser.parse_args(["--state-dir", "d", "--workers", "3", "--order", "hot"])
 
 
+def test_relief_counts_only_what_leaves_the_busiest_worker():
+    # Worker 0 carries 20, worker 1 6; bin 0 (10) goes to worker 2, bin 2 (3) to worker 3.
+    owners, load = np.array([0, 0, 1, 1]), np.array([10.0, 10.0, 3.0, 3.0])
+    moves = [Move(0, 0, 2), Move(2, 1, 3)]
+    plan = make_plan(table_with(owners), moves, FLUID, load=load)
+    assert steps_of(plan) == [[Move(0, 0, 2)], [Move(2, 1, 3)]]
+    assert relief_steps(steps_of(plan), owners, load) == [
+        {"records": 10.0, "busiest": 0, "relief": 10.0, "busiest_after": 10.0, "max_load": 10.0},
+        # workers 0 and 2 tie at 10 (the lower number is the busiest): worker 1's bin moves
+        # 3 records, none of them off the busiest worker
+        {"records": 3.0, "busiest": 0, "relief": 0.0, "busiest_after": 10.0, "max_load": 10.0},
+    ]
+
+
 def test_plan_cli_cuts_long_plans_and_lists_a_deadline_plans_order():
     owners = np.array([0, 0, 0, 0, 0, 0, 0, 1])
     load = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 0.0])
@@ -237,7 +320,7 @@ def test_plan_cli_cuts_long_plans_and_lists_a_deadline_plans_order():
     plan = plan_rescale(inputs, target={str(b): 2 for b in range(7)}, strategy=FLUID)
     lines = order_lines(plan, shown=3)
     # heaviest first, then bin 0: bin 4 would make the receiver (18) the new maximum
-    assert [ln.split()[2] for ln in lines[3:6]] == ["6", "5", "0"]
+    assert [ln.split()[2] for ln in lines[4:7]] == ["6", "5", "0"]
     assert lines[-1] == "... 4 more steps; max load after the last: 28.0"
     deadline = plan_rescale(inputs, target={str(b): 2 for b in range(7)}, strategy=DEADLINE,
                             target_latency=1.0)

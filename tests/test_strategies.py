@@ -30,6 +30,7 @@ from megaphone.plans import (
 from megaphone.plans.planner import DEFAULT_TRANSFER_RATE, observed_load, transfer_rate
 from megaphone.plans.strategies import hopcroft_karp
 from megaphone.records import EpochMetrics
+from megaphone.routing.bins import bin_of
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move, RoutingTable
 
@@ -372,6 +373,17 @@ def test_observed_load_spreads_worker_records_by_keys():
     load = observed_load(table, keys, metrics)
     assert load.tolist() == [50.0, 150.0, 10.0, 10.0]  # per epoch; empty bins share evenly
     assert observed_load(table, keys, []) is None
+
+
+def test_observed_load_gives_watched_hot_keys_records_to_their_bins():
+    table = table_with([0, 0, 1, 1])
+    hot = next(k for k in range(100) if bin_of(k, 4) == 0)
+    metrics = [epoch_record(epoch=1, hot_keys=[[hot, 70, 10]],
+                            per_worker={"0": {"worker": 0, "records_in": 100},
+                                        "1": {"worker": 1, "records_in": 10}})]
+    # bin 0 surely had 60 of the hot key's; worker 0's other 40 go 1:3 by keys
+    assert observed_load(table, np.array([1, 3, 0, 0]), metrics).tolist() == \
+        [70.0, 30.0, 5.0, 5.0]
 
 
 def test_transfer_rate_measured_or_default():

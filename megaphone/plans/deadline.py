@@ -29,11 +29,14 @@ met even without migrating, e.g. an overloaded pipeline that needs this very res
 smallest bin alone, so the plan still makes progress; both are logged as warnings.
 
 Relief per byte: when the per-bin load is known (``bin_records``), a pipeline that is behind
-needs the moves that shrink its backlog fastest per second of transfer, and a transfer's time
-grows with its bytes. So the forced move of a ``stalled`` pipeline is the one with the most
-records per epoch per byte moved (not merely the smallest), and ``priority="relief"`` tries
-every epoch's moves in that order (ties: plan order), filling the slack with the most relief
-it can buy. Without load both fall back to the smallest bin.
+needs the moves that shrink its backlog fastest per second of transfer. An epoch lasts as long
+as its busiest worker, so only records taken off that worker shrink the backlog, and a
+transfer's time grows with its bytes. So the forced move of a ``stalled`` pipeline is the one
+that takes the most records per epoch per byte moved off the busiest worker (the newest
+epoch's most records in), not merely the smallest, and ``priority="relief"`` tries every
+epoch's moves in that order (then records per byte from the other workers, then plan order),
+filling the slack with the most relief it can buy (:func:`relief_first`). Without load both
+fall back to the smallest bin.
 """
 
 from __future__ import annotations
@@ -94,14 +97,14 @@ class DeadlinePolicy:
     ``target_latency_s`` is L; ``margin`` multiplies every prediction (safety); ``priority``
     orders the bins tried: ``auto`` (largest first while the largest fits, else smallest
     first to fill small slack), ``largest``, ``smallest``, ``hottest`` (most recent records
-    first), ``relief`` (most records per byte moved first, see the module) or a callable
-    ``key(move, view)``. ``patience``: epochs with slack but nothing fitting before an
-    oversized bin moves alone. ``max_behind``: epochs behind in a row before one bin moves
-    anyway (the most records per byte when the load is known, else the smallest; ``None``:
-    never). ``window``: epochs the cost model learns
-    from; ``min_history``: epochs measured before the first move. ``max_compaction_debt``:
-    a worker whose store reports more pending compaction bytes than this receives no bins until
-    its background compactions catch up (``None``: no limit), so installs never pile work onto a
+    first), ``relief`` (most records off the busiest worker per byte moved first, see the
+    module) or a callable ``key(move, view)``. ``patience``: epochs with slack but nothing
+    fitting before an oversized bin moves alone. ``max_behind``: epochs behind in a row
+    before one bin moves anyway (the most relief per byte when the load is known, else the
+    smallest; ``None``: never). ``window``: epochs the cost model learns from;
+    ``min_history``: epochs measured before the first move. ``max_compaction_debt``: a worker
+    whose store reports more pending compaction bytes than this receives no bins until its
+    background compactions catch up (``None``: no limit), so installs never pile work onto a
     store whose compactions would then compete with the epochs for the CPU.
     """
 
@@ -204,7 +207,7 @@ class DeadlinePolicy:
                                     "slack")
             self._behind = 0
             forced = relief_first(view, size)[0] if view.bin_records else smallest
-            why = "the most records per byte" if view.bin_records else "the smallest"
+            why = "the most relief per byte" if view.bin_records else "the smallest"
             note = (f"behind for {self.max_behind} epochs in a row (the target is missed even "
                     f"without migrating); moving {why} bin {forced.bin} alone")
             log.warning("deadline policy, epoch %d: %s", view.epoch, note)
@@ -312,14 +315,31 @@ class DeadlinePolicy:
         return moves
 
 
+def busiest_workers(history: Sequence[EpochMetrics]) -> set[int]:
+    """The workers that applied the most records in the newest epoch (empty without one)."""
+    if not history:
+        return set()
+    records = {int(w): wm.records_in or 0 for w, wm in history[-1].per_worker.items()}
+    top = max(records.values(), default=0)
+    return {w for w, n in records.items() if n == top} if top > 0 else set()
+
+
 def relief_first(view: EpochView, size: Mapping[Move, int]) -> list[Move]:
-    """``view.remaining`` by records per epoch relieved per byte moved, most first (a bin of
-    no bytes counts as one byte); ties keep the plan's order, which is relief order when the
-    plan was made with load."""
-    return sorted(view.remaining,
-                  key=lambda m: -view.bin_records.get(m.bin, 0.0) / max(size[m], 1))
+    """``view.remaining`` by the records per epoch a move takes off the busiest worker (the
+    newest epoch's most records in) per byte moved, most first; then by its records per byte
+    (a bin of no bytes counts as one byte); ties keep the plan's order, which is relief order
+    when the plan was made with load. Without a measured epoch every sender counts as
+    busiest."""
+    busiest = busiest_workers(view.history)
+
+    def key(m: Move) -> tuple[float, float]:
+        per_byte = view.bin_records.get(m.bin, 0.0) / max(size[m], 1)
+        return (-per_byte if not busiest or m.src in busiest else 0.0, -per_byte)
+
+    return sorted(view.remaining, key=key)
 
 
 register_policy("deadline", DeadlinePolicy.from_spec)
 
-__all__ = ["PRIORITIES", "DeadlinePolicy", "Priority", "StepDecision", "relief_first"]
+__all__ = ["PRIORITIES", "DeadlinePolicy", "Priority", "StepDecision", "busiest_workers",
+           "relief_first"]

@@ -31,6 +31,7 @@ from megaphone.plans.targets import (
     target_moves,
 )
 from megaphone.records import EpochMetrics
+from megaphone.routing.bins import bin_of
 from megaphone.routing.table import RoutingTable
 from megaphone.snailtrail import EpochTrace
 
@@ -92,10 +93,12 @@ def observed_load(
 ) -> np.ndarray | None:
     """Estimated records per epoch of every bin, from the last ``last`` epochs of metrics.
 
-    Metrics record records per *worker*, not per bin, so each worker's ``records_in`` of an
-    epoch is spread over the bins it owned at that epoch in proportion to their keys today
-    (evenly if they hold no keys). This is exact when a worker's traffic follows its key
-    counts and an approximation otherwise (hot keys make a bin busier than its size says).
+    Metrics record records per *worker*, not per bin. The records of an epoch's watched hot
+    keys (its ``hot_keys``, when the pipeline watches them: each key's count less its error,
+    a count the key surely had) go to their bins; the rest of each worker's ``records_in`` is
+    spread over the bins it owned at that epoch in proportion to their keys today (evenly if
+    they hold no keys). Exact when the traffic beyond the hot keys follows the key counts, an
+    approximation otherwise (an unwatched hot key makes its bin busier than its size says).
     Returns ``None`` when no epoch was recorded.
     """
     records = list(metrics)[-last:]
@@ -105,17 +108,28 @@ def observed_load(
     load = np.zeros(keys.size, dtype=np.float64)
     for m in records:
         owners = table.owners(m.epoch)
+        hot = _hot_records(m, keys.size)
         for w, wm in m.per_worker.items():
-            n = float(wm.records_in or 0)
-            if n <= 0:
-                continue
             mine = np.flatnonzero(owners == w)
             if mine.size == 0:
+                continue
+            known = hot[mine]
+            load[mine] += known
+            n = float(wm.records_in or 0) - float(known.sum())
+            if n <= 0:
                 continue
             share = keys[mine]
             total = share.sum()
             load[mine] += n * (share / total if total > 0 else 1.0 / mine.size)
     return load / len(records)
+
+
+def _hot_records(m: EpochMetrics, num_bins: int) -> np.ndarray:
+    """Per bin, the records epoch ``m``'s watched hot keys surely had (count less error)."""
+    out = np.zeros(num_bins, dtype=np.float64)
+    for key, count, error in m.hot_keys:
+        out[int(bin_of(key, num_bins))] += max(float(count) - float(error), 0.0)
+    return out
 
 
 def transfer_rate(metrics: Iterable[EpochMetrics]) -> tuple[float, int]:

@@ -111,30 +111,46 @@ def order_steps(steps: Sequence[Sequence[Move]], owners: np.ndarray, load: np.nd
     return Ordering(RELIEF, out)
 
 
-def max_loads(steps: Sequence[Sequence[Move]], owners: np.ndarray,
-              load: np.ndarray) -> list[float]:
-    """The largest worker load once each step (and the steps before it) applied."""
+def _walk(steps: Sequence[Sequence[Move]], owners: np.ndarray, load: np.ndarray
+          ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every worker's load before and after each step (the steps before it applied)."""
     load = np.asarray(load, dtype=np.float64)
     workers = 1 + max([int(np.max(owners))] + [m.dst for s in steps for m in s])
     current = worker_loads(owners, load, workers)
     out = []
     for step in steps:
+        after = current.copy()
         for b, src, dst in step:
-            current[src] -= load[b]
-            current[dst] += load[b]
-        out.append(float(current.max()))
+            after[src] -= load[b]
+            after[dst] += load[b]
+        out.append((current, after))
+        current = after
     return out
 
 
+def max_loads(steps: Sequence[Sequence[Move]], owners: np.ndarray,
+              load: np.ndarray) -> list[float]:
+    """The largest worker load once each step (and the steps before it) applied."""
+    return [float(after.max()) for _, after in _walk(steps, owners, load)]
+
+
 def relief_steps(steps: Sequence[Sequence[Move]], owners: np.ndarray,
-                 load: np.ndarray) -> list[dict[str, float]]:
-    """Per step: ``records`` per epoch it moves and ``max_load``, the largest worker load once
-    it (and the steps before it) applied, rounded to 0.1 records; what ``megaphone plan`` shows.
-    """
+                 load: np.ndarray) -> list[dict[str, float | int]]:
+    """What each step relieves, as ``megaphone plan`` shows it (records per epoch, rounded to
+    0.1): ``records`` it moves; ``busiest``, the most loaded worker just before it (lowest
+    number on ties); ``relief``, the records per epoch it takes off that worker (negative if
+    it adds to it); ``busiest_after``, that worker's load after it; ``max_load``, the largest
+    worker load after it (and the steps before it)."""
     load = np.asarray(load, dtype=np.float64)
-    return [{"records": round(float(sum(load[m.bin] for m in step)), 1),
-             "max_load": round(peak, 1)}
-            for step, peak in zip(steps, max_loads(steps, owners, load), strict=True)]
+    out: list[dict[str, float | int]] = []
+    for step, (before, after) in zip(steps, _walk(steps, owners, load), strict=True):
+        top = int(np.argmax(before))
+        out.append({"records": round(float(sum(load[m.bin] for m in step)), 1),
+                    "busiest": top,
+                    "relief": round(float(before[top] - after[top]), 1),
+                    "busiest_after": round(float(after[top]), 1),
+                    "max_load": round(float(after.max()), 1)})
+    return out
 
 
 __all__ = [
