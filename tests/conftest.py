@@ -97,16 +97,17 @@ SLOW_FILES = frozenset({
     "test_equivalence.py", "test_cluster.py", "test_groups_stream.py", "test_checkpoint.py",
     "test_hot_split.py",
 })
-#: Files with runs of 20-95 s each (crash chains, property runs against Spark, servers,
+#: Files whose tests take longest together (crash chains, property runs against Spark, servers,
 #: benchmarks' smoke runs), longest first (as measured): the suite's two test processes
-#: (pytest-xdist, one test at a time each) start them first, and the short tests fill the end,
-#: so that neither process finishes a long run alone at the end.
+#: (pytest-xdist, a file at a time each, so a module's fixtures start once) start them first,
+#: and the short files fill the end, so that neither process finishes a long file alone.
 LONGEST_FIRST = (
-    "test_event_time_recovery.py", "test_recovery.py", "test_equivalence.py",
-    "test_groups_recovery.py", "test_stateful_processor.py", "test_chain_stream.py",
-    "test_bench_smoke.py", "test_groups_stream.py", "test_bench_nexmark.py", "test_cluster.py",
-    "test_worker_python.py", "test_connect.py", "test_nexmark_queries.py", "test_event_time.py",
-    "test_hot_split.py", "test_checkpoint.py",
+    "test_recovery.py", "test_event_time_recovery.py", "test_stateful_processor.py",
+    "test_groups_recovery.py", "test_bench_smoke.py", "test_cluster.py", "test_equivalence.py",
+    "test_groups_stream.py", "test_event_time.py", "test_pipeline.py", "test_chain_stream.py",
+    "test_connect.py", "test_checkpoint.py", "test_update_errors.py", "test_worker_python.py",
+    "test_nexmark_queries.py", "test_hot_split.py", "test_groups.py", "test_bench_nexmark.py",
+    "test_bench_relief.py", "test_relief_pipeline.py",
 )
 
 

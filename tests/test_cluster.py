@@ -28,10 +28,6 @@ from megaphone.state_backends.host import HOST_ID
 from tests.helpers.cluster import ROOT, kill_host, namespaces_permitted, two_hosts
 from tests.helpers.servers import s3_endpoint
 
-# One test process runs all of this module's tests (pytest-xdist's loadgroup): its module
-# fixture (two simulated hosts) is then started once, not once per process.
-pytestmark = pytest.mark.xdist_group("cluster")
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):

@@ -21,9 +21,6 @@ from tests.helpers.connect_client import EPOCHS, MOVES, STREAM_EPOCHS, batch_key
 from tests.helpers.servers import free_port, start, stop, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
-# One test process runs all of this module's tests (pytest-xdist's loadgroup): its module
-# fixture (a Spark Connect server) is then started once, not once per process.
-pytestmark = pytest.mark.xdist_group("connect")
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,6 @@ from pathlib import Path
 import pytest
 
 DRIVER = Path(__file__).parent / "helpers" / "worker_python_driver.py"
-# One test process runs all of this module's tests (pytest-xdist's loadgroup): its module
-# fixture (a driver run with three kinds of workers, ~30 s) then runs once, not once per
-# process.
-pytestmark = pytest.mark.xdist_group("worker-python")
 
 
 def other_python() -> str:
