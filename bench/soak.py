@@ -283,7 +283,8 @@ def _soak(args: argparse.Namespace, run: Path, base: Path, hosts: Any) -> dict[s
            "stream_checkpoint": str(private / "stream-checkpoint"),
            "workers": args.workers, "bins": args.bins, "cost_s": args.cost_ms / 1000,
            "per_worker": args.per_worker, "target_latency": args.target_latency,
-           "ds2_interval_s": 10.0, "max_files_per_trigger": 10, "keys": args.keys}
+           "ds2_interval_s": 10.0, "max_files_per_trigger": 10, "keys": args.keys,
+           "executors": 2 if hosts is not None else 0}
     (run / "config.json").write_text(json.dumps(cfg, indent=2))
     host_roots = [] if hosts is None else [p.pid for p in hosts.procs[1:]]
 

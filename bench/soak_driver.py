@@ -5,8 +5,10 @@ model) from its state directory and checkpoint location, starts it on Structured
 the Parquet files the soak writes, and follows the soak's :class:`Schedule`: in every slot one
 action, a live migration back and forth (fluid, batched, all-at-once, deadline) or a slot of
 DS2 autoscaling while the input rate steps up and down. It appends one JSON line per epoch to
-``epochs.jsonl`` and one per action to ``actions.jsonl``. A driver killed mid-run is started
-again by the soak; plans in flight continue from the pipeline's commit record.
+``epochs.jsonl``, one per action to ``actions.jsonl`` and one per start-up phase to
+``phases.jsonl`` (the soak breaks a driver kill's recovery down by them). A driver killed
+mid-run is started again by the soak; plans in flight continue from the pipeline's commit
+record.
 
 When ``finish`` appears in the run directory it stops submitting, waits for the stream to go
 idle, stops the stream and writes the final state (``final.parquet``:
@@ -20,10 +22,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+#: When this process got this far (before PySpark's import): a driver restart's first phase.
+LOADED = time.time()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
@@ -104,21 +110,39 @@ class Driver:
         from megaphone.spark import spark_session
 
         self.run = run
+        self.pid = os.getpid()
+        self.phase("process", LOADED)
         self.cfg = json.loads((run / "config.json").read_text())
         self._schedule: Schedule | None = None
         self.spark = spark_session(self.cfg["master"], "megaphone-soak", self.cfg["conf"])
+        self.phase("session")
+        threading.Thread(target=self._watch_executors, daemon=True).start()
         self.workers = int(self.cfg["workers"])
         self.pipe = Pipeline(
             self.spark, self.cfg["state_dir"], key="k", update=slow_count(self.cfg["cost_s"]),
             workers=self.workers, num_bins=self.cfg["bins"], key_type="int64", event_time="t",
             local_dir=self.cfg["local_dir"], checkpoint=self.cfg["checkpoint"])
-        self.pid = os.getpid()
+        self.phase("pipeline")
         self.controller: Any = None
         self._ds2_logged = 0
         done = {a["slot"] for a in read_lines(run / "actions.jsonl")}
         if self.pipe.in_flight and self.schedule is not None:  # submitted just before a kill
             done.add(self.schedule.slot(time.time()))
         self.done_slots = done
+
+    def phase(self, name: str, when: float | None = None) -> None:
+        """Record that this driver reached start-up phase ``name`` (``phases.jsonl``): the soak
+        breaks a driver kill's recovery down by them."""
+        append_line(self.run / "phases.jsonl", {"pid": self.pid, "phase": name,
+                                                "time": time.time() if when is None else when})
+
+    def _watch_executors(self, timeout: float = 600) -> None:
+        """Record the ``executors`` phase once the cluster's executors have registered."""
+        want, deadline = int(self.cfg.get("executors", 0)), time.time() + timeout
+        tracker = self.spark.sparkContext.statusTracker()
+        while want and len(tracker.getExecutorInfos()) - 1 < want and time.time() < deadline:
+            time.sleep(0.2)
+        self.phase("executors")
 
     @property
     def schedule(self) -> Schedule | None:
@@ -140,13 +164,15 @@ class Driver:
     def sink(self, outputs: Any, epoch: int) -> None:
         """Record the epoch (the outputs themselves are not needed: the state is checked)."""
         m = self.pipe.metrics(last=1)[0]
+        restores = [w["restored"] for w in m["per_worker"].values() if w.get("restored")]
         append_line(self.run / "epochs.jsonl", {
             "time": time.time(), "epoch": epoch, "pid": self.pid,
             "records_in": m["records_in"], "latency_s": m["latency_s"],
             "duration_s": m["duration_s"], "workers": m["workers"],
             "bins_moved": m["bins_moved"], "bytes_moved": m["bytes_moved"],
             "in_flight": len(self.pipe.in_flight), "job_attempts": m["job_attempts"],
-            "restored": sum(1 for w in m["per_worker"].values() if w.get("restored")),
+            "restored": len(restores),
+            "restore_s": max((r.get("seconds", 0.0) for r in restores), default=0.0),
             "replayed": any(w.get("replayed") for w in m["per_worker"].values())})
 
     def step(self) -> None:
@@ -243,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     run = Path((argv if argv is not None else sys.argv[1:])[0])
     driver = Driver(run)
     query = driver.start()
+    driver.phase("stream")
     append_line(run / "actions.jsonl", {"time": time.time(), "slot": -1, "action": "start",
                                         "from": None, "to": None, "pid": driver.pid})
     while not (run / "finish").exists():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from bench.soak_driver import Schedule, read_lines
+from megaphone.routing.placement import homes_enforced
 
 #: Allowed growth of the last third over the first third (backlog, memory, disk).
 GROWTH = 0.10
@@ -28,6 +30,11 @@ LATENCY_SLACK_S = 0.5
 NOT_STATE = {"input-pending", "stream-checkpoint"}
 #: Seconds after a kill within which an epoch never counts as quiet.
 KILL_SHADOW_S = 120.0
+#: The columns of a driver kill's recovery, in order (:func:`driver_recoveries`).
+DRIVER_PHASES = ("at_s", "restart_pause", "interpreter", "pyspark_jvm_session",
+                 "executors_after_session", "pipeline_open", "stream_start", "to_first_epoch",
+                 "first_epoch_duration", "first_epoch_restores", "first_epoch_restore_s",
+                 "backlog", "recovered")
 #: Shorter runs (CI's two minutes) only report the trends: warm-up, restarts and a few samples
 #: dominate them. The state check always counts.
 TREND_MIN_S = 20 * 60
@@ -80,6 +87,60 @@ def recoveries(epochs: list[dict], kills: list[dict], steady: float) -> list[flo
     return out
 
 
+def driver_recoveries(result: dict[str, Any], kills: list[dict], recovered: list[float | None]
+                      ) -> list[dict[str, Any]]:
+    """Where each driver kill's recovery went, in seconds: the soak's pause before the restart,
+    the new driver's start-up phases (``phases.jsonl``: interpreter, PySpark with its JVM and
+    SparkSession, the executors registering beside the rest, the pipeline opened from its state
+    directory, the stream started), the wait for its first epoch (and that epoch's own
+    duration, its worker restores and their longest), and the backlog drained after it."""
+    run, events = result["run"], result["events"]
+    phases = read_lines(run / "phases.jsonl")
+    lines = sorted(read_lines(run / "epochs.jsonl"), key=lambda e: e["time"])
+    out = []
+    for k, back in zip(kills, recovered, strict=True):
+        start = next((e for e in events if e["event"] == "start" and e["time"] > k["time"]),
+                     None)
+        if k["event"] != "kill-driver" or start is None:
+            continue
+        at = {p["phase"]: p["time"] for p in phases if p["pid"] == start["pid"]}
+        first = next((e for e in lines if e["pid"] == start["pid"]), None)
+
+        def gap(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else round(b - a, 1)
+
+        until = None if back is None else k["time"] + back
+        out.append({
+            "at_s": round(k["time"] - result["schedule"].t0, 1),
+            "restart_pause": gap(k["time"], start["time"]),
+            "interpreter": gap(start["time"], at.get("process")),
+            "pyspark_jvm_session": gap(at.get("process"), at.get("session")),
+            "executors_after_session": gap(at.get("session"), at.get("executors")),
+            "pipeline_open": gap(at.get("session"), at.get("pipeline")),
+            "stream_start": gap(at.get("pipeline"), at.get("stream")),
+            "to_first_epoch": gap(at.get("stream"), first and first["time"]),
+            "first_epoch_duration": None if first is None else round(first["duration_s"], 1),
+            "first_epoch_restores": None if first is None else first["restored"],
+            "first_epoch_restore_s": None if first is None else
+            round(first.get("restore_s", 0.0), 1),
+            "backlog": gap(first and first["time"], until),
+            "recovered": None if back is None else round(back, 1)})
+    return out
+
+
+def restores_outside_kills(epochs: list[dict], s: Schedule, kills: list[dict],
+                           recovered: list[float | None]) -> dict[str, Any]:
+    """Worker restores in the epochs after the warm-up outside every kill's recovery (its first
+    ``KILL_SHADOW_S`` seconds, or until it recovered if that took longer): with homes, a
+    worker's store is restored only after a loss."""
+    spans = [(k["time"], k["time"] + max(KILL_SHADOW_S, math.inf if r is None else r))
+             for k, r in zip(kills, recovered, strict=True)]
+    calm = [e for e in epochs if e["time"] >= s.t0 + s.warmup_s
+            and not any(a <= e["time"] <= b for a, b in spans)]
+    restores = int(sum(e["restored"] for e in calm))
+    return {"epochs": len(calm), "restores": restores, "ok": restores == 0}
+
+
 def quiet(e: dict, s: Schedule, kills: list[dict]) -> bool:
     """Whether epoch ``e`` is quiet (see the module docstring)."""
     slot = s.slot(e["time"])
@@ -121,6 +182,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     annotate(epochs, writes)
     calm = [e for e in epochs if quiet(e, s, kills)]
     steady = _median([e["latency_s"] for e in calm]) or 1.0
+    recovered = recoveries(epochs, kills, steady)
     (a0, a1), (b0, b1) = thirds(s)
     first = _median([e["latency_s"] for e in calm if a0 <= e["time"] < a1])
     last = _median([e["latency_s"] for e in calm if b0 <= e["time"] <= b1])
@@ -153,9 +215,11 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "bytes_moved": int(sum(e["bytes_moved"] for e in epochs)),
         "epochs_retried": sum(1 for e in epochs if e["job_attempts"] > 1),
         "workers_restored": int(sum(e["restored"] for e in epochs)),
+        "restores_outside_kills": restores_outside_kills(epochs, s, kills, recovered),
         "kills": [{"at_s": round(k["time"] - s.t0, 1), "what": k["event"][5:],
                    "recovered_s": None if r is None else round(r, 1)}
-                  for k, r in zip(kills, recoveries(epochs, kills, steady), strict=True)],
+                  for k, r in zip(kills, recovered, strict=True)],
+        "driver_recoveries": driver_recoveries(result, kills, recovered),
         "driver_starts": sum(1 for e in result["events"] if e["event"] == "start"),
         "cluster": result["cluster"],
     }
@@ -168,7 +232,7 @@ def markdown(summary: dict[str, Any], command: str) -> str:
     def r(x: float | None, f: str = ".2f") -> str:
         return "-" if x is None else format(x, f)
 
-    lat = summary["latency_s"]
+    lat, out = summary["latency_s"], summary["restores_outside_kills"]
     lines = [
         f"command: `{command}`", "",
         "| criterion | first third | last third | ratio | pass |", "|---|---:|---:|---:|---|",
@@ -189,9 +253,22 @@ def markdown(summary: dict[str, Any], command: str) -> str:
         f"({summary['bytes_moved'] / 2**20:.1f} MiB) moved; {summary['driver_starts']} driver "
         f"starts; {summary['epochs_retried']} epochs retried by Spark; "
         f"{summary['workers_restored']} worker restores.", "",
+        f"Worker restores after the warm-up outside the kills' recoveries (at least "
+        f"{KILL_SHADOW_S:.0f} s each): {out['restores']} in {out['epochs']} epochs.", "",
         "| kill at (s) | what | recovered after (s) |", "|---:|---|---:|",
         *(f"| {k['at_s']:.0f} | {k['what']} | {r(k['recovered_s'], '.1f')} |"
           for k in summary["kills"]), "",
+        "Where a driver kill's recovery went (s): the soak's pause before the restart; the new "
+        "driver's interpreter; PySpark, its JVM and SparkSession; the pipeline opened; the "
+        "stream started; until its first epoch committed (that epoch's own duration, restores, "
+        "longest restore); the backlog drained after it. Executors register beside the "
+        "pipeline's opening (seconds after the session).", "",
+        "| kill at | pause | interpreter | JVM+session | executors | pipeline | stream | "
+        "to 1st epoch | 1st epoch | restores | restore | backlog | recovered |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *("| " + " | ".join(r(d[c], ".1f") if isinstance(d[c], float) else
+                            "-" if d[c] is None else str(d[c]) for c in DRIVER_PHASES) + " |"
+          for d in summary["driver_recoveries"]), "",
         "| memory by kind (MiB) | first third | last third | ratio |", "|---|---:|---:|---:|",
         *(f"| {k} | {r(v['first'], '.0f')} | {r(v['last'], '.0f')} | {r(v['ratio'], '.3f')} |"
           for k, v in summary["rss_by_kind"].items()),
@@ -260,8 +337,10 @@ def report(result: dict[str, Any], args: argparse.Namespace, out: Path) -> int:
     (out / "summary.md").write_text(text)
     plot(result, out / "soak.png")
     print(text)
-    enforced = ("state", "backlog", "rss", "disk") \
-        if result["schedule"].seconds >= TREND_MIN_S else ("state",)
+    long = result["schedule"].seconds >= TREND_MIN_S
+    enforced = ("state", "backlog", "rss", "disk") if long else ("state",)
+    if long and result["cluster"] and homes_enforced():
+        enforced += ("restores_outside_kills",)
     ok = all(summary[k]["ok"] for k in enforced)
     if len(enforced) == 1:
         print(f"(a run under {TREND_MIN_S // 60} minutes checks only the state; the trends "
