@@ -173,6 +173,10 @@ class Driver:
             "in_flight": len(self.pipe.in_flight), "job_attempts": m["job_attempts"],
             "restored": len(restores),
             "restore_s": max((r.get("seconds", 0.0) for r in restores), default=0.0),
+            "started": m["started"], "phases_s": m["phases_s"], "away": m["away"],
+            "begin_s": max((w.get("begin_s") or 0.0 for w in m["per_worker"].values()),
+                           default=0.0),
+            "unreachable": sum(1 for w in m["per_worker"].values() if w.get("home_unreachable")),
             "replayed": any(w.get("replayed") for w in m["per_worker"].values())})
 
     def step(self) -> None:

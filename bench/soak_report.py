@@ -34,7 +34,7 @@ KILL_SHADOW_S = 120.0
 DRIVER_PHASES = ("at_s", "restart_pause", "interpreter", "pyspark_jvm_session",
                  "executors_after_session", "pipeline_open", "stream_start", "to_first_epoch",
                  "first_epoch_duration", "first_epoch_restores", "first_epoch_restore_s",
-                 "backlog", "recovered")
+                 "first_epoch_begin_s", "backlog", "recovered")
 #: Shorter runs (CI's two minutes) only report the trends: warm-up, restarts and a few samples
 #: dominate them. The state check always counts.
 TREND_MIN_S = 20 * 60
@@ -92,8 +92,9 @@ def driver_recoveries(result: dict[str, Any], kills: list[dict], recovered: list
     """Where each driver kill's recovery went, in seconds: the soak's pause before the restart,
     the new driver's start-up phases (``phases.jsonl``: interpreter, PySpark with its JVM and
     SparkSession, the executors registering beside the rest, the pipeline opened from its state
-    directory, the stream started), the wait for its first epoch (and that epoch's own
-    duration, its worker restores and their longest), and the backlog drained after it."""
+    directory, the stream started), the wait until its first epoch started, that epoch's own
+    duration (its worker restores, their longest, the longest store opening) and the backlog
+    drained after it."""
     run, events = result["run"], result["events"]
     phases = read_lines(run / "phases.jsonl")
     lines = sorted(read_lines(run / "epochs.jsonl"), key=lambda e: e["time"])
@@ -118,11 +119,13 @@ def driver_recoveries(result: dict[str, Any], kills: list[dict], recovered: list
             "executors_after_session": gap(at.get("session"), at.get("executors")),
             "pipeline_open": gap(at.get("session"), at.get("pipeline")),
             "stream_start": gap(at.get("pipeline"), at.get("stream")),
-            "to_first_epoch": gap(at.get("stream"), first and first["time"]),
+            "to_first_epoch": gap(at.get("stream"), first and first.get("started")),
             "first_epoch_duration": None if first is None else round(first["duration_s"], 1),
             "first_epoch_restores": None if first is None else first["restored"],
             "first_epoch_restore_s": None if first is None else
             round(first.get("restore_s", 0.0), 1),
+            "first_epoch_begin_s": None if first is None else round(first.get("begin_s", 0.0), 1),
+            "first_epoch_phases_s": None if first is None else first.get("phases_s"),
             "backlog": gap(first and first["time"], until),
             "recovered": None if back is None else round(back, 1)})
     return out
@@ -260,12 +263,12 @@ def markdown(summary: dict[str, Any], command: str) -> str:
           for k in summary["kills"]), "",
         "Where a driver kill's recovery went (s): the soak's pause before the restart; the new "
         "driver's interpreter; PySpark, its JVM and SparkSession; the pipeline opened; the "
-        "stream started; until its first epoch committed (that epoch's own duration, restores, "
-        "longest restore); the backlog drained after it. Executors register beside the "
-        "pipeline's opening (seconds after the session).", "",
+        "stream started; until its first epoch started; that epoch's own duration (its "
+        "restores, the longest restore, the longest store opening); the backlog drained after "
+        "it. Executors register beside the pipeline's opening (seconds after the session).", "",
         "| kill at | pause | interpreter | JVM+session | executors | pipeline | stream | "
-        "to 1st epoch | 1st epoch | restores | restore | backlog | recovered |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "to 1st epoch | 1st epoch | restores | restore | opening | backlog | recovered |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *("| " + " | ".join(r(d[c], ".1f") if isinstance(d[c], float) else
                             "-" if d[c] is None else str(d[c]) for c in DRIVER_PHASES) + " |"
           for d in summary["driver_recoveries"]), "",
