@@ -1,25 +1,10 @@
 """The driver's durable copy: its state directory's files kept under the checkpoint location.
 
-With a checkpoint location, the driver writes what it alone holds (manifest, routing, commit
-record, metrics, kept outputs) there as well, so a driver whose disk is lost restarts on any
-host from the checkpoint alone, as the workers do. Layout under ``CHECKPOINT/driver/`` (the
-names come from :mod:`megaphone.paths`)::
-
-    megaphone.json               the state directory's manifest
-    routing.json                 the routing table, rewritten when a commit follows a new one
-    commits/sSSSSSSSSSSSS.json   one per commit record written, with the metrics the
-                                 driver recorded since the one before; the last ones kept
-    metrics/sSSSSSSSSSSSS.jsonl  the metrics of the pruned commit files up to S
-    outputs/eEEEEEEEEE.arrow     the kept outputs (a stream's replay needs them)
-    inbox/                       plans a Spark Connect client posted to the pipeline running
-                                 on the server, and their answers (:mod:`.posted`)
-
-Writing commit file ``S`` is the commit point: it is written after everything the epoch
-must have made durable (outputs, the workers' changelogs) and before the state directory's
-own ``commit.json``, so the checkpoint is never behind the state directory. Opening a pipeline
-whose state directory is missing or behind its checkpoint first brings it forward
-(:meth:`megaphone.migrator.statedir.directory.StateDir.restore`). Every file is written whole
-(under a temporary name, then moved).
+With a checkpoint location the driver writes what it alone holds (manifest, routing, commit
+records with their metrics, kept outputs) under ``CHECKPOINT/driver/`` too, so a driver whose
+disk is lost restarts on any host from the checkpoint alone. Writing a commit file is the
+commit point, before the state directory's own ``commit.json``. Layout and order:
+docs/worker-store.md, "The driver's copy"; the names come from :mod:`megaphone.paths`.
 """
 
 from __future__ import annotations
