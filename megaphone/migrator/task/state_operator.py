@@ -5,14 +5,9 @@ Engine-agnostic: the Spark runtime calls :func:`export_worker` in the tasks that
 out of old owners and :func:`apply_worker` in the task of each worker (one partition per
 worker). Both take plain iterators of arrow batches and an :class:`EpochSpec` of metadata.
 
-The workers' stores stay open across epochs in the host's store service
-(:mod:`megaphone.state_backends.service`); a task reaches its worker's store through a
-:class:`~megaphone.state_backends.remote.RemoteStore`.
-
 Exactly once: a worker's records, its outputs and the epoch marker are written in one atomic
-write (:meth:`~megaphone.state_backends.worker_store.WorkerStore.commit`). A task that finds the
-store already at its epoch (a Spark task retry, a re-run of the epoch's job, a re-executed
-micro-batch) applies nothing and re-emits the stored outputs. Bins that leave a worker are
+write (:meth:`~megaphone.state_backends.worker_store.WorkerStore.commit`), and a task that finds
+the store already at its epoch re-emits the stored outputs. Bins that leave a worker are
 deleted there only in the next epoch, so a re-run of the epoch can export them again.
 """
 
