@@ -90,7 +90,8 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None, schema:
                     continue
                 keys_out += item.num_rows
                 bytes_by_bin[b] = bytes_by_bin.get(b, 0) + payload_bytes(item)
-                yield _state_rows(schema, dst, b, item)
+                yield _bound(schema, dst, b, RowKind.STATE, {
+                    STATE_KEY: item.column(0), STATE_VALUE: item.column(1)}, item.num_rows)
                 crash_point("export", spec.epoch, spec.local_dir)
             spans[-1][2] = time.time()
     if by_dst:
@@ -103,13 +104,11 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None, schema:
                                EXPORT_REPORT: pa.array([report])}, RowKind.EXPORT_REPORT)
 
 
-def _state_rows(schema: pa.Schema, dst: int, b: int, chunk: pa.RecordBatch) -> pa.RecordBatch:
-    """Shuffle rows carrying one exported chunk of bin ``b`` to worker ``dst``."""
-    n = chunk.num_rows
+def _bound(schema: pa.Schema, dst: int, b: int, kind: RowKind, columns: dict[str, pa.Array],
+           n: int = 1) -> pa.RecordBatch:
+    """``n`` shuffle rows of ``kind`` carrying ``columns`` of bin ``b`` to worker ``dst``."""
     return rows(schema, n, {WORKER: pa.array([dst] * n, pa.int32()),
-                            BIN: pa.array([b] * n, pa.int32()),
-                            STATE_KEY: chunk.column(0), STATE_VALUE: chunk.column(1)},
-                RowKind.STATE)
+                            BIN: pa.array([b] * n, pa.int32()), **columns}, kind)
 
 
 def store_host(spec: EpochSpec, worker: int, store: RemoteStore) -> str:
@@ -123,20 +122,16 @@ def _file_rows(schema: pa.Schema, dst: int, f: BinFile | FileRef, spec: EpochSpe
     its bytes went through (the file is deleted once shipped, or when shipping fails); a
     reference to a file kept at the sender's home goes as one row without bytes."""
     if isinstance(f, FileRef):
-        yield rows(schema, 1, {WORKER: pa.array([dst], pa.int32()),
-                               BIN: pa.array([f.file.bin], pa.int32()),
-                               STATE_FILE: pa.array([msgpack.packb(f.to_wire())], pa.binary())},
-                   RowKind.FILE_PART)
+        yield _bound(schema, dst, f.file.bin, RowKind.FILE_PART,
+                     {STATE_FILE: pa.array([msgpack.packb(f.to_wire())], pa.binary())})
         crash_point("export", spec.epoch, spec.local_dir)
         return
     try:
         for offset, data in file_parts(f.path, spec.chunk_bytes):
             desc = msgpack.packb({**f.to_wire(), "offset": offset, "hosts": hosts})
-            yield rows(schema, 1, {WORKER: pa.array([dst], pa.int32()),
-                                   BIN: pa.array([f.bin], pa.int32()),
-                                   STATE_FILE: pa.array([desc], pa.binary()),
-                                   STATE_VALUE: pa.array([data], pa.binary())},
-                       RowKind.FILE_PART)
+            yield _bound(schema, dst, f.bin, RowKind.FILE_PART, {
+                STATE_FILE: pa.array([desc], pa.binary()),
+                STATE_VALUE: pa.array([data], pa.binary())})
             crash_point("export", spec.epoch, spec.local_dir)
     finally:
         with contextlib.suppress(FileNotFoundError):
