@@ -64,7 +64,9 @@ class DriverCopy:
     def _path(self, *parts: str) -> str:
         return "/".join((self.root, *parts))
 
-    def _put(self, path: str, data: bytes) -> None:
+    def put(self, data: bytes, *parts: str) -> None:
+        """Write the file ``parts`` of the copy whole (``"inbox", "x.plan.json"``)."""
+        path = self._path(*parts)
         folder = path.rsplit("/", 1)[0]
         if folder not in self._folders:
             self.fs.create_dir(folder, recursive=True)
@@ -74,10 +76,6 @@ class DriverCopy:
             sink.write(data)
         _sync_if_local(self.fs, tmp)
         self.fs.move(tmp, path)  # readers never see a torn file (on S3 a copy: still whole)
-
-    def put(self, data: bytes, *parts: str) -> None:
-        """Write the file ``parts`` of the copy whole (``"inbox", "x.plan.json"``)."""
-        self._put(self._path(*parts), data)
 
     def names(self, folder: str) -> list[str]:
         """The names of the files in ``folder`` of the copy, sorted (none if it is missing)."""
@@ -92,19 +90,19 @@ class DriverCopy:
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Keep the state directory's manifest."""
-        self._put(self._path(MANIFEST), json.dumps(manifest).encode())
+        self.put(json.dumps(manifest).encode(), MANIFEST)
 
     def write_commit(self, commit: dict[str, Any], routing_file: Path) -> None:
         """Write commit file ``commit["seq"]``: the commit point. The routing table (read from
         the state directory, where the epoch saved it) goes first if it changed since."""
         routing = routing_file.read_bytes()
         if routing != self._routing:
-            self._put(self._path(ROUTING), routing)
+            self.put(routing, ROUTING)
             self._routing = routing
         record = {"commit": commit, "metrics": self._pending}
         commits = self._listed_commits()  # listed before this file is there: held once
-        self._put(self._path(COMMITS, seq_name(commit["seq"], COMMIT_RECORD_SUFFIX)),
-                  json.dumps(record, separators=(",", ":")).encode())
+        self.put(json.dumps(record, separators=(",", ":")).encode(),
+                 COMMITS, seq_name(commit["seq"], COMMIT_RECORD_SUFFIX))
         self._pending = []
         if commit["seq"] not in commits:
             commits.append(commit["seq"])
@@ -141,8 +139,8 @@ class DriverCopy:
         lines = []
         for seq in seqs:
             lines += [json.dumps(m, separators=(",", ":")) for m in self._commit_file(seq)[1]]
-        self._put(self._path(FOLDED_METRICS, seq_name(seqs[-1], FOLDED_METRICS_SUFFIX)),
-                  "".join(f"{line}\n" for line in lines).encode())
+        self.put("".join(f"{line}\n" for line in lines).encode(),
+                 FOLDED_METRICS, seq_name(seqs[-1], FOLDED_METRICS_SUFFIX))
         for seq in seqs:
             self.fs.delete_file(self._path(COMMITS, seq_name(seq, COMMIT_RECORD_SUFFIX)))
         for seq in self._list(FOLDED_METRICS, FOLDED_METRICS_SUFFIX)[:-KEEP_FOLDS]:
@@ -150,7 +148,7 @@ class DriverCopy:
 
     def write_outputs(self, epoch: int, data: bytes) -> None:
         """Keep the outputs of ``epoch`` (an Arrow IPC file's bytes)."""
-        self._put(self._path(OUTPUTS, outputs_name(epoch)), data)
+        self.put(data, OUTPUTS, outputs_name(epoch))
 
     def drop_outputs(self, epochs: list[int]) -> None:
         """Delete the kept outputs of ``epochs``."""
