@@ -138,8 +138,7 @@ class StreamRunner:
         return query
 
     def stop(self, timeout: float) -> None:
-        """Stop the query between two epochs (:meth:`Pipeline.stop`): waits up to ``timeout``
-        seconds for the running epoch to commit so Spark does not interrupt it."""
+        """Stop the query between two epochs (:meth:`Pipeline.stop`)."""
         query = self._query
         if query is None:
             return

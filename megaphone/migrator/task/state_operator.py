@@ -125,10 +125,9 @@ def apply_worker(
     Yields, per epoch, the worker's outputs, then its report and (at the first epoch) those of
     the exporters that shipped bins to it (rows of :func:`result_schema`; in a group each row
     names its epoch). The input mixes state chunks and records in any order; state is
-    installed as it streams in, records are applied after the last chunk. The store's version
-    decides: an epoch applied already (a retry) re-emits its stored outputs and changes
-    nothing. In a group the store keeps the undo records and outputs of the group's earlier
-    epochs (its start is passed to it), and only the first epoch moves bins.
+    installed as it streams in, records are applied after the last chunk. In a group the
+    store keeps the undo records and outputs of the group's earlier epochs (its start is
+    passed to it).
     """
     started = time.perf_counter()
     check_state_dir(spec)
