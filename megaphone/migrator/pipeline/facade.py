@@ -155,9 +155,7 @@ class Pipeline:
         self._autoscaler: DS2Controller | None = None
         self._lock = self._holder.lock  # one epoch at a time; the DS2 controller plans under it
         apply_pipeline_settings(spark)  # partition w is worker w; no row-by-row routing
-        # With a checkpoint location the driver's copy there is the truth: a state directory
-        # that is missing (a lost driver disk) or behind it is brought to it first.
-        self._holder.start()
+        self._holder.start()  # restored first from the checkpoint location's driver copy
 
     # -- what it is ----------------------------------------------------------------------
 

@@ -312,10 +312,8 @@ def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker:
     Nothing is written here; the caller commits the new values with the outputs. A key of a
     built-in update whose values were all null and that has no aggregate yet has an output
     row (a null aggregate, as in Spark) but nothing to commit: it is left out of the lists.
-    A general ``f`` that fails on a key raises
-    :class:`~megaphone.migrator.task.updates.UpdateError` naming the key, the epoch and ``worker``:
-    the task fails and nothing of the epoch is committed. Split keys come as ``partials``
-    (:mod:`~megaphone.migrator.task.hot_split`), consolidated here into what their records give.
+    Split keys come as ``partials`` (:mod:`~megaphone.migrator.task.hot_split`), consolidated
+    here into what their records give.
     """
     update = spec.update
     schema = spec.output_schema
