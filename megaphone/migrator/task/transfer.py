@@ -1,12 +1,9 @@
 """Moving bins through an epoch's shuffle: the sender's export and the receiver's arrivals.
 
-A bin travels either as rows (one shuffle row per key: :data:`~megaphone.migrator.task.columns.
-STATE_KEY`, :data:`~megaphone.migrator.task.columns.STATE_VALUE`) or, from the size the pipeline's
-``transfer`` mode sets, as one SST file cut into parts of at most ``chunk_bytes``
-(:data:`~megaphone.migrator.task.columns.STATE_FILE` holds the part's descriptor, ``STATE_VALUE``
-its bytes). With homes, a file stays at the sender's home and only its reference travels: the
-receiver's home pulls it from there (:mod:`~megaphone.state_backends.handoff`). Either way memory
-stays bounded by the chunk size and nothing passes through the driver.
+A bin travels as rows (one shuffle row per key) or, from the size the pipeline's ``transfer``
+mode sets, as one SST file cut into parts of at most ``chunk_bytes``; with homes only a file's
+reference travels (docs/transfer.md). Either way memory stays bounded by the chunk size and
+nothing passes through the driver.
 """
 
 from __future__ import annotations
