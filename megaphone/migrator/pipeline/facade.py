@@ -266,7 +266,7 @@ class Pipeline:
         (each row with its label) and its last epoch. A replayed batch applies only its labels
         not committed yet; the others' outputs come from the kept outputs (docs/groups.md).
         Over Spark Connect the pipeline runs on the server, opened from its checkpoint
-        location (``Pipeline(checkpoint=...)`` is needed; README, "Spark Connect").
+        location (``Pipeline(checkpoint=...)`` is needed; README, "What it does").
         """
         return self._runner.start(stream, sink, trigger, checkpoint_location, epoch_column)
 

@@ -2,7 +2,7 @@
 its checkpoint location's driver copy (``CHECKPOINT/driver/inbox/``): the client posts a plan
 (:func:`post`) and follows it (:class:`PostedHandle`); whoever runs the epochs takes it between
 two epochs (:func:`take`), answering a plan it already holds instead of submitting it twice
-(README, "Spark Connect").
+(README, "What it does").
 """
 
 from __future__ import annotations
