@@ -4,24 +4,15 @@ the driver from timings the epoch takes anyway, and kept in the state directory.
 Nothing is timed per record: the driver notes the wall clock at each of its phases
 (:data:`~megaphone.migrator.epoch.run.DRIVER_PHASES`), every apply task at each of its phase
 boundaries (:data:`~megaphone.migrator.task.state_operator.MARKS`) and every exporter around each
-bin it ships. :func:`epoch_trace` turns these into activities and dependencies:
-
-* the driver (worker None, lane 0): ``admit``, ``layout``, ``submit`` (building the job),
-  ``wait`` (the job running: ``collect``), ``commit``, ``cleanup``;
-* each worker's apply task (lane 0): ``schedule`` (from the job's submission to the task's
-  start; a ``schedule`` dependency from the driver's ``submit``), ``begin`` (its store opened
-  or restored), ``wait`` (for the shuffle, during install), ``install``, ``apply``, ``commit``
-  and ``flush`` (the store's own commit and flush, its last part), ``output`` (outputs
-  returned); a ``comm`` dependency to the driver's ``commit``;
-* each exporter (the sending worker, lane 1: its export task runs apart from its apply task):
-  one ``export`` per bin, with a ``shuffle`` dependency to its receiver's install.
+bin it ships. :func:`epoch_trace` turns these into activities (the driver's on worker None,
+each apply task's on its worker's lane 0, each exporter's, one per bin, on its lane 1) and
+dependencies (``schedule`` from the driver's submit, ``comm`` to its commit, ``shuffle`` from
+an export to its receiver's install).
 
 Clocks of different hosts may disagree: a worker's activities are clamped to follow each other
 and a dependency whose target would start before its source ends is left out, so a trace is
 always valid. Tracing is on unless ``MEGAPHONE_TRACE=0`` (the benchmark's switch,
 ``bench/trace_overhead.py``); the workers' marks are always taken (a few clock reads per task).
-
-Traces are stored one JSON line per epoch (:class:`TraceLog`), in chunks like the metrics.
 """
 
 from __future__ import annotations

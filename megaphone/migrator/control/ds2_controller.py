@@ -1,22 +1,14 @@
 """The autoscaling controller: measure, decide, migrate, repeat, in a thread beside the
 pipeline.
 
-Every policy interval the controller takes the epochs recorded since its last evaluation (the
-*window*, :func:`megaphone.plans.autoscale.select_window`, warm-up left out) and decides with
-:func:`megaphone.plans.scale_decision.decide` -- the rule ``megaphone plan --ds2`` uses too.
-:class:`DS2Controller`'s proposal is DS2 (:func:`megaphone.plans.autoscale.ds2_proposal`). A
-decision to change the worker count must repeat for ``activation`` consecutive windows, a
-scale-down by exactly one worker is ignored (within the noise of the measurement), and nothing
-is submitted while a plan is in flight. Then the controller plans the rescale
-(``balance="load"`` by default, so new owners get equal traffic) and submits it with
-``pipe.migrate(plan)``: the state moves live, by the chosen strategy, while the pipeline keeps
-processing.
-
-Every evaluation produces a :class:`~megaphone.plans.scale_decision.ScaleDecision` (kept in
-``controller.decisions`` and logged on the ``megaphone.autoscale`` logger, at INFO when a
-decision was taken and at DEBUG while a plan runs or the window is empty). ``step(now)``
-evaluates once, deterministically (tests drive it); ``start()`` runs it every
-``Policy.interval_s`` in a daemon thread.
+Every policy interval the controller takes the epochs recorded since its last evaluation
+(:func:`megaphone.plans.autoscale.select_window`) and decides with
+:func:`megaphone.plans.scale_decision.decide`, the rule ``megaphone plan --ds2`` uses too
+(its actions and the :class:`~megaphone.plans.autoscale.Policy` fields say when it scales).
+A decision that holds for ``activation`` windows is planned (``balance="load"`` by default)
+and submitted with ``pipe.migrate(plan)``: the state moves live. Every
+:class:`~megaphone.plans.scale_decision.ScaleDecision` is kept in ``controller.decisions`` and
+logged on the ``megaphone.autoscale`` logger.
 
 >>> controller = pipe.autoscale(Policy(interval_s=10, activation=2))  # doctest: +SKIP
 >>> controller.decisions[-1].action  # doctest: +SKIP

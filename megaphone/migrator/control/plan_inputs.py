@@ -1,12 +1,6 @@
-"""Planning inputs from the runtime: what :mod:`megaphone.plans` needs, read from a running
-``Pipeline`` or from a state directory on disk.
-
-The planner itself is pure (:func:`megaphone.plans.planner.plan_rescale`); this module reads
-the routing table, the plans in flight, the recorded metrics (as
-:class:`~megaphone.records.EpochMetrics`), per-bin sizes from the state backends and the
-measured per-bin load, and hands them over as a
-:class:`~megaphone.plans.planner.PlanningSource` (read into
-:class:`~megaphone.plans.planner.PlanningInputs` once a request is checked).
+"""Planning inputs from the runtime: what the pure planner (:mod:`megaphone.plans.planner`)
+needs, read from a running ``Pipeline`` or from a state directory on disk as a
+:class:`~megaphone.plans.planner.PlanningSource`.
 """
 
 from __future__ import annotations

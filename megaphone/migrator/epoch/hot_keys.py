@@ -1,12 +1,7 @@
-"""Hot keys of a pipeline: watching them (a bounded
-summary per worker and epoch, merged into the commit record) and splitting them (dual mode:
-lessees fold a hot key's records, its owner consolidates; docs/hot-keys.md).
-
-The split of an epoch is decided on the driver before the epoch, by the split policy, from the
-committed summary alone (``Commit.hot``): a re-run of the epoch (a failed job, a crash before
-its commit point) sees the same summary and, with a deterministic policy, splits alike. Split
-or not, outputs and state are the same (the partials consolidate exactly), so even a policy
-that changes its mind changes only where the work runs.
+"""Hot keys of a pipeline: watching them (a bounded summary per worker and epoch, merged into
+the commit record) and splitting them (dual mode: lessees fold a hot key's records, its owner
+consolidates). An epoch's split is decided on the driver from the committed summary alone, so a
+re-run splits alike (docs/hot-keys.md).
 """
 
 from __future__ import annotations

@@ -124,16 +124,10 @@ def new_homes(layout: EpochLayout, commit: Commit) -> dict[int, PlannedHome]:
 
 def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[str, Any]],
                   per_worker: Mapping[int, WorkerMetrics], before: Commit) -> Commit:
-    """The driver's commit record of the epoch: its routing version, the bins its old owners
-    drop next, the stream's position, the plans in flight, each worker's attempt token, the
-    largest event time so far (``before``'s, or a larger one the workers saw), the last
-    epoch label (``before``'s; a group sets its epochs' own), the hot keys so far
-    (:func:`~megaphone.plans.hot_keys.committed_summary`) and the workers' homes
-    (:func:`~megaphone.routing.placement.assign_homes`: of the workers that hold state after
-    the epoch; a new worker's home is the one chosen before the epoch, :func:`new_homes`,
-    unless its task could not reach it), their services' addresses there (a chosen one only
-    if it is the worker's shard's, else as the worker's task reported it) and the hosts'
-    services (:func:`~megaphone.routing.placement.known_hosts`)."""
+    """The driver's commit record of the epoch (its fields: :class:`Commit`), carried on from
+    ``before`` with what the workers reported. A new worker's home is the one chosen before
+    the epoch (:func:`new_homes`) unless its task could not reach it; a chosen address is kept
+    only if it is the worker's shard's, else the one the worker's task reported."""
     chosen = new_homes(layout, before)
     hosts, homes_before = ran_on(per_worker), {**before.worker_homes(),
                                                **{w: p.host for w, p in chosen.items()}}

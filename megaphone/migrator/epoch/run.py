@@ -2,20 +2,13 @@
 be crash-tested. One epoch is a group of one (G = 1); a batch run by its epoch column runs its
 labels in groups (Drizzle's group scheduling; docs/groups.md).
 
-``admit`` (take plans handed over, ask adaptive policies, save the routing; the steps due at
-the group's first epoch may end the group early:
-:meth:`~megaphone.plans.plan_queue.PlanQueue.group_end`) → ``layout`` (the routing operator F:
-who owns, ships and installs what; only the first epoch moves bins) → ``submit`` (build the
-job over the records of every epoch, each carrying its label in a group) → ``collect`` (run it:
-exports, shuffle, every worker's install, then each epoch applied and committed in order; the
-outputs and metrics come back in the job's results; the job is run again if the store service
-died under it) → ``commit`` (per epoch, in order: its outputs kept for replay, then the
-driver's commit record, the epoch's commit point; a crash between two leaves the driver at
-the last one written, and recovery rolls workers back to it) → ``cleanup`` (old outputs).
-The workers' phases ``export``, ``install`` and ``apply`` run inside ``collect``. Each phase's
-seconds go to the epochs' metrics (``phases_s``, shared evenly in a group), its wall-clock span
-to the SnailTrail trace (:mod:`megaphone.migrator.trace`, with the workers' marks), and each
-phase is a crash-injection point of the same name (:mod:`megaphone.migrator.statedir.faults`).
+The phases :data:`DRIVER_PHASES` run in order, the workers' inside ``collect``
+(docs/worker-store.md, "The epoch in named phases"); only the group's first epoch moves bins,
+and the steps due then may end the group early
+(:meth:`~megaphone.plans.plan_queue.PlanQueue.group_end`). Each phase's seconds go to the
+epochs' metrics (``phases_s``, shared evenly in a group), its wall-clock span to the SnailTrail
+trace (:mod:`megaphone.migrator.trace`), and each is a crash point of the same name
+(:mod:`megaphone.migrator.statedir.faults`).
 """
 
 from __future__ import annotations

@@ -80,9 +80,8 @@ def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSp
 
     ``columns`` are the batch's record columns by name (``key`` and, where used, ``value``,
     ``_t``: :mod:`~megaphone.migrator.task.columns`); ``owners`` the routing version's worker of
-    every bin. Every call costs the driver a few hundred JVM calls, so the pipeline keeps the
-    result for as long as the routing version holds (:class:`MapSides`). A null key is a key
-    of its own, as in ``groupBy``: ``xxhash64`` of null is its seed, so it lives in bin 0.
+    every bin (kept while it holds: :class:`MapSides`). A null key is a key of its own, as in
+    ``groupBy``: ``xxhash64`` of null is its seed, so it lives in bin 0.
     """
     shuffle = spec.shuffle_schema
     assert shuffle is not None

@@ -262,9 +262,7 @@ class StateHolder:
                            self.commit.worker_tokens())
 
     def bin_sizes(self, owners: np.ndarray | None = None) -> BinSizes:
-        """Keys and bytes of every bin at its owner under ``owners`` (default: the routing in
-        force), as of the last commit; with a checkpoint location, read on the executors by a
-        small Spark job between two epochs (:meth:`Pipeline.bin_sizes`)."""
+        """As :meth:`Pipeline.bin_sizes <megaphone.Pipeline.bin_sizes>`."""
         owners = self.routing.owners() if owners is None else owners
         if self.config.checkpoint is None:
             return bin_sizes(self.state_dir, owners)

@@ -1,19 +1,9 @@
 """A chain of stateful pipelines: each epoch runs them one after the other, each stage's
 outputs (through an optional ``link`` transform) the next one's input.
 
-Every stage keeps its own bins, routing table and state directory, so each migrates on its
-own (``chain.stages[i].migrate(plan)``). An epoch is one Spark job per stage, run in order;
-the stages' outputs reach the next stage through the driver, as every epoch's outputs do.
-
-Exactly once: the stages share epoch numbers. If a crash left the first stages one epoch
-ahead of the last ones, :attr:`Chain.epoch` is the last epoch every stage committed, the
-caller feeds the next batch again, and stages that committed that epoch already hand on their
-kept outputs (``Pipeline(keep_outputs=...)`` epochs of them) instead of applying it twice.
-
-On Structured Streaming (:meth:`Chain.start`) a micro-batch is one chain epoch, and every
-stage's commit records the query's position (checkpoint location, batch id), as a pipeline's
-own stream does: Spark replays a batch whose run a crash cut short, and each stage that
-committed that batch id hands on its kept outputs, by batch id rather than by epoch.
+Every stage keeps its own bins, routing table and state directory and migrates on its own;
+the stages share epoch numbers, so a stage that committed an epoch (or a stream's batch id)
+already hands on its kept outputs instead of applying it twice (docs/operators.md, "Chains").
 """
 
 from __future__ import annotations
@@ -98,13 +88,8 @@ class Chain:
         """Run on Structured Streaming: each micro-batch is one chain epoch through every
         stage in order; ``sink(outputs, epoch)`` gets the last stage's outputs (after no link).
 
-        As :meth:`Pipeline.start <megaphone.Pipeline.start>`: ``trigger`` goes to
-        ``DataStreamWriter.trigger``, ``checkpoint_location`` defaults to the first stage's,
-        and the ``StreamingQuery`` is returned. Restarting with the same checkpoint replays the
-        batch a crash cut short; a stage that committed that batch id hands on its kept
-        outputs instead of applying it again, and a batch every stage committed reaches
-        ``sink`` once more with its stored outputs. ``chain.stages[i].migrate(plan)`` works
-        while the query runs; the stages' ``process()`` is refused. Not over Spark Connect.
+        As :meth:`Pipeline.start <megaphone.Pipeline.start>` (``checkpoint_location`` defaults
+        to the first stage's); returns the ``StreamingQuery``. Not over Spark Connect.
         """
         first = self.stages[0]
         if is_connect(first.spark):

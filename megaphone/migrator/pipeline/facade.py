@@ -1,19 +1,9 @@
 """``Pipeline``: a keyed stateful operator on Spark whose state moves between workers live.
 
-Each epoch (one micro-batch) is one Spark job. Records get their bin in the JVM
-(``xxhash64``) and their worker from the routing version in force at the epoch (a constant
-array folded into the plan), and are shuffled with ``repartitionById`` so partition ``w`` is
-worker ``w``. Bins that move at the epoch are exported by their old owners in the same job's
-map stage and shuffled along with the records; each worker installs arriving state before it
-applies any record of the epoch. Outputs and metrics come back in the job's results. The
-driver holds only metadata: routing, plans and metrics.
-
-``Pipeline`` is the facade users see, over three collaborators with one job each: its state
-directory (:class:`~megaphone.migrator.epoch.state_holder.StateHolder`: commit record, plan
-queue, recovery), its epochs (:class:`~megaphone.migrator.epoch.driver.EpochDriver`:
-admission, task spec, the job, commits, metrics, hot keys) and its stream
-(:class:`~megaphone.migrator.pipeline.stream_runner.StreamRunner`: Structured Streaming and
-Spark Connect). Its arguments are one frozen
+Each epoch (one micro-batch) is one Spark job that shuffles the records to their workers
+together with the state of the bins moving at the epoch. ``Pipeline`` is a facade over its
+state holder, epoch driver and stream runner (docs/architecture.md, "A Pipeline and its
+collaborators"); its arguments are one frozen
 :class:`~megaphone.migrator.epoch.config.PipelineConfig`.
 """
 
@@ -165,9 +155,7 @@ class Pipeline:
         self._autoscaler: DS2Controller | None = None
         self._lock = self._holder.lock  # one epoch at a time; the DS2 controller plans under it
         apply_pipeline_settings(spark)  # partition w is worker w; no row-by-row routing
-        # With a checkpoint location the driver's copy there is the truth: a state directory
-        # that is missing (a lost driver disk) or behind it is brought to it first.
-        self._holder.start()
+        self._holder.start()  # restored first from the checkpoint location's driver copy
 
     # -- what it is ----------------------------------------------------------------------
 
@@ -277,13 +265,8 @@ class Pipeline:
         per group, as ``process(..., epoch_column=)``; ``sink`` gets all the batch's outputs
         (each row with its label) and its last epoch. A replayed batch applies only its labels
         not committed yet; the others' outputs come from the kept outputs (docs/groups.md).
-
-        Over Spark Connect, ``foreachBatch`` runs on the server: the batch function opens this
-        pipeline there from its checkpoint location (``Pipeline(checkpoint=...)`` is needed, and
-        ``checkpoint_location`` a path of the server's), ``sink`` runs there too, and this
-        object is brought forward from the checkpoint when the query ends; meanwhile
-        :meth:`process` is refused and :meth:`migrate` posts its plan to the server through
-        the checkpoint.
+        Over Spark Connect the pipeline runs on the server, opened from its checkpoint
+        location (``Pipeline(checkpoint=...)`` is needed; README, "What it does").
         """
         return self._runner.start(stream, sink, trigger, checkpoint_location, epoch_column)
 
@@ -303,12 +286,9 @@ class Pipeline:
         (nothing to move) is done at once, never queued. An adaptive plan (``strategy=
         "deadline"``, or any plan with ``policy=``, a callable ``policy(view) -> moves`` of
         :mod:`megaphone.plans.policy`) starts its moves when its policy says so, every epoch.
-
-        While :meth:`start`'s stream runs the pipeline on a Spark Connect server, the plan is
-        checked against the last commit in the checkpoint and posted there; the server takes it
-        before its next micro-batch, and the handle follows the checkpoint's commits (a plan the
-        server rejects fails ``wait()`` with its ``PlanError``). Only fixed plans without
-        ``policy`` can be posted (:mod:`megaphone.migrator.statedir.posted`).
+        While a stream runs the pipeline on a Spark Connect server, a fixed plan without
+        ``policy`` is posted to it through the checkpoint
+        (:mod:`megaphone.migrator.statedir.posted`).
         """
         posted = self._runner.post_plan(plan, policy)
         if posted is not None:  # the stream runs this pipeline on a Spark Connect server

@@ -1,16 +1,7 @@
 """A pipeline's stream runner (:class:`StreamRunner`): its Structured Streaming query, each
 micro-batch run as an epoch by ``foreachBatch`` (or as the epochs of its epoch column) with the
 replay of a batch committed before, and over Spark Connect the hand-off of the pipeline to the
-server and back.
-
-Locally the batch function runs the pipeline's epoch in this process. Over Spark Connect,
-``foreachBatch`` runs its function in a Python process on the server, away from the client that
-holds the pipeline. So that function (:class:`ServerBatch`) carries the pipeline's
-configuration (:class:`~megaphone.migrator.epoch.config.PipelineConfig`), not the pipeline: at
-its first batch it opens the pipeline on the server from the checkpoint location (the driver's
-copy, :mod:`megaphone.migrator.statedir.driver_copy`), in a state directory of its own, and keeps
-it for the query's life. The client's pipeline steps aside while the query runs, and is brought
-forward from the checkpoint when it stops.
+server (:class:`ServerBatch`) and back (README, "What it does").
 """
 
 from __future__ import annotations
@@ -147,8 +138,7 @@ class StreamRunner:
         return query
 
     def stop(self, timeout: float) -> None:
-        """Stop the query between two epochs (:meth:`Pipeline.stop`): waits up to ``timeout``
-        seconds for the running epoch to commit so Spark does not interrupt it."""
+        """Stop the query between two epochs (:meth:`Pipeline.stop`)."""
         query = self._query
         if query is None:
             return

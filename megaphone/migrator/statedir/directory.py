@@ -1,19 +1,8 @@
-"""The state directory: where a pipeline keeps its manifest, routing, commits, metrics and state.
+"""The state directory: where a pipeline keeps its manifest, routing, commits, metrics, traces,
+kept outputs and (without a checkpoint location) its workers' state.
 
-Layout (the paths come from :mod:`megaphone.paths`)::
-
-    STATE_DIR/
-      megaphone.json             manifest: fingerprint, backend, update and columns
-      routing.json               the routing table (atomic rewrite on every change)
-      commit.json                last committed epoch, state version, pending drops, plans
-      metrics.jsonl              one JSON line per committed epoch (the last METRICS_CHUNK
-      metrics.old.jsonl          at most), and the chunk before it: disk stays flat
-      traces.jsonl, traces.old.jsonl   each epoch's SnailTrail trace, kept alike
-      workers/w00007/            one state backend per worker (without a checkpoint location)
-      outputs/e000000012.arrow   each epoch's outputs (Arrow IPC file), the last few kept
-      inbox/                     plans handed over by ``megaphone migrate`` from another process
-
-With a checkpoint location, everything but ``workers/`` is also kept there, written first
+The layout is the README's ("State directory"); its paths come from :mod:`megaphone.paths`.
+With a checkpoint location everything but ``workers/`` is also kept there, written first
 (the driver's durable copy, :mod:`megaphone.migrator.statedir.driver_copy`).
 """
 

@@ -1,25 +1,10 @@
 """The driver's durable copy: its state directory's files kept under the checkpoint location.
 
-With a checkpoint location, the driver writes what it alone holds (manifest, routing, commit
-record, metrics, kept outputs) there as well, so a driver whose disk is lost restarts on any
-host from the checkpoint alone, as the workers do. Layout under ``CHECKPOINT/driver/`` (the
-names come from :mod:`megaphone.paths`)::
-
-    megaphone.json               the state directory's manifest
-    routing.json                 the routing table, rewritten when a commit follows a new one
-    commits/sSSSSSSSSSSSS.json   one per commit record written, with the metrics the
-                                 driver recorded since the one before; the last ones kept
-    metrics/sSSSSSSSSSSSS.jsonl  the metrics of the pruned commit files up to S
-    outputs/eEEEEEEEEE.arrow     the kept outputs (a stream's replay needs them)
-    inbox/                       plans a Spark Connect client posted to the pipeline running
-                                 on the server, and their answers (:mod:`.posted`)
-
-Writing commit file ``S`` is the commit point: it is written after everything the epoch
-must have made durable (outputs, the workers' changelogs) and before the state directory's
-own ``commit.json``, so the checkpoint is never behind the state directory. Opening a pipeline
-whose state directory is missing or behind its checkpoint first brings it forward
-(:meth:`megaphone.migrator.statedir.directory.StateDir.restore`). Every file is written whole
-(under a temporary name, then moved).
+With a checkpoint location the driver writes what it alone holds (manifest, routing, commit
+records with their metrics, kept outputs) under ``CHECKPOINT/driver/`` too, so a driver whose
+disk is lost restarts on any host from the checkpoint alone. Writing a commit file is the
+commit point, before the state directory's own ``commit.json``. Layout and order:
+docs/worker-store.md, "The driver's copy"; the names come from :mod:`megaphone.paths`.
 """
 
 from __future__ import annotations
@@ -79,7 +64,9 @@ class DriverCopy:
     def _path(self, *parts: str) -> str:
         return "/".join((self.root, *parts))
 
-    def _put(self, path: str, data: bytes) -> None:
+    def put(self, data: bytes, *parts: str) -> None:
+        """Write the file ``parts`` of the copy whole (``"inbox", "x.plan.json"``)."""
+        path = self._path(*parts)
         folder = path.rsplit("/", 1)[0]
         if folder not in self._folders:
             self.fs.create_dir(folder, recursive=True)
@@ -89,10 +76,6 @@ class DriverCopy:
             sink.write(data)
         _sync_if_local(self.fs, tmp)
         self.fs.move(tmp, path)  # readers never see a torn file (on S3 a copy: still whole)
-
-    def put(self, data: bytes, *parts: str) -> None:
-        """Write the file ``parts`` of the copy whole (``"inbox", "x.plan.json"``)."""
-        self._put(self._path(*parts), data)
 
     def names(self, folder: str) -> list[str]:
         """The names of the files in ``folder`` of the copy, sorted (none if it is missing)."""
@@ -107,19 +90,19 @@ class DriverCopy:
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Keep the state directory's manifest."""
-        self._put(self._path(MANIFEST), json.dumps(manifest).encode())
+        self.put(json.dumps(manifest).encode(), MANIFEST)
 
     def write_commit(self, commit: dict[str, Any], routing_file: Path) -> None:
         """Write commit file ``commit["seq"]``: the commit point. The routing table (read from
         the state directory, where the epoch saved it) goes first if it changed since."""
         routing = routing_file.read_bytes()
         if routing != self._routing:
-            self._put(self._path(ROUTING), routing)
+            self.put(routing, ROUTING)
             self._routing = routing
         record = {"commit": commit, "metrics": self._pending}
         commits = self._listed_commits()  # listed before this file is there: held once
-        self._put(self._path(COMMITS, seq_name(commit["seq"], COMMIT_RECORD_SUFFIX)),
-                  json.dumps(record, separators=(",", ":")).encode())
+        self.put(json.dumps(record, separators=(",", ":")).encode(),
+                 COMMITS, seq_name(commit["seq"], COMMIT_RECORD_SUFFIX))
         self._pending = []
         if commit["seq"] not in commits:
             commits.append(commit["seq"])
@@ -156,8 +139,8 @@ class DriverCopy:
         lines = []
         for seq in seqs:
             lines += [json.dumps(m, separators=(",", ":")) for m in self._commit_file(seq)[1]]
-        self._put(self._path(FOLDED_METRICS, seq_name(seqs[-1], FOLDED_METRICS_SUFFIX)),
-                  "".join(f"{line}\n" for line in lines).encode())
+        self.put("".join(f"{line}\n" for line in lines).encode(),
+                 FOLDED_METRICS, seq_name(seqs[-1], FOLDED_METRICS_SUFFIX))
         for seq in seqs:
             self.fs.delete_file(self._path(COMMITS, seq_name(seq, COMMIT_RECORD_SUFFIX)))
         for seq in self._list(FOLDED_METRICS, FOLDED_METRICS_SUFFIX)[:-KEEP_FOLDS]:
@@ -165,7 +148,7 @@ class DriverCopy:
 
     def write_outputs(self, epoch: int, data: bytes) -> None:
         """Keep the outputs of ``epoch`` (an Arrow IPC file's bytes)."""
-        self._put(self._path(OUTPUTS, outputs_name(epoch)), data)
+        self.put(data, OUTPUTS, outputs_name(epoch))
 
     def drop_outputs(self, epochs: list[int]) -> None:
         """Delete the kept outputs of ``epochs``."""

@@ -5,14 +5,9 @@ Python workers inherit it): a comma-separated list of ``<phase>:<epoch>`` (SIGKI
 pipeline: driver, JVM, Python workers) or ``<phase>:<epoch>:store`` (SIGKILL the store services
 that hold the workers' state, once; the pipeline lives on and must recover by itself).
 
-Phases are those of :data:`megaphone.migrator.epoch.run.PHASES`: the driver's ``admit``,
-``layout``, ``submit``, ``collect`` (after every worker committed, before the driver's commit),
-``commit`` (in the middle of the commit record's write) and ``cleanup``, and the workers'
-``export`` (mid-export), ``receive`` (once the first moving state reached its new owner),
-``install`` (after installing arriving bins) and ``apply`` (after
-applying the records, before the worker's commit). A store kill finds the service through the
-pipeline's ``local_dir``; at ``commit``, which fires inside the state directory's write, through
-``$MEGAPHONE_LOCAL_DIR`` (or the default), as the crash tests set it.
+Phases are those of :data:`megaphone.migrator.epoch.run.PHASES`, each passed where its call
+to :func:`crash_point` stands. A store kill finds the service through the pipeline's
+``local_dir``, or without one (``commit``) through ``$MEGAPHONE_LOCAL_DIR`` or the default.
 """
 
 from __future__ import annotations

@@ -28,27 +28,22 @@ def post_plan(state: StateDir, plan: MigrationPlan) -> Path:
     return plan_status_path(plan_path)
 
 
-def take_plans(state: StateDir, submit: Callable[[MigrationPlan], Any]) -> int:
-    """Submit every plan waiting in the inbox (oldest first); answer each with a status file.
-
-    Called by the pipeline between epochs. Returns how many plans were accepted.
-    """
+def take_plans(state: StateDir, submit: Callable[[MigrationPlan], Any]) -> None:
+    """Submit every plan waiting in the inbox (oldest first), between epochs; answer each with
+    a status file."""
     inbox = state.paths.inbox
     if not inbox.is_dir():
-        return 0
-    accepted = 0
+        return
     for path in sorted(inbox.glob(f"*{PLAN_SUFFIX}")):
         status_path = plan_status_path(path)
         try:
             plan = MigrationPlan.load(path)
             submit(plan)
             status = {"status": "accepted", "end_version": plan.end_version}
-            accepted += 1
         except PlanError as exc:
             status = {"status": "rejected", "error": str(exc)}
         atomic_write_json(status_path, status)
         path.unlink()
-    return accepted
 
 
 def wait_status(status_path: Path, timeout: float) -> dict[str, Any]:

@@ -1,12 +1,8 @@
 """Hand plans to a pipeline whose stream runs it on a Spark Connect server, through the inbox of
-its checkpoint location's driver copy (``CHECKPOINT/driver/inbox/``).
-
-The client validates a plan against the copy's last commit, posts it there (:func:`post`) and
-follows it with a :class:`PostedHandle`: the server's answer, then the routing versions its
-commits reach. Whoever runs the pipeline's epochs (the server, or the client once the stream
-ends) takes the posted plans between two epochs (:func:`take`). A plan carries its inbox name in
-its ``meta``: one the pipeline already holds (it was taken, made durable in the commit record,
-and the taker was lost before it answered) is answered again, never submitted twice.
+its checkpoint location's driver copy (``CHECKPOINT/driver/inbox/``): the client posts a plan
+(:func:`post`) and follows it (:class:`PostedHandle`); whoever runs the epochs takes it between
+two epochs (:func:`take`), answering a plan it already holds instead of submitting it twice
+(README, "What it does").
 """
 
 from __future__ import annotations

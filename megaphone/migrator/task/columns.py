@@ -1,12 +1,5 @@
-"""The column names of an epoch's shuffle and of its tasks' results, defined once.
-
-A shuffle row is bound for worker :data:`WORKER` and says what it is in :data:`KIND`
-(:class:`RowKind`): a record (:data:`KEY`, :data:`VALUE`, :data:`EVENT_TIME`), a key of moving
-state (:data:`STATE_KEY`, :data:`STATE_VALUE`), a part of a moving bin's file
-(:data:`STATE_FILE`, :data:`STATE_VALUE`), a hot key's partial (:data:`PARTIAL`) or an
-exporter's report (:data:`EXPORT_REPORT`). A task's results are its outputs, then rows of
-reports (:data:`REPORT`) with the records it applied per bin (:data:`LOAD_BINS`,
-:data:`LOAD_COUNTS`).
+"""The column names of an epoch's shuffle and of its tasks' results, defined once: a shuffle
+row is bound for worker :data:`WORKER` and says what it is in :data:`KIND` (:class:`RowKind`).
 """
 
 from enum import IntEnum

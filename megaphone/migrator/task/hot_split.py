@@ -1,17 +1,11 @@
 """Dual mode for hot keys, the worker side: lessees fold a hot key's records into partials, its
 owner (the lessor) consolidates them before it emits the key's output (docs/hot-keys.md).
 
-Engine-agnostic: the Spark job routes an epoch's records of the split keys
-(:attr:`EpochSpec.split_keys`) through :func:`fold_partials` in lessee tasks, which turn each
-task's records of a key into one *partial row* bound for the key's owner (the key, its bin and
-worker, and in :data:`~megaphone.migrator.task.columns.PARTIAL` the msgpack
-``[records, partial]``). Records of other keys travel as always. At the owner,
-:func:`take_partials` sets the partial rows apart and :func:`builtin_partials` /
-:func:`combine_partials` turn them into what the unsplit path would have computed from the
-records, so outputs and state are the same as without splitting.
-
-Each worker also summarizes the keys it applied (:func:`sketch`): its heaviest keys with exact
-counts, bounded (:class:`~megaphone.plans.hot_keys.HeavyHitters`).
+Engine-agnostic: lessee tasks turn their records of each split key into one *partial row*
+bound for the key's owner (:func:`fold_partials`); the owner sets them apart
+(:func:`take_partials`) and consolidates them into what the unsplit path would have computed
+(:func:`builtin_partials`, :func:`combine_partials`), so outputs and state are the same as
+without splitting. Each worker also summarizes the keys it applied (:func:`sketch`).
 """
 
 from __future__ import annotations

@@ -5,14 +5,9 @@ Engine-agnostic: the Spark runtime calls :func:`export_worker` in the tasks that
 out of old owners and :func:`apply_worker` in the task of each worker (one partition per
 worker). Both take plain iterators of arrow batches and an :class:`EpochSpec` of metadata.
 
-The workers' stores stay open across epochs in the host's store service
-(:mod:`megaphone.state_backends.service`); a task reaches its worker's store through a
-:class:`~megaphone.state_backends.remote.RemoteStore`.
-
 Exactly once: a worker's records, its outputs and the epoch marker are written in one atomic
-write (:meth:`~megaphone.state_backends.worker_store.WorkerStore.commit`). A task that finds the
-store already at its epoch (a Spark task retry, a re-run of the epoch's job, a re-executed
-micro-batch) applies nothing and re-emits the stored outputs. Bins that leave a worker are
+write (:meth:`~megaphone.state_backends.worker_store.WorkerStore.commit`), and a task that finds
+the store already at its epoch re-emits the stored outputs. Bins that leave a worker are
 deleted there only in the next epoch, so a re-run of the epoch can export them again.
 """
 
@@ -130,10 +125,9 @@ def apply_worker(
     Yields, per epoch, the worker's outputs, then its report and (at the first epoch) those of
     the exporters that shipped bins to it (rows of :func:`result_schema`; in a group each row
     names its epoch). The input mixes state chunks and records in any order; state is
-    installed as it streams in, records are applied after the last chunk. The store's version
-    decides: an epoch applied already (a retry) re-emits its stored outputs and changes
-    nothing. In a group the store keeps the undo records and outputs of the group's earlier
-    epochs (its start is passed to it), and only the first epoch moves bins.
+    installed as it streams in, records are applied after the last chunk. In a group the
+    store keeps the undo records and outputs of the group's earlier epochs (its start is
+    passed to it).
     """
     started = time.perf_counter()
     check_state_dir(spec)
@@ -318,10 +312,8 @@ def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker:
     Nothing is written here; the caller commits the new values with the outputs. A key of a
     built-in update whose values were all null and that has no aggregate yet has an output
     row (a null aggregate, as in Spark) but nothing to commit: it is left out of the lists.
-    A general ``f`` that fails on a key raises
-    :class:`~megaphone.migrator.task.updates.UpdateError` naming the key, the epoch and ``worker``:
-    the task fails and nothing of the epoch is committed. Split keys come as ``partials``
-    (:mod:`~megaphone.migrator.task.hot_split`), consolidated here into what their records give.
+    Split keys come as ``partials`` (:mod:`~megaphone.migrator.task.hot_split`), consolidated
+    here into what their records give.
     """
     update = spec.update
     schema = spec.output_schema

@@ -1,12 +1,9 @@
 """Moving bins through an epoch's shuffle: the sender's export and the receiver's arrivals.
 
-A bin travels either as rows (one shuffle row per key: :data:`~megaphone.migrator.task.columns.
-STATE_KEY`, :data:`~megaphone.migrator.task.columns.STATE_VALUE`) or, from the size the pipeline's
-``transfer`` mode sets, as one SST file cut into parts of at most ``chunk_bytes``
-(:data:`~megaphone.migrator.task.columns.STATE_FILE` holds the part's descriptor, ``STATE_VALUE``
-its bytes). With homes, a file stays at the sender's home and only its reference travels: the
-receiver's home pulls it from there (:mod:`~megaphone.state_backends.handoff`). Either way memory
-stays bounded by the chunk size and nothing passes through the driver.
+A bin travels as rows (one shuffle row per key) or, from the size the pipeline's ``transfer``
+mode sets, as one SST file cut into parts of at most ``chunk_bytes``; with homes only a file's
+reference travels (docs/transfer.md). Either way memory stays bounded by the chunk size and
+nothing passes through the driver.
 """
 
 from __future__ import annotations
@@ -90,7 +87,8 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None, schema:
                     continue
                 keys_out += item.num_rows
                 bytes_by_bin[b] = bytes_by_bin.get(b, 0) + payload_bytes(item)
-                yield _state_rows(schema, dst, b, item)
+                yield _bound(schema, dst, b, RowKind.STATE, {
+                    STATE_KEY: item.column(0), STATE_VALUE: item.column(1)}, item.num_rows)
                 crash_point("export", spec.epoch, spec.local_dir)
             spans[-1][2] = time.time()
     if by_dst:
@@ -103,13 +101,11 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None, schema:
                                EXPORT_REPORT: pa.array([report])}, RowKind.EXPORT_REPORT)
 
 
-def _state_rows(schema: pa.Schema, dst: int, b: int, chunk: pa.RecordBatch) -> pa.RecordBatch:
-    """Shuffle rows carrying one exported chunk of bin ``b`` to worker ``dst``."""
-    n = chunk.num_rows
+def _bound(schema: pa.Schema, dst: int, b: int, kind: RowKind, columns: dict[str, pa.Array],
+           n: int = 1) -> pa.RecordBatch:
+    """``n`` shuffle rows of ``kind`` carrying ``columns`` of bin ``b`` to worker ``dst``."""
     return rows(schema, n, {WORKER: pa.array([dst] * n, pa.int32()),
-                            BIN: pa.array([b] * n, pa.int32()),
-                            STATE_KEY: chunk.column(0), STATE_VALUE: chunk.column(1)},
-                RowKind.STATE)
+                            BIN: pa.array([b] * n, pa.int32()), **columns}, kind)
 
 
 def store_host(spec: EpochSpec, worker: int, store: RemoteStore) -> str:
@@ -123,20 +119,16 @@ def _file_rows(schema: pa.Schema, dst: int, f: BinFile | FileRef, spec: EpochSpe
     its bytes went through (the file is deleted once shipped, or when shipping fails); a
     reference to a file kept at the sender's home goes as one row without bytes."""
     if isinstance(f, FileRef):
-        yield rows(schema, 1, {WORKER: pa.array([dst], pa.int32()),
-                               BIN: pa.array([f.file.bin], pa.int32()),
-                               STATE_FILE: pa.array([msgpack.packb(f.to_wire())], pa.binary())},
-                   RowKind.FILE_PART)
+        yield _bound(schema, dst, f.file.bin, RowKind.FILE_PART,
+                     {STATE_FILE: pa.array([msgpack.packb(f.to_wire())], pa.binary())})
         crash_point("export", spec.epoch, spec.local_dir)
         return
     try:
         for offset, data in file_parts(f.path, spec.chunk_bytes):
             desc = msgpack.packb({**f.to_wire(), "offset": offset, "hosts": hosts})
-            yield rows(schema, 1, {WORKER: pa.array([dst], pa.int32()),
-                                   BIN: pa.array([f.bin], pa.int32()),
-                                   STATE_FILE: pa.array([desc], pa.binary()),
-                                   STATE_VALUE: pa.array([data], pa.binary())},
-                       RowKind.FILE_PART)
+            yield _bound(schema, dst, f.bin, RowKind.FILE_PART, {
+                STATE_FILE: pa.array([desc], pa.binary()),
+                STATE_VALUE: pa.array([data], pa.binary())})
             crash_point("export", spec.epoch, spec.local_dir)
     finally:
         with contextlib.suppress(FileNotFoundError):

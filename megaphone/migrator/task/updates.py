@@ -2,10 +2,7 @@
 
 An update turns one epoch's records of a worker into per-key state changes and outputs. It is
 engine-agnostic: it sees a pyarrow table of records and a state backend, nothing of Spark. A
-general ``f`` that fails on a key (it raises, returns a state msgpack cannot encode, or an
-output that does not convert to the output type) fails the worker's epoch with an
-:class:`UpdateError` naming the key, the epoch and the worker; the driver raises it again
-from the failed job's error (:meth:`UpdateError.from_text`).
+general ``f`` that fails on a key fails the worker's epoch with an :class:`UpdateError`.
 """
 
 from __future__ import annotations
