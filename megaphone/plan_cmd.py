@@ -232,7 +232,8 @@ def run_ds2(args: argparse.Namespace) -> int:
     table = source.table
     decision = decide_once(source.metrics, len(table.workers()), policy,
                            source_rate=args.source_rate, num_bins=table.num_bins,
-                           in_flight=source.in_flight, traces=source.traces)
+                           in_flight=source.in_flight, traces=source.traces,
+                           hosts=source.hosts)
     if args.json:
         print(json.dumps(decision.to_dict(), indent=1))
     else:

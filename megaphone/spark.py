@@ -123,6 +123,22 @@ def task_slots(spark: SparkSession) -> int:
     return 2
 
 
+def local_slots(spark: SparkSession) -> int | None:
+    """The task slots of a local master (``local``, ``local[N]``, ``local[N,F]``,
+    ``local[*]``), all on the driver's one host; ``None`` for a cluster master (``local-cluster``
+    too), whose slots per host Python cannot tell apart (docs/placement.md)."""
+    if is_connect(spark):
+        try:
+            master = spark.conf.get("spark.master", None) or ""
+        except Exception:  # a setting the server does not expose
+            master = ""
+    else:
+        master = spark.sparkContext.master
+    if master == "local" or re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master):
+        return task_slots(spark)
+    return None
+
+
 class WorkerPythonError(MegaphoneError, RuntimeError):
     """Spark's Python workers cannot run megaphone: another Python version, megaphone missing
     or of another version there. Raised before a pipeline's first epoch changes anything."""

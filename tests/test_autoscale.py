@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -335,6 +335,39 @@ def test_decide_once_on_a_record_and_explain():
     assert decide_once([], 2, policy).action == "no-data"
 
 
+def test_ds2_sees_hosts_and_says_when_its_target_exceeds_their_slots():
+    """2 -> 5 workers (the record above) against the hosts known: the hosts needed are
+    counted over their slots; beyond the known slots the decision says the new workers would
+    share cores, and bounds the target only when the policy asks it to."""
+    pipe = FakePipe(workers=2)
+    pipe.run(20, rate=1500)
+    pipe.run(5, rate=4200)
+    records = epoch_records(pipe.metrics())
+    policy = Policy(interval_s=3.0, warmup_epochs=0)
+    roomy = decide_once(records, 2, policy, hosts={"a": 4, "b": 4})
+    assert (roomy.target, roomy.numbers["hosts_known"], roomy.numbers["slots_known"],
+            roomy.numbers["hosts_needed"]) == (5, 2, 8, 2)
+    assert "task slots" not in roomy.reason
+    assert "hosts       2 known with 8 task slot(s); 5 workers need 2 host(s)" in explain(roomy)
+    full = decide_once(records, 2, policy, hosts={"a": 2, "b": 1})
+    assert full.action == "scale" and full.target == 5 and full.numbers["hosts_needed"] == 3
+    assert "5 workers exceed the 3 task slots of the 2 known host(s): the new workers would " \
+        "share cores, adding no capacity until a host joins (3 hosts needed)" in full.reason
+    assert "capacity    5 workers exceed the 3 task slots" in explain(full)
+    bound = decide_once(records, 2, replace(policy, bound_by_slots=True),
+                        hosts={"a": 2, "b": 1})
+    assert (bound.action, bound.target, bound.proposed) == ("scale", 3, 5)
+    assert bound.reason.endswith("bounded to 3")
+    # Never below the current count: already over the slots, bounding holds.
+    over = decide_once(records, 4, replace(policy, bound_by_slots=True), hosts={"a": 3})
+    assert (over.action, over.target, over.proposed) == ("hold", 4, 5)
+    unknown = decide_once(records, 2, policy, hosts={"a": None, "b": 4})
+    assert unknown.target == 5 and unknown.numbers["slots_known"] is None
+    assert "task slots of the 2 known host(s) unknown" in unknown.reason
+    assert "hosts       2 known, task slots unknown" in explain(unknown)
+    assert "hosts_known" not in decide_once(records, 2, policy).numbers  # no hosts given
+
+
 def test_the_thread_evaluates_every_interval():
     pipe = FakePipe(workers=2)
     pipe.run(2, rate=1500)
@@ -395,6 +428,8 @@ def test_step_decides_and_submits_a_plan_that_completes_on_spark(spark, tmp_path
                      "-o", str(tmp_path / "ds2.json")])
         out = capsys.readouterr().out
         assert code == 0 and "decision    scale: 1 -> " in out and "DS2         ceil(" in out
+        slots = spark.sparkContext.defaultParallelism  # a local master: one host, its slots
+        assert f"hosts       1 known with {slots} task slot(s)" in out
         assert (tmp_path / "ds2.json").exists()
         # Measured from the record: 100 records per 1 s of event time.
         code = main(["plan", "--ds2", "--state-dir", str(tmp_path / "state"), "--window", "1e6",
@@ -402,12 +437,14 @@ def test_step_decides_and_submits_a_plan_that_completes_on_spark(spark, tmp_path
         shown = json.loads(capsys.readouterr().out)
         assert code == 0 and shown["numbers"]["source"] == "event-time"
         assert shown["source_rate"] == pytest.approx(100.0) and shown["current"] == 1
+        assert (shown["numbers"]["hosts_known"], shown["numbers"]["slots_known"]) == (1, slots)
 
         policy = Policy(activation=1, warmup_epochs=0, max_workers=3, strategy="all-at-once")
         ctl = DS2Controller(pipe, policy, source_rate=1500.0)
         decision = ctl.step()
         assert decision.action == "scale", decision
         assert decision.target == 3 and decision.numbers["per_instance_rate"] < 500
+        assert decision.numbers["hosts_known"] == 1  # the controller reads the pipeline's
         handle = ctl.handles[0]
         feed(2)  # all at once: the plan's one step runs in this epoch
         assert handle.wait(0) and pipe.routing.workers() == [0, 1, 2]

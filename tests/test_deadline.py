@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from megaphone.plans import MigrationPlan, PlanError, PlanStep, make_plan, schedule
-from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, stages_s
+from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, Slots, stages_s
 from megaphone.plans.deadline import DeadlinePolicy
 from megaphone.plans.plan_queue import PlanQueue, PolicyInputs
 from megaphone.plans.policy import (
@@ -134,6 +134,31 @@ def test_the_whole_machine_is_checked_too():
     chosen = policy(view(moves, dict.fromkeys(range(20), MB), history, parallelism=2))
     # 0.2 + 0.1 n (exports) + (4 * 0.5 + 0.1 n) / 2 (the 2 slots) <= 2  ->  n <= 5
     assert len(chosen) == 5
+
+
+def test_a_move_onto_a_busy_host_is_predicted_slower_than_onto_an_idle_one():
+    """Workers 0, 1 and 3 at home on host a, 2 on b, 2 slots each: a's three workers share
+    its 2 slots, so a bin received by worker 1 (on a) is predicted slower than by worker 2
+    (on b); over all 4 slots, as without homes, the two cost the same."""
+    homes, host_slots = {0: "a", 1: "a", 3: "a", 2: "b"}, {"a": 2, "b": 2}
+    slots = Slots(4, homes, host_slots)
+    history = (epoch(parallelism=slots), epoch(parallelism=slots),
+               epoch(moved={0: (MB, 0), 3: (0, MB)}, parallelism=slots), epoch(parallelism=slots))
+
+    def predicted(dst: int, **hosts) -> float:
+        policy = DeadlinePolicy(100.0, margin=1.0)
+        assert policy(EpochView(10, (Move(5, 0, dst),), {5: MB}, {}, history, 0.0, 0, 4,
+                                **hosts)) == [Move(5, 0, dst)]
+        return policy.decisions[-1].predicted_s
+
+    known = {"homes": homes, "host_slots": host_slots}
+    # overhead + export (0.1) + a's stage: (0.5 + 0.6 + 0.5) / 2, or b's 0.6 next to a's 0.75
+    assert predicted(1, **known) == pytest.approx(OVERHEAD_S + 0.1 + 1.6 / 2)
+    assert predicted(2, **known) == pytest.approx(OVERHEAD_S + 0.1 + 1.5 / 2)
+    # A new worker (no home) counts where it would be homed: b, the most free slots.
+    assert predicted(7, **known) == pytest.approx(predicted(2, **known))
+    assert predicted(1) == pytest.approx(predicted(2))  # homes unknown: today's formula
+    assert predicted(1, homes=homes, host_slots={"a": 2}) == pytest.approx(predicted(2))
 
 
 def test_zero_slack_moves_nothing():

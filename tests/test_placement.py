@@ -15,6 +15,7 @@ from megaphone.routing.placement import (
     PlannedHome,
     assign_homes,
     away,
+    hosts_needed,
     known_hosts,
     plan_homes,
 )
@@ -99,6 +100,57 @@ def test_new_workers_are_homed_before_their_first_epoch_on_the_hosts_with_fewest
         {1: PlannedHome("a", ("h", 2)), 2: PlannedHome("b", ("h", 3))}
     assert plan_homes({0: "a"}, [1], {}) == {}  # no host known yet: homed where it runs
     assert plan_homes({0: "a"}, [1], {"a": [None, None]}) == {}
+
+
+def test_new_workers_are_homed_on_the_host_with_the_most_free_slots():
+    # a has 2 homes of 8 slots, b 1 of 2: a has 6 free, b 1, so both new workers go to a
+    # (fewest homes would have sent the first to b).
+    hosts = {"a": [["h", 1], ["h", 2]], "b": [["h", 3], ["h", 4]]}
+    assert plan_homes({0: "a", 1: "a", 4: "b"}, [2, 3], hosts, {"a": 8, "b": 2}) == \
+        {2: PlannedHome("a", ("h", 1)), 3: PlannedHome("a", ("h", 2))}
+    # Free slots tie: fewest homes, then host id, as without slots.
+    assert plan_homes({0: "a", 1: "a", 4: "b"}, [2], hosts, {"a": 3, "b": 2})[2].host == "b"
+    assert plan_homes({0: "a", 4: "b"}, [2], hosts, {"a": 2, "b": 2})[2].host == "a"
+    # A host whose slots are unknown: slots are not compared at all (fewest homes wins).
+    for slots in (None, {}, {"a": 8}):
+        assert plan_homes({0: "a", 1: "a", 4: "b"}, [2], hosts, slots)[2].host == "b"
+
+
+def test_the_hosts_a_worker_count_needs_are_counted_over_their_slots():
+    assert hosts_needed(5, {"a": 4, "b": 4}) == 2
+    assert hosts_needed(4, {"a": 4, "b": 4}) == 1
+    assert hosts_needed(5, {"a": 1, "b": 4}) == 2  # the largest host first
+    assert hosts_needed(11, {"a": 4, "b": 2}) == 4  # 6 known, then hosts of 4 slots
+    assert hosts_needed(3, {}) is None
+
+
+def test_a_commit_record_keeps_each_hosts_slots_and_homes_by_them(monkeypatch):
+    """The driver's slots go into the commit record, which the next epoch's homes, DS2 and
+    the deadline policy read; without a source the record keeps those of hosts still known."""
+    from megaphone.migrator.epoch.routing_operator import EpochLayout, commit_record, new_homes
+    from megaphone.migrator.statedir.commit import StreamPosition
+    from megaphone.records import WorkerMetrics
+    from megaphone.routing.table import Move
+
+    monkeypatch.delenv("MEGAPHONE_PLACEMENT", raising=False)
+    a, b = [["10.0.0.1", 7000]], [["10.0.0.2", 7000]]
+    before = Commit(epoch=3, homes={"0": "a", "1": "a", "4": "b"}, hosts={"a": a, "b": b},
+                    slots={"a": 8, "b": 2, "gone": 4})
+    layout = EpochLayout(epoch=4, version=1, moves=(Move(5, 0, 2),),
+                         live=frozenset({0, 1, 2, 4}), incoming={2: (5,)},
+                         outgoing={0: ((5, 2),)}, drops={}, partitions=5)
+    assert new_homes(layout, before)[2].host == "a"  # 6 free slots on a, 1 on b
+    assert before.host_slots() == {"a": 8, "b": 2}
+    per_worker = {w: WorkerMetrics(host="a", address=a[0], service=[1, *a[0]])
+                  for w in (0, 1, 2)}
+    assert commit_record(layout, StreamPosition(), [], per_worker, before).slots == \
+        {"a": 8, "b": 2}
+    given = commit_record(layout, StreamPosition(), [], per_worker, before,
+                          lambda hosts: {h: 3 for h in hosts})
+    assert given.slots == {"a": 3, "b": 3} and Commit.from_dict(given.to_dict()) == given
+    assert Commit.from_dict({"epoch": 1}).slots == {}
+    with pytest.raises(ValueError, match="slots must map host ids to positive integers"):
+        Commit.from_dict({"epoch": 1, "slots": {"a": 0}})
 
 
 _HOSTS = st.dictionaries(st.sampled_from("abcde"), st.integers(1, 3).flatmap(lambda n: st.lists(
@@ -241,6 +293,20 @@ def test_a_pipeline_records_its_workers_homes_and_where_their_tasks_ran(spark, t
         assert {m.host for m in record.per_worker.values()} == {here}
         assert record.away == []
         assert pipe.state_dir.read_commit().worker_homes() == {0: here, 1: here}
+        # A local master: its one host has the master's task slots.
+        local_slots = spark.sparkContext.defaultParallelism
+        assert pipe.state_dir.read_commit().slots == {here: local_slots}
+        assert pipe.host_slots() == {here: local_slots}
+    finally:
+        pipe.close()
+    with pytest.raises(ValueError, match="slots_per_host must be a positive int"):
+        Pipeline(spark, str(tmp_path / "state"), key="k", num_bins=16, local_dir=local,
+                 slots_per_host=0)
+    pipe = Pipeline(spark, str(tmp_path / "state"), key="k", update="count", num_bins=16,
+                    local_dir=local, slots_per_host=local_slots + 1)
+    try:  # the setting overrides what the master says
+        pipe.process(spark.createDataFrame([(1,)], "k long"))
+        assert pipe.host_slots() == {here: local_slots + 1}
     finally:
         pipe.close()
     info = describe(str(tmp_path / "state"))

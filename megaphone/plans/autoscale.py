@@ -66,7 +66,13 @@ class Policy:
     * ``ignore_down_by_one``: do not act on a decision to remove exactly one worker;
     * ``epoch_overhead``: correct the source rate for the per-epoch fixed cost (see module);
     * ``headroom``: provision for ``(1 + headroom)`` times the source rate;
-    * ``min_epochs``: fewer epochs (after warm-up) in a window give no decision.
+    * ``min_epochs``: fewer epochs (after warm-up) in a window give no decision;
+    * ``bound_by_slots``: keep the target within the task slots of the hosts known (never
+      below the current count). Off by default: with Spark's dynamic allocation (or a cluster
+      that grows on demand) executors are added when tasks queue, and an epoch's tasks queue
+      only when there are more workers than slots, so a target beyond the known slots is how
+      the pipeline asks for another host; bounded, it would never get one. Either way the
+      decision says when the target exceeds the known slots (docs/placement.md).
     """
 
     interval_s: float = 10.0
@@ -84,6 +90,7 @@ class Policy:
     epoch_overhead: bool = True
     headroom: float = 0.0
     min_epochs: int = 1
+    bound_by_slots: bool = False
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:

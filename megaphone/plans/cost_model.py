@@ -3,19 +3,21 @@ learned online from recent epoch metrics (:class:`CostModel`).
 
 An epoch is one Spark job of two stages, the senders' exports and then every worker's install
 and processing; a stage takes its busiest worker's time or its total over the task slots,
-whichever is longer (:func:`stages_s`). Epochs run as a group (docs/groups.md) share one job:
+whichever is longer (:func:`stages_s`), per host when the workers' homes and the hosts' slots
+are known (:class:`Slots`). Epochs run as a group (docs/groups.md) share one job:
 the job's overhead is learned from the group as a whole and charged once per group, each
 epoch paying its share (``group_size``).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import median
 
 from megaphone.records import EpochMetrics
+from megaphone.routing.placement import emptiest_host
 from megaphone.snailtrail import EpochTrace
 from megaphone.snailtrail.usage import WorkerUsage, usage_by_epoch
 
@@ -25,14 +27,53 @@ Work = Mapping[tuple[int, int], float]
 """Seconds of work per ``(stage, worker)``."""
 
 
-def stages_s(work: Work, parallelism: int = 1) -> float:
+@dataclass(frozen=True)
+class Slots:
+    """Where an epoch's tasks run at once: ``parallelism`` task slots in all and, when known,
+    each worker's home (``homes``) and each host's slots (``host_slots``), so that workers at
+    home on one host share that host's slots (docs/placement.md)."""
+
+    parallelism: int = 1
+    homes: Mapping[int, str] = field(default_factory=dict)
+    host_slots: Mapping[str, int] = field(default_factory=dict)
+
+    def placed(self, workers: Iterable[int]) -> dict[int, str] | None:
+        """The host of each of ``workers``: its home, or for one without a home where it would
+        be homed (:func:`~megaphone.routing.placement.emptiest_host`); ``None`` when the slots
+        of a host are unknown (then the stage is counted over ``parallelism``)."""
+        workers = list(workers)
+        if not self.host_slots or any(w in self.homes and self.homes[w] not in self.host_slots
+                                      for w in workers):
+            return None
+        hosts = {w: self.homes[w] for w in workers if w in self.homes}
+        count = Counter(self.homes.values())
+        known = sorted(self.host_slots)
+        for w in sorted(set(workers) - set(hosts)):
+            hosts[w] = emptiest_host(known, count, self.host_slots)
+            count[hosts[w]] += 1
+        return hosts
+
+    def stage_s(self, times: Mapping[int, float]) -> float:
+        """A stage of ``times`` (seconds per worker): per host, its busiest worker's time or its
+        total over the host's slots, whichever is longer, and the busiest host; without hosts,
+        the same over all workers and ``parallelism``."""
+        hosts = self.placed(times)
+        if hosts is None:
+            return max(max(times.values(), default=0.0),
+                       sum(times.values()) / max(1, self.parallelism))
+        per_host: dict[str, list[float]] = defaultdict(list)
+        for w, t in times.items():
+            per_host[hosts[w]].append(t)
+        return max((max(max(ts), sum(ts) / self.host_slots[h]) for h, ts in per_host.items()),
+                   default=0.0)
+
+
+def stages_s(work: Work, parallelism: int | Slots = 1) -> float:
     """Time of the stages one after the other; a stage takes its busiest worker's time or its
-    total over the task slots, whichever is longer."""
-    total = 0.0
-    for stage in (EXPORT, APPLY):
-        values = [t for (s, _), t in work.items() if s == stage]
-        total += max(max(values, default=0.0), sum(values) / max(1, parallelism))
-    return total
+    total over the task slots, whichever is longer (:meth:`Slots.stage_s`)."""
+    slots = parallelism if isinstance(parallelism, Slots) else Slots(parallelism)
+    return sum(slots.stage_s({w: t for (s, w), t in work.items() if s == stage})
+               for stage in (EXPORT, APPLY))
 
 
 def _median(values: Iterable[float]) -> float | None:
@@ -111,7 +152,7 @@ class CostModel:
     epochs_traced: int = 0
 
     @classmethod
-    def fit(cls, history: Iterable[EpochMetrics], parallelism: int = 1,
+    def fit(cls, history: Iterable[EpochMetrics], parallelism: int | Slots = 1,
             window: int = 20, traces: Iterable[EpochTrace] = ()) -> CostModel:
         """Fit the model to the newest ``window`` epochs of ``history`` (metrics records).
 
@@ -124,7 +165,6 @@ class CostModel:
         usage = usage_by_epoch(traces)
         rows = [(m, usage.get(m.epoch)) for m in history if m.per_worker][-window:]
         recent = [_timed(m, u) for m, u in rows]
-        par = max(1, parallelism)
         per_record: dict[int, list[float]] = defaultdict(list)
         records: dict[int, list[float]] = defaultdict(list)
         export: dict[int, list[float]] = defaultdict(list)
@@ -147,7 +187,7 @@ class CostModel:
             for w, wm in m.per_worker.items():
                 work[EXPORT, w] = wm.export_s or 0.0
                 work[APPLY, w] = wm.processing_s + (wm.install_s or 0.0)
-            return m.duration_s - stages_s(work, par)
+            return m.duration_s - stages_s(work, parallelism)
 
         jobs = _jobs([m for m, _ in rows])
         outsides = [(sum(outside(recent[i]) for i in job),
@@ -190,12 +230,12 @@ class CostModel:
         """Predicted time to ship ``nbytes`` of state to ``worker`` and install it there."""
         return (self._of(self.install_s_per_byte, worker) + self.ship_s_per_byte) * nbytes
 
-    def epoch_s(self, work: Work, parallelism: int = 1, group_size: int = 1) -> float:
+    def epoch_s(self, work: Work, parallelism: int | Slots = 1, group_size: int = 1) -> float:
         """Predicted epoch duration for ``work`` (seconds per stage and worker), in a job of its
         own or as one of ``group_size`` epochs of a group (its share of the job's overhead)."""
         return self.overhead_s / max(1, group_size) + stages_s(work, parallelism)
 
-    def replay_s(self, record: EpochMetrics, parallelism: int = 1) -> float:
+    def replay_s(self, record: EpochMetrics, parallelism: int | Slots = 1) -> float:
         """The duration this model predicts for a recorded epoch, from its records and the
         bytes each worker sent and received."""
         work: dict[tuple[int, int], float] = {}
@@ -221,4 +261,4 @@ def _jobs(records: list[EpochMetrics]) -> list[list[int]]:
     return jobs
 
 
-__all__ = ["APPLY", "EXPORT", "CostModel", "Work", "stages_s"]
+__all__ = ["APPLY", "EXPORT", "CostModel", "Slots", "Work", "stages_s"]

@@ -11,9 +11,13 @@ two stages, the senders' exports (map) and then every worker's install and proce
 (reduce), so::
 
     lag + margin * (overhead + stage(export_w) + stage(processing_w + install_w)) <= L
-    stage(x) = max(max_w x_w, sum_w x_w / parallelism)
+    stage(x) = max over hosts h of max(max_{w at h} x_w, sum_{w at h} x_w / slots_h)
 
-``export_w`` is the export of the bins ``w`` sends, ``install_w`` the shipping and install of
+where a worker is at its home and a new worker where it would be homed, so a move onto a busy
+host is predicted slower than one onto an idle host; with homes or slots unknown
+(``EpochView.homes``, ``host_slots``), the stage is ``max(max_w x_w, sum_w x_w / parallelism)``
+over all workers (:class:`~megaphone.plans.cost_model.Slots`). ``export_w`` is the export of
+the bins ``w`` sends, ``install_w`` the shipping and install of
 those it receives, ``processing_w`` its records (plus the records of the bins it receives).
 
 The model checks itself: for the recent epochs that moved state it predicts each one's
@@ -48,7 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, Work
+from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, Slots, Work
 from megaphone.plans.plan import PlanError
 from megaphone.plans.policy import EpochView, register_policy
 from megaphone.records import EpochMetrics
@@ -178,13 +182,13 @@ class DeadlinePolicy:
         """The moves to start before ``view.epoch``; the reason is appended to ``decisions``."""
         if not view.remaining:
             return []
-        model = CostModel.fit(view.history, view.parallelism, self.window, view.traces)
+        par = Slots(view.parallelism, view.homes, view.host_slots)
+        model = CostModel.fit(view.history, par, self.window, view.traces)
         self.model = model
-        self.calibration = self._calibrate(model, view.history, view.parallelism)
+        self.calibration = self._calibrate(model, view.history, par)
         budget = self.target_latency_s - view.lag_s
         if model.epochs_seen < self.min_history:
             return self._decide(view, "warm-up", [], 0.0, budget)
-        par = view.parallelism
         indebted = self._indebted(view.history)
         movable = [m for m in view.remaining if m.dst not in indebted]
         if not movable:
@@ -221,7 +225,7 @@ class DeadlinePolicy:
                                 budget, "no transfer measured yet: the smallest bin alone")
         chosen: list[Move] = []
         work = dict(base)
-        for move in self._order(view, model, base, size, budget):
+        for move in self._order(view, model, base, size, budget, par):
             trial = self._with(model, work, move, size[move], view)
             if self._fits(self._predict(model, trial, par), budget):
                 work = trial
@@ -252,7 +256,7 @@ class DeadlinePolicy:
                 if (wm.pending_compaction_bytes or 0) > self.max_compaction_debt}
 
     def _calibrate(self, model: CostModel, history: Sequence[EpochMetrics],
-                   parallelism: int) -> float:
+                   parallelism: Slots) -> float:
         """The 75th percentile of measured / replayed duration over the epochs of the newest
         ``window`` that moved state (1 without any; never below 1)."""
         ratios = []
@@ -270,7 +274,7 @@ class DeadlinePolicy:
         """Whether ``predicted`` seconds, with the margin, stay within ``budget``."""
         return self.margin * predicted <= budget + EPSILON_S
 
-    def _predict(self, model: CostModel, work: Work, parallelism: int) -> float:
+    def _predict(self, model: CostModel, work: Work, parallelism: Slots) -> float:
         """The model's epoch duration for ``work``, calibrated by its measured error."""
         return self.calibration * model.epoch_s(work, parallelism)
 
@@ -287,7 +291,7 @@ class DeadlinePolicy:
         return out
 
     def _order(self, view: EpochView, model: CostModel, base: Work,
-               size: Mapping[Move, int], budget: float) -> list[Move]:
+               size: Mapping[Move, int], budget: float, par: Slots) -> list[Move]:
         moves = list(view.remaining)
         if callable(self.priority):
             return sorted(moves, key=lambda m: self.priority(m, view))
@@ -302,8 +306,7 @@ class DeadlinePolicy:
         if self.priority == "smallest":
             return largest_first[::-1]
         big = largest_first[0]
-        alone = self._predict(model, self._with(model, base, big, size[big], view),
-                              view.parallelism)
+        alone = self._predict(model, self._with(model, base, big, size[big], view), par)
         return largest_first if self._fits(alone, budget) else largest_first[::-1]
 
     def _decide(self, view: EpochView, action: str, moves: list[Move], predicted: float,

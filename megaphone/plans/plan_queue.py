@@ -140,7 +140,9 @@ class PolicyInputs:
     ``history()``: recent per-epoch metrics records; ``traces()``: their epochs' traces;
     ``bin_bytes()``: size of every bin (read once
     when a plan becomes active); ``bin_records()``: recent records per bin; ``lag_s``: how
-    long after the end of its input the epoch starts; ``parallelism``: task slots.
+    long after the end of its input the epoch starts; ``parallelism``: task slots;
+    ``homes`` / ``host_slots``: each worker's home and each host's task slots (the last
+    commit's; empty when unknown).
     """
 
     history: Callable[[], Sequence[EpochMetrics]] = tuple
@@ -149,6 +151,8 @@ class PolicyInputs:
     bin_records: Callable[[], Mapping[int, float]] = dict
     lag_s: float = 0.0
     parallelism: int = 1
+    homes: Mapping[int, str] = field(default_factory=dict)
+    host_slots: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -308,7 +312,7 @@ class PlanQueue:
         remaining = active.remaining()
         view = EpochView(epoch, tuple(remaining), active.sizes, inputs.bin_records(),
                          tuple(inputs.history()), inputs.lag_s, active.idle, inputs.parallelism,
-                         tuple(inputs.traces()))
+                         tuple(inputs.traces()), inputs.homes, inputs.host_slots)
         try:
             chosen = checked_choice(active.policy(view), set(remaining))
             if chosen:

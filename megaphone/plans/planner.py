@@ -293,7 +293,9 @@ def plan_rescale(
 @dataclass(frozen=True)
 class PlanningSource:
     """The cheap facts about a pipeline (routing, plans in flight, metrics and traces), and how
-    to read the costly ones (bin sizes, measured load) once a request has been checked."""
+    to read the costly ones (bin sizes, measured load) once a request has been checked.
+    ``hosts``: the hosts known and each one's task slots (``None`` where unknown), which DS2
+    sets its target against; ``None`` when not known at all."""
 
     table: RoutingTable
     in_flight: int
@@ -301,6 +303,7 @@ class PlanningSource:
     read_sizes: Callable[[np.ndarray], BinSizes]
     read_load: Callable[[], np.ndarray | None]
     traces: tuple[EpochTrace, ...] = ()
+    hosts: Mapping[str, int | None] | None = None
 
     def inputs(self) -> PlanningInputs:
         """Read the bin sizes (at the newest owners) and load: the planner's inputs."""

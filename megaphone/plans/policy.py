@@ -44,6 +44,9 @@ class EpochView:
     kept, which the built-in policies read their times from. ``lag_s``: how long
     after the end of its input the epoch starts (0 when unknown). ``idle_epochs``: epochs in a
     row the plan has started no move. ``parallelism``: tasks that can run at once.
+    ``homes``: each worker's home host and ``host_slots``: the tasks each host runs at once
+    (the last commit's, docs/placement.md; empty when unknown), so a policy can tell a move
+    onto a busy host from one onto an idle host.
     """
 
     epoch: int
@@ -55,6 +58,8 @@ class EpochView:
     idle_epochs: int = 0
     parallelism: int = 1
     traces: tuple[EpochTrace, ...] = ()
+    homes: Mapping[int, str] = field(default_factory=dict)
+    host_slots: Mapping[str, int] = field(default_factory=dict)
 
 
 MigrationPolicy = Callable[[EpochView], Iterable[Move]]

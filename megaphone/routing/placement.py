@@ -4,8 +4,9 @@
 (:func:`megaphone.state_backends.host.host_id`) and the runtime says where each task ran.
 
 Homes change only by decision. A worker keeps its home while it has state. A worker that first
-gets bins is homed before that epoch (:func:`plan_homes`) on the host with the fewest homes
-among those with a store service some task reported (:func:`known_hosts`): its task, wherever
+gets bins is homed before that epoch (:func:`plan_homes`) on the host with the most free task
+slots (:func:`emptiest_host`; with slots unknown, the fewest homes) among those with a store
+service some task reported (:func:`known_hosts`): its task, wherever
 it runs, makes its first working copy there (asking a known service of that host for its
 shard's service if that one was not reported), and its bins arrive there home to home. With no
 host known (the first epochs) it is homed where its task ran, because its first copy was made
@@ -14,6 +15,7 @@ there (docs/placement.md).
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -45,7 +47,7 @@ def assign_homes(homes: Mapping[int, str], workers: Iterable[int],
     for w in sorted(holding - set(out)):
         if not hosts:
             continue
-        home = min(hosts, key=lambda h: (count[h], h))
+        home = emptiest_host(hosts, count)
         out[w] = home
         count[home] += 1
     return dict(sorted(out.items()))
@@ -94,19 +96,46 @@ class PlannedHome(NamedTuple):
     shard: int | None = None
 
 
+def emptiest_host(known: Sequence[str], count: Mapping[str, int],
+                  slots: Mapping[str, int] | None = None) -> str:
+    """The host of ``known`` (non-empty) a new worker is homed on: the most free task slots
+    (``slots`` less ``count``, the homes there), then the fewest homes, then the host id. With
+    the slots of any of ``known`` unknown, free slots are not compared (homes then host id):
+    a guess at capacity would be worse than none."""
+    room = slots if slots is not None and all(h in slots for h in known) else {}
+    return min(known, key=lambda h: (count.get(h, 0) - room.get(h, 0), count.get(h, 0), h))
+
+
+def hosts_needed(workers: int, slots: Mapping[str, int]) -> int | None:
+    """The fewest hosts whose task slots run ``workers`` tasks at once, the known hosts with the
+    most slots first and each further host counted with the most slots any has; ``None`` with
+    no slots known."""
+    sizes = sorted((n for n in slots.values() if n > 0), reverse=True)
+    if not sizes:
+        return None
+    covered = 0
+    for used, n in enumerate(sizes, 1):
+        covered += n
+        if covered >= workers:
+            return used
+    return len(sizes) + math.ceil((workers - covered) / sizes[0])
+
+
 def plan_homes(homes: Mapping[int, str], new: Iterable[int],
-               hosts: Mapping[str, Sequence[Any]]) -> dict[int, PlannedHome]:
+               hosts: Mapping[str, Sequence[Any]],
+               slots: Mapping[str, int] | None = None) -> dict[int, PlannedHome]:
     """Homes for the ``new`` workers (those without one in ``homes`` that get bins), chosen
-    before their first epoch: each, in worker order, on the host with the fewest homes (ties
-    by host id) among the ``hosts`` (:func:`known_hosts`) with any known service, with the
-    address of its service for the worker's shard if known, else of its first known service
-    and the shard to ask it for. With no host known, no home is planned (each worker is homed
-    where its task runs, :func:`assign_homes`). Existing homes never change."""
+    before their first epoch: each, in worker order, on :func:`emptiest_host` (most free of
+    ``slots``, the task slots per host, then fewest homes, then host id) among the ``hosts``
+    (:func:`known_hosts`) with any known service, with the address of its service for the
+    worker's shard if known, else of its first known service and the shard to ask it for.
+    With no host known, no home is planned (each worker is homed where its task runs,
+    :func:`assign_homes`). Existing homes never change."""
     known = sorted(h for h, services in hosts.items() if any(s is not None for s in services))
     count = Counter(homes.values())
     out: dict[int, PlannedHome] = {}
     for w in sorted(set(new) - set(homes)) if known else ():
-        host = min(known, key=lambda h: (count[h], h))
+        host = emptiest_host(known, count, slots)
         services = hosts[host]
         shard = w % len(services)
         own = services[shard]
@@ -124,5 +153,5 @@ def away(homes: Mapping[int, str], ran_on: Mapping[int, str]) -> list[int]:
     return sorted(w for w, h in ran_on.items() if homes.get(w) not in (None, h))
 
 
-__all__ = ["PlannedHome", "assign_homes", "away", "home_addresses", "homes_enforced",
-           "known_hosts", "plan_homes"]
+__all__ = ["PlannedHome", "assign_homes", "away", "emptiest_host", "home_addresses",
+           "homes_enforced", "hosts_needed", "known_hosts", "plan_homes"]

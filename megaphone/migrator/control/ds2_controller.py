@@ -99,7 +99,9 @@ class Autoscaler:
             self._seen = max(self._seen, window.seen_through)
             decision = decide(window, current, self.policy, lambda w: self.propose(w, current),
                               now=now, in_flight=len(self.pipe.in_flight),
-                              num_bins=getattr(self.pipe.routing, "num_bins", None))
+                              num_bins=getattr(self.pipe.routing, "num_bins", None),
+                              hosts=self.pipe.host_slots() if hasattr(self.pipe, "host_slots")
+                              else None)
             if decision.action in ("hold", "ignore-down-by-one"):
                 self._streak = []
             if decision.action != "scale":

@@ -33,6 +33,7 @@ class LivePipeline(Protocol):
     def trace_records(self, last: int | None = None) -> list[EpochTrace]: ...
     def bin_sizes(self, owners: np.ndarray | None = None) -> BinSizes: ...
     def bin_load(self) -> np.ndarray: ...
+    def host_slots(self) -> dict[str, int | None]: ...
 
 
 def committed_table(state: StateDir, state_version: int) -> RoutingTable:
@@ -60,18 +61,20 @@ def pipeline_source(pipeline: LivePipeline) -> PlanningSource:
         raise PlanError(str(exc)) from None
     return PlanningSource(pipeline.routing, len(pipeline.in_flight),
                           tuple(pipeline.metric_records()), pipeline.bin_sizes,
-                          pipeline.bin_load, tuple(pipeline.trace_records()))
+                          pipeline.bin_load, tuple(pipeline.trace_records()),
+                          pipeline.host_slots())
 
 
 def state_dir_source(state: StateDir | str | os.PathLike[str]) -> PlanningSource:
     """What a state directory offers for planning: its committed routing table, recorded
-    metrics and traces, and bin sizes read from its workers' backends (no measured load)."""
+    metrics and traces, the hosts known with their task slots, and bin sizes read from its
+    workers' backends (no measured load)."""
     state = state if isinstance(state, StateDir) else StateDir.open(state)
     commit = state.read_commit()
     return PlanningSource(committed_table(state, commit.state_version), len(commit.plans),
                           epoch_records(state.read_metrics()),
                           lambda owners: bin_sizes(state, owners), lambda: None,
-                          tuple(state.traces.read()))
+                          tuple(state.traces.read()), commit.host_slots())
 
 
 __all__ = [

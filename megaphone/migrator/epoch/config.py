@@ -51,6 +51,7 @@ class PipelineConfig:
     checkpoint: str | None = None
     snapshot_every: int = SNAPSHOT_EVERY
     group_size: int | str = AUTO
+    slots_per_host: int | None = None
 
     def check(self) -> None:
         """Raise ``ValueError`` for arguments that cannot work, before anything opens."""
@@ -68,6 +69,11 @@ class PipelineConfig:
         if not self.workers >= 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         check_group_size(self.group_size)
+        if self.slots_per_host is not None and (isinstance(self.slots_per_host, bool) or not
+                                                isinstance(self.slots_per_host, int) or
+                                                self.slots_per_host < 1):
+            raise ValueError(f"slots_per_host must be a positive int or None, got "
+                             f"{self.slots_per_host!r}")
         update_setting(update, self.event_time)  # an event-time operator needs its column
         if self.key in RESULT_COLUMNS:
             raise ValueError(f"the key column may not be called {self.key!r} (megaphone's "

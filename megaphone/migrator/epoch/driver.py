@@ -6,7 +6,9 @@ as one epoch or as the epochs of its epoch column, in groups of G >= 1 epochs
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +26,9 @@ from megaphone.migrator.epoch.state_holder import StateHolder
 from megaphone.migrator.statedir.commit import StreamPosition
 from megaphone.migrator.task.columns import EVENT_TIME
 from megaphone.migrator.task.updates import Update
+from megaphone.spark import local_slots
+
+log = logging.getLogger("megaphone.driver")
 
 #: The labels of a batch run as one epoch (without an epoch column): none.
 _WHOLE = EpochLabels((), ())
@@ -46,6 +51,34 @@ class EpochDriver:
         self.bin_load = np.zeros(config.num_bins)  # records per bin per epoch, smoothed
         #: Spark's task slots, asked once (the hot-key and adaptive policies' parallelism).
         self.task_slots: int | None = None
+        self.slots_per_host = config.slots_per_host
+        self._slots_unknown_said = False
+
+    @cached_property
+    def local_slots(self) -> int | None:
+        """The task slots of a local master, asked once (:func:`~megaphone.spark.local_slots`)."""
+        return local_slots(self.spark)
+
+    def host_slots(self, hosts: Sequence[str]) -> dict[str, int]:
+        """How many worker tasks each of ``hosts`` runs at once, as the commit record keeps it.
+
+        The pipeline's ``slots_per_host`` for every host when set; else, with a local master
+        and one host known, that master's task slots; else unknown (empty, logged once), and
+        homes, DS2 and the deadline policy go without. The driver does not derive a cluster's
+        slots per host: Spark names executors by address while megaphone's hosts are ids kept
+        in each host's local directory (simulated hosts share one address), a Spark Connect
+        client cannot reach the JVM's status tracker at all, and a task knows its executor's
+        cores but not how many executors share its host. A wrong count would home workers
+        onto a full host and mislead DS2, so unknown stays unknown."""
+        if self.slots_per_host is not None:
+            return {h: self.slots_per_host for h in hosts}
+        if len(hosts) == 1 and self.local_slots is not None:
+            return {hosts[0]: self.local_slots}
+        if hosts and not self._slots_unknown_said:
+            self._slots_unknown_said = True
+            log.info("task slots per host unknown for %d host(s): set slots_per_host to let "
+                     "homes, DS2 and the deadline policy count them", len(hosts))
+        return {}
 
     # -- outputs -------------------------------------------------------------------------
 

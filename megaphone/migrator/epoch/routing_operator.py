@@ -7,7 +7,7 @@ by the previous epoch's moves that their old owners now delete, and the workers 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,15 +119,19 @@ def new_homes(layout: EpochLayout, commit: Commit) -> dict[int, PlannedHome]:
     the task spec and the epoch's commit record agree, and a re-run chooses alike."""
     if not homes_enforced():
         return {}
-    return plan_homes(commit.worker_homes(), layout.live | set(layout.incoming), commit.hosts)
+    return plan_homes(commit.worker_homes(), layout.live | set(layout.incoming), commit.hosts,
+                      commit.slots)
 
 
 def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[str, Any]],
-                  per_worker: Mapping[int, WorkerMetrics], before: Commit) -> Commit:
+                  per_worker: Mapping[int, WorkerMetrics], before: Commit,
+                  slots: Callable[[Sequence[str]], dict[str, int]] | None = None) -> Commit:
     """The driver's commit record of the epoch (its fields: :class:`Commit`), carried on from
     ``before`` with what the workers reported. A new worker's home is the one chosen before
     the epoch (:func:`new_homes`) unless its task could not reach it; a chosen address is kept
-    only if it is the worker's shard's, else the one the worker's task reported."""
+    only if it is the worker's shard's, else the one the worker's task reported. The task
+    slots of the known hosts are ``slots(hosts)`` (without it, ``before``'s for the hosts still
+    known)."""
     chosen = new_homes(layout, before)
     hosts, homes_before = ran_on(per_worker), {**before.worker_homes(),
                                                **{w: p.host for w, p in chosen.items()}}
@@ -144,6 +148,7 @@ def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[
         before.hosts, [(w, hosts[w], m.service) for w, m in per_worker.items()
                        if w in hosts and m.service],
         [homes_before[w] for w in unreachable if w in homes_before])
+    known = sorted(set(services) | set(homes.values()))
     times = [m.max_event_time for m in per_worker.values() if m.max_event_time is not None]
     if before.max_event_time is not None:
         times.append(before.max_event_time)
@@ -154,7 +159,9 @@ def commit_record(layout: EpochLayout, stream: StreamPosition, plans: list[dict[
                   max_event_time=max(times) if times else None, label=before.label,
                   hot=committed_summary(before.hot, (m.hot for m in per_worker.values())),
                   homes={str(w): h for w, h in homes.items()},
-                  addresses={str(w): list(a) for w, a in addresses.items()}, hosts=services)
+                  addresses={str(w): list(a) for w, a in addresses.items()}, hosts=services,
+                  slots=slots(known) if slots is not None else
+                  {h: n for h, n in before.slots.items() if h in known})
 
 
 def ran_on(per_worker: Mapping[int, WorkerMetrics]) -> dict[int, str]:

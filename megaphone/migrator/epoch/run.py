@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -73,6 +73,10 @@ class DriverState(Protocol):
     map_sides: MapSides
     bin_load: np.ndarray
     task_slots: int | None
+
+    def host_slots(self, hosts: Sequence[str]) -> dict[str, int]:
+        """Each host's task slots, for the commit record (empty when unknown)."""
+        ...
 
 #: The driver's phases of an epoch, in order.
 DRIVER_PHASES = ("admit", "layout", "submit", "collect", "commit", "cleanup")
@@ -279,7 +283,8 @@ class EpochRun:
         return PolicyInputs(
             history=lambda: list(metrics)[-POLICY_HISTORY:], bin_bytes=sizes,
             bin_records=records, lag_s=lag_s, parallelism=driver.task_slots,
-            traces=lambda: tuple(traces))
+            traces=lambda: tuple(traces), homes=holder.commit.worker_homes(),
+            host_slots=holder.commit.slots)
 
     def _spec(self, admitted: Admission, layout: EpochLayout, labels: tuple[int, ...]
               ) -> EpochSpec:
@@ -343,7 +348,8 @@ class EpochRun:
             with queue.lock:
                 queue.committed(record.epoch, report.bytes_by_bin)
                 commit = commit_record(at, before.stream if stream is None else stream,
-                                       queue.to_list(), record.per_worker, before)
+                                       queue.to_list(), record.per_worker, before,
+                                       self.driver.host_slots)
                 if self.grouped:
                     commit.label = record.label
                 record.away = away(commit.worker_homes(), ran_on(record.per_worker))

@@ -62,6 +62,9 @@ class Pipeline:
     the rest as rows), ``"files"`` or ``"rows"``, in shuffle rows of up to ``chunk_bytes``.
     ``group_size``: epochs per Spark job when a batch holds several (``process(batch,
     epoch_column=...)``): a fixed int, or ``"auto"``, Drizzle's rule (docs/groups.md).
+    ``slots_per_host``: worker tasks one host runs at once (its executors' cores), which homes,
+    DS2 and the deadline policy read; needed with a cluster master, where it is not derived
+    (``None``: known only for a local master; docs/placement.md).
     ``update`` may also be a Spark ``StatefulProcessor`` (as given to ``transformWithState``),
     with ``output_type`` its output schema (a StructType or DDL), ``time_mode`` ``"None"`` or
     ``"EventTime"`` and, for event time, ``event_time`` and ``watermark_delay`` (Spark's
@@ -101,6 +104,7 @@ class Pipeline:
         checkpoint: str | None = None,
         snapshot_every: int = SNAPSHOT_EVERY,
         group_size: int | str = AUTO,
+        slots_per_host: int | None = None,
         time_mode: str | None = None,
         watermark_delay: int | float | str | None = None,
         processor_api: str | None = None,
@@ -120,7 +124,7 @@ class Pipeline:
             backend=backend, key_type=key_type, pipeline_id=pipeline_id, event_time=event_time,
             output_type=output_type, chunk_bytes=chunk_bytes, transfer=transfer,
             keep_outputs=keep_outputs, local_dir=local_dir, checkpoint=checkpoint,
-            snapshot_every=snapshot_every, group_size=group_size)
+            snapshot_every=snapshot_every, group_size=group_size, slots_per_host=slots_per_host)
         self._setup(spark, state_dir, config)
 
     @classmethod
@@ -186,6 +190,14 @@ class Pipeline:
         if self._runner.on_server:
             return self._runner.committed_routing()
         return self._holder.routing
+
+    def host_slots(self) -> dict[str, int | None]:
+        """The hosts the last commit knows and each one's task slots (``None`` where unknown:
+        ``slots_per_host`` tells them; docs/placement.md), which DS2 sets its target
+        against."""
+        commit = self.state_dir.read_commit() if self._runner.on_server else \
+            self._holder.commit
+        return commit.host_slots()
 
     @property
     def streaming(self) -> bool:

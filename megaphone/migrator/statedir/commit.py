@@ -85,7 +85,11 @@ class Commit:
     holding it there, as a task at home last reported it (docs/placement.md). ``hosts``: per
     host any task reported from, the ``[host, port]`` of each of its store services (one per
     shard, ``None`` where none was reported), so that a new worker can be homed there before
-    its first epoch.
+    its first epoch. ``slots``: per known host (of ``hosts`` and ``homes``), how many worker
+    tasks it runs at once, as the driver knew it at the commit
+    (:meth:`~megaphone.migrator.epoch.driver.EpochDriver.host_slots`; empty when unknown), so
+    that homes, DS2 and the deadline policy read one record, and a re-run of the next epoch
+    homes its new workers alike.
     """
 
     epoch: int = -1
@@ -101,6 +105,7 @@ class Commit:
     homes: dict[str, str] = field(default_factory=dict)
     addresses: dict[str, list[Any]] = field(default_factory=dict)
     hosts: dict[str, list[Any]] = field(default_factory=dict)
+    slots: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any) -> Commit:
@@ -130,6 +135,11 @@ class Commit:
                 for h, s in commit.hosts.items()):
             raise ValueError("commit.json is malformed: hosts must map host ids to lists of "
                              "[host, port] or null")
+        if not isinstance(commit.slots, dict) or not all(
+                isinstance(h, str) and isinstance(n, int) and not isinstance(n, bool) and n > 0
+                for h, n in commit.slots.items()):
+            raise ValueError("commit.json is malformed: slots must map host ids to positive "
+                             "integers")
         if not isinstance(commit.hot, dict):
             raise ValueError("commit.json is malformed: hot must be an object")
         return commit
@@ -145,6 +155,11 @@ class Commit:
     def worker_homes(self) -> dict[int, str]:
         """``homes`` by worker number."""
         return {int(w): h for w, h in self.homes.items()}
+
+    def host_slots(self) -> dict[str, int | None]:
+        """Each known host (of ``hosts`` and ``homes``) and its task slots (``None`` where
+        unknown): the capacity DS2 sets its target against."""
+        return {h: self.slots.get(h) for h in sorted(set(self.hosts) | set(self.homes.values()))}
 
     def home_services(self) -> dict[int, tuple[str, tuple[str, int]]]:
         """Per worker whose home's service address is known: its home and that address."""
