@@ -107,7 +107,7 @@ class Driver:
     def __init__(self, run: Path) -> None:
         from bench.ds2_scenario import slow_count
         from megaphone.migrator.pipeline.facade import Pipeline
-        from megaphone.spark import spark_session
+        from megaphone.spark import check_python_workers, spark_session
 
         self.run = run
         self.pid = os.getpid()
@@ -123,6 +123,8 @@ class Driver:
             workers=self.workers, num_bins=self.cfg["bins"], key_type="int64", event_time="t",
             local_dir=self.cfg["local_dir"], checkpoint=self.cfg["checkpoint"])
         self.phase("pipeline")
+        check_python_workers(self.spark)  # what the first epoch would do first: timed apart
+        self.phase("workers")
         self.controller: Any = None
         self._ds2_logged = 0
         done = {a["slot"] for a in read_lines(run / "actions.jsonl")}

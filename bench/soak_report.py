@@ -32,7 +32,8 @@ NOT_STATE = {"input-pending", "stream-checkpoint"}
 KILL_SHADOW_S = 120.0
 #: The columns of a driver kill's recovery, in order (:func:`driver_recoveries`).
 DRIVER_PHASES = ("at_s", "restart_pause", "interpreter", "pyspark_jvm_session",
-                 "executors_after_session", "pipeline_open", "stream_start", "to_first_epoch",
+                 "executors_after_session", "pipeline_open", "workers_probe", "stream_start",
+                 "to_first_epoch",
                  "first_epoch_duration", "first_epoch_restores", "first_epoch_restore_s",
                  "first_epoch_begin_s", "backlog", "recovered")
 #: Shorter runs (CI's two minutes) only report the trends: warm-up, restarts and a few samples
@@ -92,9 +93,9 @@ def driver_recoveries(result: dict[str, Any], kills: list[dict], recovered: list
     """Where each driver kill's recovery went, in seconds: the soak's pause before the restart,
     the new driver's start-up phases (``phases.jsonl``: interpreter, PySpark with its JVM and
     SparkSession, the executors registering beside the rest, the pipeline opened from its state
-    directory, the stream started), the wait until its first epoch started, that epoch's own
-    duration (its worker restores, their longest, the longest store opening) and the backlog
-    drained after it."""
+    directory, the probe of the Python workers a first epoch runs, the stream started), the
+    wait until its first epoch started, that epoch's own duration (its worker restores, their
+    longest, the longest store opening) and the backlog drained after it."""
     run, events = result["run"], result["events"]
     phases = read_lines(run / "phases.jsonl")
     lines = sorted(read_lines(run / "epochs.jsonl"), key=lambda e: e["time"])
@@ -118,7 +119,8 @@ def driver_recoveries(result: dict[str, Any], kills: list[dict], recovered: list
             "pyspark_jvm_session": gap(at.get("process"), at.get("session")),
             "executors_after_session": gap(at.get("session"), at.get("executors")),
             "pipeline_open": gap(at.get("session"), at.get("pipeline")),
-            "stream_start": gap(at.get("pipeline"), at.get("stream")),
+            "workers_probe": gap(at.get("pipeline"), at.get("workers")),
+            "stream_start": gap(at.get("workers", at.get("pipeline")), at.get("stream")),
             "to_first_epoch": gap(at.get("stream"), first and first.get("started")),
             "first_epoch_duration": None if first is None else round(first["duration_s"], 1),
             "first_epoch_restores": None if first is None else first["restored"],
@@ -263,12 +265,13 @@ def markdown(summary: dict[str, Any], command: str) -> str:
           for k in summary["kills"]), "",
         "Where a driver kill's recovery went (s): the soak's pause before the restart; the new "
         "driver's interpreter; PySpark, its JVM and SparkSession; the pipeline opened; the "
-        "stream started; until its first epoch started; that epoch's own duration (its "
+        "probe of Spark's Python workers (a one-task-per-slot job); the stream started; until "
+        "its first epoch started; that epoch's own duration (its "
         "restores, the longest restore, the longest store opening); the backlog drained after "
         "it. Executors register beside the pipeline's opening (seconds after the session).", "",
-        "| kill at | pause | interpreter | JVM+session | executors | pipeline | stream | "
+        "| kill at | pause | interpreter | JVM+session | executors | pipeline | probe | stream | "
         "to 1st epoch | 1st epoch | restores | restore | opening | backlog | recovered |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *("| " + " | ".join(r(d[c], ".1f") if isinstance(d[c], float) else
                             "-" if d[c] is None else str(d[c]) for c in DRIVER_PHASES) + " |"
           for d in summary["driver_recoveries"]), "",

@@ -20,7 +20,8 @@ def epoch(time: float, pid: int, restored: int = 0, **extra) -> dict:
 
 def test_a_driver_kill_is_broken_down_into_its_phases(tmp_path: Path):
     for pid, phase, t in [(2, "process", 203.0), (2, "session", 230.0), (2, "executors", 232.0),
-                          (2, "pipeline", 235.0), (2, "stream", 240.0)]:
+                          (2, "pipeline", 235.0), (2, "workers", 237.0),
+                          (2, "stream", 240.0)]:
         append_line(tmp_path / "phases.jsonl", {"pid": pid, "phase": phase, "time": t})
     for e in [epoch(190.0, 1), epoch(250.0, 2, 2, duration_s=6.0, restore_s=1.5, started=244.0,
                                       begin_s=2.0, phases_s={"job": 5.0}),
@@ -35,7 +36,8 @@ def test_a_driver_kill_is_broken_down_into_its_phases(tmp_path: Path):
     [d] = driver_recoveries(result, kills, [70.0, 5.0])  # executor kills are not broken down
     assert d == {"at_s": 200.0, "restart_pause": 2.0, "interpreter": 1.0,
                  "pyspark_jvm_session": 27.0, "executors_after_session": 2.0,
-                 "pipeline_open": 5.0, "stream_start": 5.0, "to_first_epoch": 4.0,
+                 "pipeline_open": 5.0, "workers_probe": 2.0, "stream_start": 3.0,
+                 "to_first_epoch": 4.0,
                  "first_epoch_duration": 6.0, "first_epoch_restores": 2,
                  "first_epoch_restore_s": 1.5, "first_epoch_begin_s": 2.0,
                  "first_epoch_phases_s": {"job": 5.0}, "backlog": 20.0, "recovered": 70.0}
