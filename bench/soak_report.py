@@ -77,12 +77,23 @@ def annotate(epochs: list[dict], writes: list[dict]) -> None:
         e["backlog"] = None if lat is None else upto(e["time"]) - upto(e["time"] - lat - 1e-3)
 
 
+def mark_replays(epochs: list[dict], phases: list[dict]) -> None:
+    """Mark the lines of batches a restarted driver replayed (``replay``): an epoch the killed
+    driver committed before its sink ran, whose line carries that epoch's metrics (it started
+    before the driver that wrote the line did), not a sign of the new driver's progress."""
+    born = {p["pid"]: p["time"] for p in phases if p["phase"] == "process"}
+    for e in epochs:
+        e["replay"] = e.get("started") is not None and e["started"] < born.get(e["pid"], 0.0)
+
+
 def recoveries(epochs: list[dict], kills: list[dict], steady: float) -> list[float | None]:
-    """Seconds from each kill to the first epoch whose latency is back near ``steady``."""
+    """Seconds from each kill to the first epoch run after it whose latency is back near
+    ``steady`` (a replayed batch's line, :func:`mark_replays`, does not count)."""
     out: list[float | None] = []
     bound = max(1.5 * steady, steady + 1.0)
     for k in kills:
-        after = [e for e in epochs if e["time"] > k["time"] + 1 and e["latency_s"] is not None]
+        after = [e for e in epochs if e["time"] > k["time"] + 1 and e["latency_s"] is not None
+                 and not e.get("replay")]
         back = next((e for e in after if e["latency_s"] <= bound), None)
         out.append(None if back is None else back["time"] - k["time"])
     return out
@@ -99,6 +110,7 @@ def driver_recoveries(result: dict[str, Any], kills: list[dict], recovered: list
     run, events = result["run"], result["events"]
     phases = read_lines(run / "phases.jsonl")
     lines = sorted(read_lines(run / "epochs.jsonl"), key=lambda e: e["time"])
+    mark_replays(lines, phases)
     out = []
     for k, back in zip(kills, recovered, strict=True):
         start = next((e for e in events if e["event"] == "start" and e["time"] > k["time"]),
@@ -106,7 +118,8 @@ def driver_recoveries(result: dict[str, Any], kills: list[dict], recovered: list
         if k["event"] != "kill-driver" or start is None:
             continue
         at = {p["phase"]: p["time"] for p in phases if p["pid"] == start["pid"]}
-        first = next((e for e in lines if e["pid"] == start["pid"]), None)
+        first = next((e for e in lines if e["pid"] == start["pid"] and not e["replay"]),
+                     None)
 
         def gap(a: float | None, b: float | None) -> float | None:
             return None if a is None or b is None else round(b - a, 1)
@@ -185,6 +198,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     actions = read_lines(run / "actions.jsonl")
     kills = [e for e in result["events"] if e["event"].startswith("kill")]
     annotate(epochs, writes)
+    mark_replays(epochs, read_lines(run / "phases.jsonl"))
     calm = [e for e in epochs if quiet(e, s, kills)]
     steady = _median([e["latency_s"] for e in calm]) or 1.0
     recovered = recoveries(epochs, kills, steady)

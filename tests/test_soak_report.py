@@ -23,8 +23,10 @@ def test_a_driver_kill_is_broken_down_into_its_phases(tmp_path: Path):
                           (2, "pipeline", 235.0), (2, "workers", 237.0),
                           (2, "stream", 240.0)]:
         append_line(tmp_path / "phases.jsonl", {"pid": pid, "phase": phase, "time": t})
-    for e in [epoch(190.0, 1), epoch(250.0, 2, 2, duration_s=6.0, restore_s=1.5, started=244.0,
-                                      begin_s=2.0, phases_s={"job": 5.0}),
+    # epoch 205's line is a replay: its batch ran (and committed) before driver 2 existed
+    for e in [epoch(190.0, 1), epoch(205.0, 2, started=199.5),
+              epoch(250.0, 2, 2, duration_s=6.0, restore_s=1.5, started=244.0, begin_s=2.0,
+                    phases_s={"job": 5.0}),
               epoch(260.0, 2)]:
         append_line(tmp_path / "epochs.jsonl", e)
     events = [{"time": 0.0, "event": "start", "pid": 1},
