@@ -94,6 +94,18 @@ def is_connect(spark: SparkSession) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
+#: A local master with its thread count (``local[N]``, ``local[N,F]``, ``local[*]``).
+_LOCAL_MASTER = re.compile(r"local\[(\d+|\*)(?:,\d+)?\]")
+
+
+def _server_conf(spark: SparkSession, name: str) -> str | None:
+    """A setting of the Spark Connect server, ``None`` where it is unset or not exposed."""
+    try:
+        return spark.conf.get(name, None)
+    except Exception:  # a setting the server does not expose
+        return None
+
+
 def task_slots(spark: SparkSession) -> int:
     """How many tasks the cluster runs at once (Spark's default parallelism).
 
@@ -103,19 +115,13 @@ def task_slots(spark: SparkSession) -> int:
     """
     if not is_connect(spark):
         return spark.sparkContext.defaultParallelism
-
-    def conf(name: str) -> str | None:
-        try:
-            return spark.conf.get(name, None)
-        except Exception:  # a setting the server does not expose
-            return None
-
-    if (value := conf("spark.default.parallelism")) and value.isdigit():
+    if (value := _server_conf(spark, "spark.default.parallelism")) and value.isdigit():
         return int(value)
-    master = conf("spark.master") or ""
-    if m := re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master):
+    master = _server_conf(spark, "spark.master") or ""
+    if m := _LOCAL_MASTER.fullmatch(master):
         return (os.cpu_count() or 2) if m.group(1) == "*" else int(m.group(1))
-    instances, cores = conf("spark.executor.instances"), conf("spark.executor.cores")
+    instances = _server_conf(spark, "spark.executor.instances")
+    cores = _server_conf(spark, "spark.executor.cores")
     if instances and cores and instances.isdigit() and cores.isdigit():
         return int(instances) * int(cores)
     log.info("task slots of the Spark Connect server unknown (master %r); assuming 2: set "
@@ -127,14 +133,9 @@ def local_slots(spark: SparkSession) -> int | None:
     """The task slots of a local master (``local``, ``local[N]``, ``local[N,F]``,
     ``local[*]``), all on the driver's one host; ``None`` for a cluster master (``local-cluster``
     too), whose slots per host Python cannot tell apart (docs/placement.md)."""
-    if is_connect(spark):
-        try:
-            master = spark.conf.get("spark.master", None) or ""
-        except Exception:  # a setting the server does not expose
-            master = ""
-    else:
-        master = spark.sparkContext.master
-    if master == "local" or re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master):
+    master = (_server_conf(spark, "spark.master") or "") if is_connect(spark) else \
+        spark.sparkContext.master
+    if master == "local" or _LOCAL_MASTER.fullmatch(master):
         return task_slots(spark)
     return None
 
