@@ -99,18 +99,16 @@ def recoveries(epochs: list[dict], kills: list[dict], steady: float) -> list[flo
     return out
 
 
-def driver_recoveries(result: dict[str, Any], kills: list[dict], recovered: list[float | None]
-                      ) -> list[dict[str, Any]]:
+def driver_recoveries(result: dict[str, Any], epochs: list[dict], phases: list[dict],
+                      kills: list[dict], recovered: list[float | None]) -> list[dict[str, Any]]:
     """Where each driver kill's recovery went, in seconds: the soak's pause before the restart,
     the new driver's start-up phases (``phases.jsonl``: interpreter, PySpark with its JVM and
     SparkSession, the executors registering beside the rest, the pipeline opened from its state
     directory, the probe of the Python workers a first epoch runs, the stream started), the
     wait until its first epoch started, that epoch's own duration (its worker restores, their
-    longest, the longest store opening) and the backlog drained after it."""
-    run, events = result["run"], result["events"]
-    phases = read_lines(run / "phases.jsonl")
-    lines = sorted(read_lines(run / "epochs.jsonl"), key=lambda e: e["time"])
-    mark_replays(lines, phases)
+    longest, the longest store opening) and the backlog drained after it. ``epochs``: the
+    epochs' lines in time order, replays marked (:func:`mark_replays`)."""
+    events = result["events"]
     out = []
     for k, back in zip(kills, recovered, strict=True):
         start = next((e for e in events if e["event"] == "start" and e["time"] > k["time"]),
@@ -118,7 +116,7 @@ def driver_recoveries(result: dict[str, Any], kills: list[dict], recovered: list
         if k["event"] != "kill-driver" or start is None:
             continue
         at = {p["phase"]: p["time"] for p in phases if p["pid"] == start["pid"]}
-        first = next((e for e in lines if e["pid"] == start["pid"] and not e["replay"]),
+        first = next((e for e in epochs if e["pid"] == start["pid"] and not e["replay"]),
                      None)
 
         def gap(a: float | None, b: float | None) -> float | None:
@@ -198,7 +196,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     actions = read_lines(run / "actions.jsonl")
     kills = [e for e in result["events"] if e["event"].startswith("kill")]
     annotate(epochs, writes)
-    mark_replays(epochs, read_lines(run / "phases.jsonl"))
+    phases = read_lines(run / "phases.jsonl")
+    mark_replays(epochs, phases)
     calm = [e for e in epochs if quiet(e, s, kills)]
     steady = _median([e["latency_s"] for e in calm]) or 1.0
     recovered = recoveries(epochs, kills, steady)
@@ -238,7 +237,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "kills": [{"at_s": round(k["time"] - s.t0, 1), "what": k["event"][5:],
                    "recovered_s": None if r is None else round(r, 1)}
                   for k, r in zip(kills, recovered, strict=True)],
-        "driver_recoveries": driver_recoveries(result, kills, recovered),
+        "driver_recoveries": driver_recoveries(result, epochs, phases, kills, recovered),
         "driver_starts": sum(1 for e in result["events"] if e["event"] == "start"),
         "cluster": result["cluster"],
     }

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.soak_driver import Schedule, append_line
-from bench.soak_report import driver_recoveries, restores_outside_kills
+from bench.soak_driver import Schedule, append_line, read_lines
+from bench.soak_report import driver_recoveries, mark_replays, restores_outside_kills
 
 SCHEDULE = Schedule(t0=0.0, seconds=1000.0, warmup_s=100.0, slot_s=100.0, rate=1.0, high=2.0,
                     kill_every_s=400.0, kill_margin_s=50.0)
@@ -35,7 +35,11 @@ def test_a_driver_kill_is_broken_down_into_its_phases(tmp_path: Path):
               {"time": 300.0, "event": "kill-executor", "pid": 9}]
     kills = [e for e in events if e["event"].startswith("kill")]
     result = {"run": tmp_path, "events": events, "schedule": SCHEDULE}
-    [d] = driver_recoveries(result, kills, [70.0, 5.0])  # executor kills are not broken down
+    epochs = sorted(read_lines(tmp_path / "epochs.jsonl"), key=lambda e: e["time"])
+    phases = read_lines(tmp_path / "phases.jsonl")
+    mark_replays(epochs, phases)
+    # executor kills are not broken down
+    [d] = driver_recoveries(result, epochs, phases, kills, [70.0, 5.0])
     assert d == {"at_s": 200.0, "restart_pause": 2.0, "interpreter": 1.0,
                  "pyspark_jvm_session": 27.0, "executors_after_session": 2.0,
                  "pipeline_open": 5.0, "workers_probe": 2.0, "stream_start": 3.0,
