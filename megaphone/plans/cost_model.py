@@ -11,13 +11,13 @@ epoch paying its share (``group_size``).
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from statistics import median
 
 from megaphone.records import EpochMetrics
-from megaphone.routing.placement import emptiest_host
+from megaphone.routing.placement import home_new
 from megaphone.snailtrail import EpochTrace
 from megaphone.snailtrail.usage import WorkerUsage, usage_by_epoch
 
@@ -45,13 +45,8 @@ class Slots:
         if not self.host_slots or any(w in self.homes and self.homes[w] not in self.host_slots
                                       for w in workers):
             return None
-        hosts = {w: self.homes[w] for w in workers if w in self.homes}
-        count = Counter(self.homes.values())
-        known = sorted(self.host_slots)
-        for w in sorted(set(workers) - set(hosts)):
-            hosts[w] = emptiest_host(known, count, self.host_slots)
-            count[hosts[w]] += 1
-        return hosts
+        return {**{w: self.homes[w] for w in workers if w in self.homes},
+                **home_new(self.homes, workers, sorted(self.host_slots), self.host_slots)}
 
     def stage_s(self, times: Mapping[int, float]) -> float:
         """A stage of ``times`` (seconds per worker): per host, its busiest worker's time or its

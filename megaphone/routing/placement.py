@@ -42,14 +42,7 @@ def assign_homes(homes: Mapping[int, str], workers: Iterable[int],
     out = {w: h for w, h in homes.items() if w in holding}
     out.update({w: ran_on[w] for w in set(unreachable) | (holding - set(out))
                 if w in holding and w in ran_on})
-    hosts = sorted(set(out.values()) | set(ran_on.values()))
-    count = Counter(out.values())
-    for w in sorted(holding - set(out)):
-        if not hosts:
-            continue
-        home = emptiest_host(hosts, count)
-        out[w] = home
-        count[home] += 1
+    out.update(home_new(out, holding, sorted(set(out.values()) | set(ran_on.values()))))
     return dict(sorted(out.items()))
 
 
@@ -106,6 +99,19 @@ def emptiest_host(known: Sequence[str], count: Mapping[str, int],
     return min(known, key=lambda h: (count.get(h, 0) - room.get(h, 0), count.get(h, 0), h))
 
 
+def home_new(homes: Mapping[int, str], workers: Iterable[int], known: Sequence[str],
+             slots: Mapping[str, int] | None = None) -> dict[int, str]:
+    """A host for each of ``workers`` without one in ``homes``, in worker order, each on
+    :func:`emptiest_host` of ``known`` counting the homes given so far; none with no host
+    known."""
+    count = Counter(homes.values())
+    out: dict[int, str] = {}
+    for w in sorted(set(workers) - set(homes)) if known else ():
+        out[w] = emptiest_host(known, count, slots)
+        count[out[w]] += 1
+    return out
+
+
 def hosts_needed(workers: int, slots: Mapping[str, int]) -> int | None:
     """The fewest hosts whose task slots run ``workers`` tasks at once, the known hosts with the
     most slots first and each further host counted with the most slots any has; ``None`` with
@@ -132,10 +138,8 @@ def plan_homes(homes: Mapping[int, str], new: Iterable[int],
     With no host known, no home is planned (each worker is homed where its task runs,
     :func:`assign_homes`). Existing homes never change."""
     known = sorted(h for h, services in hosts.items() if any(s is not None for s in services))
-    count = Counter(homes.values())
     out: dict[int, PlannedHome] = {}
-    for w in sorted(set(new) - set(homes)) if known else ():
-        host = emptiest_host(known, count, slots)
+    for w, host in home_new(homes, new, known, slots).items():
         services = hosts[host]
         shard = w % len(services)
         own = services[shard]
@@ -144,7 +148,6 @@ def plan_homes(homes: Mapping[int, str], new: Iterable[int],
         else:
             addr, port = next(s for s in services if s is not None)
             out[w] = PlannedHome(host, (addr, port), shard)
-        count[host] += 1
     return out
 
 
@@ -153,5 +156,5 @@ def away(homes: Mapping[int, str], ran_on: Mapping[int, str]) -> list[int]:
     return sorted(w for w, h in ran_on.items() if homes.get(w) not in (None, h))
 
 
-__all__ = ["PlannedHome", "assign_homes", "away", "emptiest_host", "home_addresses",
+__all__ = ["PlannedHome", "assign_homes", "away", "emptiest_host", "home_addresses", "home_new",
            "homes_enforced", "hosts_needed", "known_hosts", "plan_homes"]
