@@ -30,8 +30,21 @@ epoch by epoch, and final state must be equal, and the counts must add up to the
 ``<order>-<round>.csv`` and ``relief.png`` (latency over time, the decision marked; needs
 matplotlib).
 
-    python bench/relief.py            # about 11 minutes (2 rounds of 70 epochs of 2 s per order)
-    python bench/relief.py --smoke    # a short check of the machinery
+``--workload q7`` or ``q8`` runs NEXMark Q7 (highest bid per tumbling window) or Q8 (new
+users, a windowed join) instead of the count, on a skewed stream, the setting DRRS (ICDE
+2025) is evaluated in. Bids' auctions (Q7) or auctions' sellers (Q8) follow a Zipf law of
+exponent ``--skew``, and the stream is the first seed from ``--seed`` whose ``--hot`` most
+popular auctions or sellers all lie in distinct bins of worker 0, so worker 0 falls behind as
+with the count's hot keys (``bench/relief_nexmark.py`` says how). ``--rate`` is the records
+per second into the rescaled stage (Q7's window stage reads the bids, 46 of every 50 events;
+Q8's join the persons and auctions, 4 of 50), ``--cost-ms`` their cost as for the count. The
+same measures are reported. Instead of the counts, every run's outputs must equal the batch
+SQL of the query over the events fed (``megaphone/nexmark/sql.py``) with no record late; the
+runs' outputs epoch by epoch and the rescaled stage's final state must be equal.
+
+    python bench/relief.py                  # about 11 minutes (2 rounds of 70 epochs of 2 s
+    python bench/relief.py --workload q7    # per order); Q7 and Q8 about 12 minutes each
+    python bench/relief.py --smoke          # a short check of the machinery (any workload)
 """
 
 from __future__ import annotations
@@ -55,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 import ds2_scenario
+import relief_nexmark
 from ds2_scenario import slow_count
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
@@ -69,8 +83,14 @@ from megaphone.state_backends import unpack_value
 
 # Spark's Python workers cannot import the bench helpers by name: ship the update by value.
 cloudpickle.register_pickle_by_value(ds2_scenario)
+cloudpickle.register_pickle_by_value(relief_nexmark)
 
 ORDERS = ("bins", "relief")
+WORKLOADS = ("count", *relief_nexmark.QUERIES)
+#: Default records per second into the rescaled stage, by workload: worker 0 falls behind by
+#: about a second per 2 s epoch, and after the scale-out the busiest worker has room to drain
+#: the backlog (Q7's two Spark jobs per epoch leave less room than Q8's one).
+RATES = {"count": 3500.0, "q7": 3000.0, "q8": 3500.0}
 #: Acceptance targets (relief over bins): time to relief, peak latency.
 TARGET_RELIEF = 0.5
 TARGET_PEAK = 0.7
@@ -81,13 +101,26 @@ HOT_BASE = 10**9
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """The command line."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rate", type=float, default=3500.0, help="records per second")
+    p.add_argument("--workload", choices=WORKLOADS, default="count",
+                   help="the keyed count, or NEXMark Q7 or Q8 on a skewed stream")
+    p.add_argument("--rate", type=float, help="records per second into the rescaled stage "
+                   "(default 3500, Q7 3000)")
     p.add_argument("--interval", type=float, default=2.0, help="epoch length, seconds")
     p.add_argument("--cost-ms", type=float, default=0.5, help="sleep per record, ms")
-    p.add_argument("--keys", type=int, default=20_000, help="cold keys")
-    p.add_argument("--hot", type=int, default=6, help="hot keys, each in its own bin of "
-                   "worker 0")
-    p.add_argument("--hot-share", type=float, default=0.6, help="share of records to hot keys")
+    p.add_argument("--keys", type=int, default=20_000, help="cold keys (count)")
+    p.add_argument("--hot", type=int, default=6, help="hot keys (NEXMark: the most popular "
+                   "auctions or sellers), each in its own bin of worker 0")
+    p.add_argument("--hot-share", type=float, default=0.6, help="share of records to hot keys "
+                   "(count)")
+    p.add_argument("--skew", type=float, default=1.2, help="Zipf exponent of the popular "
+                   "auctions or sellers (NEXMark)")
+    p.add_argument("--skew-keys", type=int, default=1000, help="auctions or sellers the Zipf "
+                   "law ranks (NEXMark)")
+    p.add_argument("--hot-ratio", type=int, default=10, help="1 - 1/RATIO of the bids' "
+                   "auctions (Q7) or auctions' sellers (Q8) are Zipf draws (NEXMark)")
+    p.add_argument("--seed", type=int, default=0, help="the first stream seed tried (NEXMark)")
+    p.add_argument("--window-s", type=float, help="window size, event-time seconds (NEXMark; "
+                   "10, --smoke 2)")
     p.add_argument("--bins", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="workers at the start")
     p.add_argument("--to", type=int, default=4, help="workers after the scale-out")
@@ -100,15 +133,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="rounds of both orders")
     p.add_argument("--warmup", type=int, default=6, help="scratch epochs run first")
     p.add_argument("--smoke", action="store_true", help="a short run: 12 epochs, 16 bins")
-    p.add_argument("--out", type=Path,
-                   default=Path(__file__).resolve().parent / "results" / "relief")
+    p.add_argument("--out", type=Path, help="results directory (default results/relief, "
+                   "results/relief-q7 or results/relief-q8 next to this script)")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the summary (the JSON of OUT/summary.json) to FILE")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    args.rate = args.rate or RATES[args.workload]
     if args.smoke:
         args.epochs, args.before, args.bins, args.rate, args.keys = 12, 3, 16, 800.0, 500
         args.interval, args.rounds, args.warmup = 1.0, 1, 1
+    args.window_s = args.window_s or (2.0 if args.smoke else 10.0)
+    args.out = args.out or Path(__file__).resolve().parent / "results" / (
+        "relief" if args.workload == "count" else f"relief-{args.workload}")
     args.target = args.target or args.interval
     args.orders = tuple(o.strip() for o in args.orders.split(",") if o.strip())
     if not args.orders or set(args.orders) - set(ORDERS):
@@ -165,7 +202,8 @@ class Row:
 
 @dataclass
 class Run:
-    """One order's run: its epochs, decision, plan and what it computed."""
+    """One order's run: its epochs, decision, plan and what it computed (``fed``: records, or
+    NEXMark events; ``check``: what its outputs were checked against)."""
 
     order: str
     round: int
@@ -174,39 +212,76 @@ class Run:
     done_s: float | None
     moves: list[list[int]]
     plan_order: str
-    outputs: list[list[tuple[Any, Any]]]
-    state: dict[int, int]
+    outputs: list[list[tuple[Any, ...]]]
+    state: dict[Any, Any]
     fed: int
+    check: str = ""
+
+
+class CountWorkload:
+    """The keyed count: ``--hot-share`` of the records to ``--hot`` keys in bins of worker 0,
+    the rest to ``--keys`` cold keys. :attr:`stage` is the pipeline the benchmark rescales."""
+
+    def __init__(self, spark: SparkSession, args: argparse.Namespace, path: Path) -> None:
+        self.spark, self.args = spark, args
+        self.stage = Pipeline(spark, str(path), key="k", value="v",
+                              update=slow_count(args.cost_ms / 1000), workers=args.workers,
+                              num_bins=args.bins, key_type="int64",
+                              pipeline_id=f"relief-{path.name}-{uuid.uuid4().hex[:8]}")
+        self.hot = hot_keys(self.stage.routing.owners(), args.bins, args.hot)
+        self.per_epoch = round(args.rate * args.interval)
+        self.fed = 0
+
+    def epoch(self, input_end: float | None) -> list[tuple[Any, ...]]:
+        """Run the next epoch; its outputs as sorted ``(key, count)`` pairs."""
+        table = self.stage.process_arrow(batch(self.spark, self.fed, self.per_epoch, self.args,
+                                               self.hot), input_end=input_end)
+        self.fed += self.per_epoch
+        return _pairs(table)
+
+    def close(self) -> None:
+        """Close the pipeline."""
+        self.stage.close()
+
+    def finish(self) -> tuple[dict[Any, Any], int, str]:
+        """The counts, which must add up to the records fed (else an ``AssertionError``),
+        the records fed and what was checked; closes the pipeline."""
+        try:
+            state = {int(k): int(unpack_value(v)) for k, v in self.stage.state().collect()}
+        finally:
+            self.close()
+        if sum(state.values()) != self.fed:
+            raise AssertionError(f"the counts add up to {sum(state.values())}, but {self.fed} "
+                                 "records were fed")
+        return state, self.fed, "the counts add up to the records fed"
+
+
+def workload(spark: SparkSession, args: argparse.Namespace, path: Path
+             ) -> CountWorkload | relief_nexmark.NexmarkWorkload:
+    """A fresh ``--workload`` under ``path``."""
+    if args.workload == "count":
+        return CountWorkload(spark, args, path)
+    return relief_nexmark.NexmarkWorkload(spark, args, path)
 
 
 def warm(spark: SparkSession, args: argparse.Namespace, root: Path) -> None:
-    """``--warmup`` epochs of a scratch pipeline as fast as they go (nothing measured)."""
+    """``--warmup`` epochs of a scratch workload as fast as they go (nothing measured)."""
     if not args.warmup:
         return
-    pipe = Pipeline(spark, str(root / "warmup"), key="k", value="v",
-                    update=slow_count(args.cost_ms / 1000), workers=args.workers,
-                    num_bins=args.bins, key_type="int64",
-                    pipeline_id=f"relief-warmup-{uuid.uuid4().hex[:8]}")
-    n = round(args.rate * args.interval)
-    for e in range(args.warmup):
-        pipe.process_arrow(batch(spark, e * n, n, args, hot_keys(pipe.routing.owners(),
-                                                                   args.bins, args.hot)))
-    pipe.close()
+    work = workload(spark, args, root / "warmup")
+    for _ in range(args.warmup):
+        work.epoch(None)
+    work.close()
 
 
 def run(spark: SparkSession, args: argparse.Namespace, order: str, round_: int,
         root: Path) -> Run:
-    """One order from a fresh pipeline: prime, overload, decide, then run to the end."""
-    pipe = Pipeline(spark, str(root / f"{order}-{round_}"), key="k", value="v",
-                    update=slow_count(args.cost_ms / 1000), workers=args.workers,
-                    num_bins=args.bins, key_type="int64",
-                    pipeline_id=f"relief-{order}-{uuid.uuid4().hex[:8]}")
-    hot = hot_keys(pipe.routing.owners(), args.bins, args.hot)
-    n = round(args.rate * args.interval)
-    offset, outputs, rows = 0, [], []
-    pipe.process_arrow(batch(spark, offset, n, args, hot))  # primer: JVM and workers warm
-    offset += n
-    outputs.append(_pairs(None))
+    """One order from a fresh workload: prime, overload, decide, then run to the end."""
+    work = workload(spark, args, root / f"{order}-{round_}")
+    pipe = work.stage
+    work.epoch(None)  # primer: JVM and workers warm
+    outputs: list[list[tuple[Any, ...]]] = [[]]
+    rows = []
     handle, decision_s, done_s, plan = None, 0.0, None, None
     t0 = time.time()
     bar = tqdm(range(args.epochs), desc=order, disable=args.no_progress, leave=False)
@@ -219,10 +294,8 @@ def run(spark: SparkSession, args: argparse.Namespace, order: str, round_: int,
         end = t0 + (e + 1) * args.interval
         if (wait := end - time.time()) > 0:
             time.sleep(wait)
-        table = pipe.process_arrow(batch(spark, offset, n, args, hot), input_end=end)
+        outputs.append(work.epoch(end))
         done = time.time()
-        offset += n
-        outputs.append(_pairs(table))
         m = pipe.metrics(last=1)[0]
         if handle is not None and done_s is None and handle.done:
             done_s = done - t0
@@ -232,15 +305,13 @@ def run(spark: SparkSession, args: argparse.Namespace, order: str, round_: int,
                         round(os.getloadavg()[0], 2)))
         bar.set_postfix(latency=f"{done - end:.2f}s", workers=m["workers"])
     assert plan is not None
-    state = {int(k): int(unpack_value(v)) for k, v in pipe.state().collect()}
-    pipe.close()
-    fed = offset
-    if sum(state.values()) != fed:
-        raise AssertionError(f"{order}: the counts add up to {sum(state.values())}, but {fed} "
-                             "records were fed")
+    try:
+        state, fed, check = work.finish()
+    except AssertionError as exc:
+        raise AssertionError(f"{order}, round {round_}: {exc}") from exc
     moves = sorted([m.bin, m.src, m.dst] for s in plan.steps for m in s.moves)
     return Run(order, round_, rows, decision_s, done_s, moves, str(plan.meta.get("order", order)),
-               outputs, state, fed)
+               outputs, state, fed, check)
 
 
 def _pairs(table: Any) -> list[tuple[Any, Any]]:
@@ -290,10 +361,11 @@ def stats(r: Run, target: float) -> dict[str, Any]:
         "scaling_duration_s": None if r.done_s is None else round(r.done_s - r.decision_s, 2),
         "bins_moved": len(r.moves),
         "records_fed": r.fed,
+        "check": r.check,
     }
 
 
-def plot(path: Path, runs: list[Run], target: float) -> None:
+def plot(path: Path, runs: list[Run], target: float, workload: str) -> None:
     """Latency over time per order, the decision and the target marked."""
     try:
         import matplotlib
@@ -311,7 +383,8 @@ def plot(path: Path, runs: list[Run], target: float) -> None:
     ax.axhline(target, linestyle="--", color="red", label="target")
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("latency (s)")
-    ax.set_title("scale-out of an overloaded worker: relief order against bin order")
+    ax.set_title(f"{workload}: scale-out of an overloaded worker, relief order against bin "
+                 "order")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -344,6 +417,10 @@ def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> in
         "runs": [stats(r, args.target) for r in runs],
         "equal": "outputs epoch by epoch, state, and the bins moved",
     }
+    if args.workload != "count":
+        config, hot = relief_nexmark.choose_stream(args)
+        summary["stream"] = {"seed": config.seed, "events_per_second": config.events_per_second,
+                             f"hot_{relief_nexmark.HOT_KIND[args.workload]}s": hot}
     by = {o: {m: statistics.median(s[m] for s in summary["runs"] if s["order"] == o)
               for m in ("time_to_relief_s", "peak_latency_s")} for o in args.orders}
     summary["medians"] = by
@@ -364,7 +441,8 @@ def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> in
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text)
-    plot(args.out / "relief.png", runs, args.target)
+    plot(args.out / "relief.png", runs, args.target,
+         "keyed count" if args.workload == "count" else f"NEXMark {args.workload.upper()}")
     for s in summary["runs"]:
         print(f"{s['order']:7s} round {s['round']}  time to relief "
               f"{s['time_to_relief_s']:7.1f} s (backlog gone {s['backlog_gone_s']} s, latency "
@@ -377,7 +455,7 @@ def main(argv: list[str] | None = None, spark: SparkSession | None = None) -> in
         print(f"relief / bins (medians): time to relief {x['time_to_relief']}x "
               f"(target <= {TARGET_RELIEF}), peak latency {x['peak_latency']}x "
               f"(target <= {TARGET_PEAK})")
-    print(f"equal: {summary['equal']}; results in {args.out}")
+    print(f"checked: {runs[0].check}; equal: {summary['equal']}; results in {args.out}")
     return 0
 
 

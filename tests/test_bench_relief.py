@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,43 @@ def test_tiny_run_compares_both_orders_and_writes_its_results(spark, tmp_path: P
     for order in ("bins", "relief"):
         with open(out / f"{order}-0.csv", newline="") as fh:
             assert len(list(csv.DictReader(fh))) == 2
+
+
+def test_the_skewed_stream_puts_its_most_popular_keys_in_distinct_bins_of_worker_0():
+    with bench_module("relief") as relief:
+        nexmark = relief.relief_nexmark
+        for workload, kind in (("q7", "auction"), ("q8", "seller")):
+            args = relief.parse(["--workload", workload, "--hot", "5", "--bins", "32",
+                                 "--workers", "2", "--seed", "7"])
+            config, hot = nexmark.choose_stream(args)
+            assert config.seed >= 7 and config.skew == args.skew == 1.2
+            assert hot == list(nexmark.most_popular(config, kind, 5))
+            bins = [int(b) for b in relief.bin_of(hot, 32)]
+            assert len(set(bins)) == 5 and all(b % 2 == 0 for b in bins)  # bin b on worker b % 2
+            assert nexmark.choose_stream(args) == (config, hot)
+            # the stage reads --rate records per second: bids are 46 of 50 events, persons and
+            # auctions 4 of 50
+            share = 46 / 50 if workload == "q7" else 4 / 50
+            assert config.events_per_second * share == pytest.approx(args.rate)
+
+
+#: The tiny run on NEXMark: windows of 0.2 s of event time, so that some close in it, and 50
+#: popular ids (Q8: the sellers sign up within the run, so that some auctions find them).
+TINY_NEXMARK = [*TINY[:TINY.index("--keys")], *TINY[TINY.index("--hot"):], "--window-s", "0.2",
+                "--skew-keys", "50"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["q7", "q8"])
+def test_tiny_nexmark_run_matches_the_batch_sql_in_both_orders(spark, tmp_path: Path, workload):
+    out = tmp_path / "out"
+    with bench_module("relief") as relief:
+        args = [*TINY_NEXMARK, "--workload", workload, "--out", str(out)]
+        assert relief.main(args, spark=spark) == 0
+    data = json.loads((out / "summary.json").read_text())
+    assert [(r["order"], r["plan_order"]) for r in data["runs"]] == [("bins", "bins"),
+                                                                      ("relief", "relief")]
+    checks = {r["check"] for r in data["runs"]}
+    assert len(checks) == 1 and re.fullmatch(r"[1-9]\d* rows = batch SQL, none late",
+                                             checks.pop())
+    assert len(data["stream"][f"hot_{'auction' if workload == 'q7' else 'seller'}s"]) == 3

@@ -7,6 +7,12 @@ of the time (the first of the latest 100 persons or auctions), and otherwise dra
 active people and the auctions in flight, plus a few ids not created yet (the "lead": a join
 then sees the other side arrive late too). Event time advances at a fixed rate.
 
+With ``skew`` > 0 the hot choices follow a Zipf law instead: a hot bid's auction and a hot
+auction's seller are drawn from a fixed set of ``skew_keys`` auctions and persons, so that
+the same few keys carry much of the stream for the whole run: a skewed NEXMark stream, as
+rescaling systems (DRRS, ICDE 2025) are evaluated on. ``skew`` = 0 is the stream above,
+unchanged.
+
 Every random choice is a hash of the seed, the event number and the field (XXH64, as for bins),
 never a stateful random generator. So any range of events can be generated on its own, on any
 worker, in any order: ``generate(c, 0, 100)`` followed by ``generate(c, 100, 100)`` is
@@ -16,6 +22,7 @@ Java's ``Random``), and it leaves out Beam's ``extra`` padding column.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +43,10 @@ NUM_CATEGORIES = 5
 HOT_GROUP = 100
 #: Ids not created yet that a random choice may still pick.
 ID_LEAD = 10
+#: Kinds of id a skewed choice draws: a bid's auction, an auction's seller.
+SKEWED_KINDS = ("auction", "seller")
+#: The largest Zipf exponent accepted (beyond it the first id takes nearly everything).
+MAX_SKEW = 10.0
 US_STATES = ("AZ", "CA", "ID", "OR", "WA", "WY")
 US_CITIES = ("Phoenix", "Los Angeles", "San Francisco", "Boise", "Portland", "Bend", "Redmond",
              "Seattle", "Kent", "Cheyenne")
@@ -65,6 +76,15 @@ class NexmarkConfig:
     ``events_per_second`` sets event time (event ``n`` happens ``n / rate`` seconds after
     ``base_time_ms``); ``hot_*_ratio`` ``r`` makes a choice hot with probability ``1 - 1/r``;
     ``seed`` picks another stream of the same shape.
+
+    ``skew`` ``s`` (a Zipf exponent, 0 = off) draws the hot choices of bids' auctions and
+    auctions' sellers from the first ``skew_keys`` auction and person ids, the ``r``-th most
+    popular with a probability proportional to ``1 / r**s``; which id has which rank is a
+    shuffle fixed by the seed (:func:`most_popular`). So ``hot_auction_ratio`` and
+    ``hot_sellers_ratio`` set the share of the skewed choices, and ``skew`` how concentrated
+    they are. Those ids are created at the start of the stream and keep their popularity
+    for ever: later a skewed bid goes to an auction that has closed (Q4 ignores it), and a
+    skewed auction's seller signed up long ago (Q8 finds no match for it).
     """
 
     events_per_second: float = 10_000.0
@@ -75,19 +95,24 @@ class NexmarkConfig:
     hot_bidders_ratio: int = 4
     base_time_ms: int = 1_700_000_000_000
     seed: int = 0
+    skew: float = 0.0
+    skew_keys: int = 1000
 
     def __post_init__(self) -> None:
         if not 0 < self.events_per_second <= 1e6:
             raise ValueError(f"events_per_second must be in (0, 1e6], got "
                              f"{self.events_per_second}")
         for name in ("num_active_people", "num_in_flight_auctions", "hot_auction_ratio",
-                     "hot_sellers_ratio", "hot_bidders_ratio"):
+                     "hot_sellers_ratio", "hot_bidders_ratio", "skew_keys"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or \
                 not 0 <= self.seed < 1 << 63:
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if isinstance(self.skew, bool) or not isinstance(self.skew, int | float) or \
+                not 0 <= self.skew <= MAX_SKEW:
+            raise ValueError(f"skew must be a number in [0, {MAX_SKEW:g}], got {self.skew!r}")
 
     @property
     def inter_event_delay_us(self) -> int:
@@ -160,6 +185,61 @@ def _hot(config: NexmarkConfig, n: np.ndarray, field: int, ratio: int) -> np.nda
     return _below(config, n, field, ratio) > 0
 
 
+def _hot_auction(config: NexmarkConfig, n: np.ndarray) -> np.ndarray:
+    """A hot bid's auction (base 0): the first of the latest 100, or a skewed draw."""
+    if config.skew:
+        return _skewed(config, n, "auction")
+    return last_auction_id(n) // HOT_GROUP * HOT_GROUP
+
+
+def _hot_seller(config: NexmarkConfig, n: np.ndarray) -> np.ndarray:
+    """A hot auction's seller (base 0): the first of the latest 100, or a skewed draw."""
+    if config.skew:
+        return _skewed(config, n, "seller")
+    return last_person_id(n) // HOT_GROUP * HOT_GROUP
+
+
+# -- skew -------------------------------------------------------------------------------------
+
+#: The hash fields of the skewed choices: the draw per event, and the shuffle of the ranks.
+_SKEW_DRAW_FIELD = 9
+_SKEW_RANK_FIELDS = {"auction": 30, "seller": 31}
+
+
+def most_popular(config: NexmarkConfig, kind: str, count: int) -> np.ndarray:
+    """The ``count`` most popular ids of a skewed stream, the most popular first:
+    auction ids (``kind="auction"``, what hot bids go to) or person ids (``"seller"``, who
+    hot auctions are sold by). A benchmark uses it to know where the hot keys are."""
+    if kind not in SKEWED_KINDS:
+        raise ValueError(f"kind must be one of {SKEWED_KINDS}, got {kind!r}")
+    if not config.skew:
+        raise ValueError("the stream has no skew (skew=0): no id is more popular than another")
+    if not 0 <= count <= config.skew_keys:
+        raise ValueError(f"count must be in [0, skew_keys={config.skew_keys}], got {count}")
+    first = FIRST_AUCTION_ID if kind == "auction" else FIRST_PERSON_ID
+    return _popularity(config, kind)[0][:count] + first
+
+
+@functools.lru_cache(maxsize=16)
+def _popularity(config: NexmarkConfig, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of ``kind`` (base 0) by rank, and the Zipf law's cumulative probability of
+    each rank: rank ``r`` (from 1) weighs ``1 / r**skew``."""
+    ids = np.arange(config.skew_keys, dtype=np.int64)
+    ranked = np.argsort(_uniform(config, ids, _SKEW_RANK_FIELDS[kind]), kind="stable")
+    weights = np.arange(1, config.skew_keys + 1, dtype=np.float64) ** -float(config.skew)
+    cumulative = np.cumsum(weights) / weights.sum()
+    ranked.setflags(write=False)
+    cumulative.setflags(write=False)
+    return ranked, cumulative
+
+
+def _skewed(config: NexmarkConfig, n: np.ndarray, kind: str) -> np.ndarray:
+    """An id of ``kind`` (base 0) per event, drawn from the Zipf law over the ranks."""
+    ranked, cumulative = _popularity(config, kind)
+    rank = np.searchsorted(cumulative, _uniform(config, n, _SKEW_DRAW_FIELD), side="right")
+    return ranked[np.minimum(rank, len(ranked) - 1)]
+
+
 # -- the three kinds of event -----------------------------------------------------------------
 
 
@@ -179,7 +259,7 @@ def _persons(config: NexmarkConfig, n: np.ndarray) -> pa.Table:
 
 def _auctions(config: NexmarkConfig, n: np.ndarray) -> pa.Table:
     seller = np.where(_hot(config, n, 1, config.hot_sellers_ratio),
-                      last_person_id(n) // HOT_GROUP * HOT_GROUP, _some_person(config, n, 2))
+                      _hot_seller(config, n), _some_person(config, n, 2))
     initial = _price(config, n, 3)
     now = config.timestamp_ms(n)
     # An auction lasts, on average, as long as ``num_in_flight_auctions`` more take to start,
@@ -214,7 +294,7 @@ def max_auction_duration_ms(config: NexmarkConfig) -> int:
 
 def _bids(config: NexmarkConfig, n: np.ndarray) -> pa.Table:
     auction = np.where(_hot(config, n, 1, config.hot_auction_ratio),
-                       last_auction_id(n) // HOT_GROUP * HOT_GROUP, _some_auction(config, n, 2))
+                       _hot_auction(config, n), _some_auction(config, n, 2))
     # The second person of a batch, so that hot bidders are not the hot sellers.
     bidder = np.where(_hot(config, n, 3, config.hot_bidders_ratio),
                       last_person_id(n) // HOT_GROUP * HOT_GROUP + 1, _some_person(config, n, 4))
