@@ -221,9 +221,11 @@ class NexmarkNative(NativeRestarts):
     """
 
     def __init__(self, ctx: Context, name: str, query: str, warmup: int, steady_epochs: int,
-                 config: NexmarkConfig, sizes: dict[str, int]):
+                 config: NexmarkConfig, sizes: dict[str, int],
+                 give_up: Callable[[list[float]], bool] | None = None):
         super().__init__(ctx, ctx.cfg.state_root / query / name, preload=False)
         self.name, self.query_name, self.sizes = name, query, sizes
+        self.give_up = give_up
         self.build, self.scans = QUERIES[query]
         self.preload = warmup  # batches before the feeder's: the warm-up epochs
         if name == "native":
@@ -269,9 +271,10 @@ class NexmarkNative(NativeRestarts):
         self.outputs[batch_id] = [tuple(r) for r in frame.collect()]
 
     def run(self) -> list[EpochRow]:
-        """Warm up (closed loop), feed, restart once (``native-repartition``), drain; the
-        open-loop epochs' rows. The query is then stopped: the batches that reported progress
-        (committed) are the epochs the run and its check count."""
+        """Warm up (closed loop), feed, restart once (``native-repartition``), drain (or stop
+        when ``give_up`` says so); the open-loop epochs' rows. The query is then stopped: the
+        batches that reported progress (committed) are the epochs the run and its check
+        count."""
         (self.root / "input").mkdir(parents=True)
         (self.root / "staging").mkdir()
         base = time.time() - self.preload - 1
@@ -290,7 +293,7 @@ class NexmarkNative(NativeRestarts):
                 self.restart("scale-out", 2 * self.cfg.workers, first, math.inf)
             steady_end = self.plan[1].first if len(self.plan) > 1 else math.inf
             self.drain(self.plan[-1], steady_threshold(
-                [r.latency_s for r in self.rows() if r.epoch < steady_end]))
+                [r.latency_s for r in self.rows() if r.epoch < steady_end]), self.give_up)
         finally:
             self.feeder.finish()
             self.stop_query()
@@ -360,9 +363,11 @@ def streaming_conf(spark, partitions: int) -> Iterator[None]:
             spark.conf.set(key, saved)
 
 
-def run_native(bench, query: str, name: str, row_type: type[EpochRow]) -> RunResult:
+def run_native(bench, query: str, name: str, row_type: type[EpochRow],
+               give_up: Callable[[list[float]], bool] | None = None) -> RunResult:
     """One native run of ``query`` (``name`` in :data:`NATIVE_RUNS`) under ``bench``'s
-    settings (``bench/nexmark.py``); rows as ``row_type`` with the rows emitted per epoch."""
+    settings (``bench/nexmark.py``); rows as ``row_type`` with the rows emitted per epoch.
+    ``give_up``, given the open-loop epochs' latencies so far, may end the run early."""
     cfg = bench.cfg
     mcfg = Config(
         keys=1, rate=cfg.rate, interval=cfg.interval, workers=cfg.workers, bins=cfg.bins,
@@ -373,8 +378,8 @@ def run_native(bench, query: str, name: str, row_type: type[EpochRow]) -> RunRes
         driver_memory=cfg.driver_memory, native_preload_max=0, progress=cfg.progress,
         profile="smoke")
     ctx = Context(mcfg, bench.spark, Workload(1, cfg.per_epoch), Path(), 0, bench.sampler)
-    run = NexmarkNative(ctx, name, query, cfg.warmup, cfg.pre + cfg.cooldown, cfg.nexmark,
-                        cfg.sizes(query))
+    run = NexmarkNative(ctx, name, query, cfg.warmup, cfg.steady_epochs, cfg.nexmark,
+                        cfg.sizes(query), give_up)
     shutil.rmtree(run.root, ignore_errors=True)
     load_before = load_avg()
     bench.sampler.take_peak()

@@ -55,6 +55,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -514,8 +515,10 @@ class NativeRestarts:
         """Until the batches of epochs ``0 .. n-1`` ran."""
         self.wait_batches(n + int(self.preload))
 
-    def drain(self, last: Stretch, threshold: float) -> None:
-        """Run the last stretch: ``--cooldown`` epochs, then until drained (or ``max_end``).
+    def drain(self, last: Stretch, threshold: float,
+              give_up: Callable[[list[float]], bool] | None = None) -> None:
+        """Run the last stretch: ``--cooldown`` epochs, then until drained (or ``max_end``),
+        or until ``give_up`` (given every epoch's latency so far) says to stop.
 
         The input then ends; the query is stopped without waiting for a backlog left (the
         state is checked at the last batch that reported progress, see :meth:`counted_batch`).
@@ -525,7 +528,8 @@ class NativeRestarts:
             self.wait_epochs(done + 1)
             rows = self.rows()
             done = len(rows)
-            if should_stop(last, done, rows[-1].latency_s, threshold):
+            if should_stop(last, done, rows[-1].latency_s, threshold) or (
+                    give_up is not None and give_up([r.latency_s for r in rows])):
                 break
         self.feeder.finish()
 

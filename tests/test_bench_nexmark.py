@@ -1,5 +1,6 @@
 """Smoke test of the NEXMark benchmark (``bench/nexmark.py``) at its tiniest: one query, one
-megaphone strategy and the native stop-repartition-restart, on the shared SparkSession.
+megaphone strategy and the native stop-repartition-restart, on the shared SparkSession; and
+its capacity sweep at one rate.
 
 It checks that the CSVs, the plot and the summary are written and that both runs passed the
 benchmark's own correctness check (their outputs equal the batch SQL; the benchmark raises
@@ -55,6 +56,35 @@ def test_tiny_run_writes_every_output_and_passes_its_checks(spark, nexmark, tmp_
     assert pause["partitions"] == 4 and pause["migrate_s"] > 0
     assert "stop " in summary and "repartition " in summary
     assert (out / "q8.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_tiny_sweep_runs_both_systems_and_checks_their_outputs(spark, nexmark, tmp_path: Path):
+    """``--sweep`` at one rate for two epochs: a steady megaphone point and a native one, each
+    checked against the batch SQL, judged, and written out (their verdicts depend on the
+    machine, so they are not asserted)."""
+    out = tmp_path / "sweep"
+    assert nexmark.main(["--quick", "--sweep", "--queries", "q8", "--sweep-rates", "250",
+                         "--sweep-seconds", "2", "--sweep-retries", "0", "--out", str(out),
+                         "--no-progress"],
+                        spark=spark) == 0
+    data = json.loads((out / "sweep.json").read_text())
+    points = data["points"]
+    assert [(p["query"], p["system"], p["rate"]) for p in points] == \
+        [("q8", "steady", 250), ("q8", "native", 250)]
+    for p in points:
+        assert p["check"].startswith("ok (") and p["expected"] == 2
+        assert p["epochs"] == 2 or (not p["sustained"] and p["epochs"] < 2)
+        assert p["p99"] >= p["p50"] > 0
+        with open(out / "points" / f"q8-{p['system']}-250.csv", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        assert len(rows) >= 1 + p["epochs"] and rows[0]["phase"] == "warmup"
+        assert {r["bins_moved"] for r in rows} == {"0"}
+    assert set(data["capacity"]["q8"]) == {"steady", "native"}
+    text = (out / "sweep.md").read_text()
+    assert text.startswith("# NEXMark capacity sweep") and "| Q8 | " in text
+    assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / "state").exists() or not any((out / "state").iterdir())
 
 
 def test_settings_and_what_native_spark_cannot_express(nexmark) -> None:
