@@ -66,29 +66,19 @@ def retryable(error_text: str) -> bool:
     return any(mark in error_text for mark in RETRYABLE)
 
 
-@dataclass(frozen=True)
-class MapSide:
-    """The map side of an epoch's job under one routing version: the records' shuffle columns
-    (``select``) and the worker column to partition them by (``worker``)."""
-
-    select: list[Column]
-    worker: Column
-
-
-def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSpec) -> MapSide:
-    """The map side of an epoch (:class:`MapSide`).
+def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSpec
+                   ) -> list[Column]:
+    """The map side of an epoch under one routing version: the records' shuffle columns.
 
     ``columns`` are the batch's record columns by name (``key`` and, where used, ``value``,
     ``_t``: :mod:`~megaphone.migrator.task.columns`); ``owners`` the routing version's worker of
     every bin (kept while it holds: :class:`MapSides`). A null key is a key of its own, as in
     ``groupBy``: ``xxhash64`` of null is its seed, so it lives in bin 0.
     """
-    shuffle = spec.shuffle_schema
-    assert shuffle is not None
     key = columns[KEY]
     bin_ = bin_column(key, spec.num_bins, spec.key_type)
     exprs = []
-    for f in shuffle:
+    for f in spec.shuffle_schema:
         if f.name == BIN:
             exprs.append(bin_.alias(BIN))
         elif f.name == WORKER:
@@ -98,7 +88,7 @@ def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSp
         else:  # every row of the map side is a record
             value = int(RowKind.RECORD) if f.name == KIND else None
             exprs.append(F.lit(value).cast(from_arrow_type(f.type)).alias(f.name))
-    return MapSide(select=exprs, worker=F.col(WORKER))
+    return exprs
 
 
 class MapSides:
@@ -106,10 +96,10 @@ class MapSides:
     record columns hold: building one costs the driver a few hundred JVM calls."""
 
     def __init__(self) -> None:
-        self._last: tuple[tuple, MapSide] | None = None
+        self._last: tuple[tuple, list[Column]] | None = None
 
     def get(self, version: int, columns: dict[str, Column], spec: EpochSpec,
-            owners: Callable[[], np.ndarray]) -> MapSide:
+            owners: Callable[[], np.ndarray]) -> list[Column]:
         """The map side for routing ``version`` (whose ``owners()`` are asked on a miss)."""
         shape = (version, spec.shuffle_schema, tuple(columns))
         if self._last is None or self._last[0] != shape:
@@ -117,7 +107,7 @@ class MapSides:
         return self._last[1]
 
 
-def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: EpochSpec,
+def epoch_job(spark: SparkSession, batch: DataFrame, map_side: list[Column], spec: EpochSpec,
               partitions: int) -> DataFrame:
     """The epoch's job; collecting it runs the epoch and yields its outputs and reports
     (:func:`split_results`).
@@ -125,11 +115,9 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: Ep
     The map side is one projection (:func:`map_projection`), since each DataFrame operation
     costs the driver an analysis.
     """
-    shuffle = spec.shuffle_schema
-    assert shuffle is not None
-    routed = batch.select(*map_side.select)
+    routed = batch.select(*map_side)
     spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
-                                  for f in shuffle])
+                                  for f in spec.shuffle_schema])
     if spec.split_keys:  # in a group, per key and epoch label
         routed = split_hot(routed, spec, spark_shuffle)
     senders = sorted(spec.outgoing)
@@ -138,7 +126,7 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: Ep
             functools.partial(_export_task, spec, senders), spark_shuffle)
         routed = routed.unionByName(exports)
     results = from_arrow_schema(result_schema(spec.output_schema, spec.grouped))
-    return routed.repartitionById(partitions, map_side.worker).mapInArrow(
+    return routed.repartitionById(partitions, F.col(WORKER)).mapInArrow(
         functools.partial(_apply_task, spec), results)
 
 
@@ -167,7 +155,7 @@ def _export_task(spec: EpochSpec, senders: list[int], batches: Iterator[pa.Recor
     """An export task: ships the moving bins of the senders whose indexes it is given."""
     for batch in batches:
         for i in batch.column("id").to_pylist():
-            yield from export_worker(spec, senders[i], spec.shuffle_schema)
+            yield from export_worker(spec, senders[i])
 
 
 def _apply_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

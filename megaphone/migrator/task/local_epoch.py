@@ -29,7 +29,6 @@ def run_epoch_tasks(spec: EpochSpec, partitions: int, spill_dir: str) -> list[Wo
     stage; the rows in between wait in Arrow IPC files under ``spill_dir``, so memory stays
     bounded by the chunk size.
     """
-    assert spec.shuffle_schema is not None
     _spill_exports(spec, spill_dir)
     reports: list[WorkerReport] = []
     for worker in range(partitions):
@@ -45,16 +44,14 @@ def _spill_path(spill_dir: str, worker: int) -> str:
 
 def _spill_exports(spec: EpochSpec, spill_dir: str) -> None:
     """Every sender's shuffle rows, appended to the spill file of the worker they go to."""
-    schema = spec.shuffle_schema
-    assert schema is not None
     writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
     try:
         for sender in sorted(spec.outgoing):
-            for batch in export_worker(spec, sender, schema):
+            for batch in export_worker(spec, sender):
                 for worker in pc.unique(batch.column(WORKER)).to_pylist():
                     if worker not in writers:
                         writers[worker] = pa.ipc.new_stream(_spill_path(spill_dir, worker),
-                                                            schema)
+                                                            spec.shuffle_schema)
                     writers[worker].write_batch(
                         batch.filter(pc.equal(batch.column(WORKER), worker)))
     finally:

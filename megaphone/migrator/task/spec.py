@@ -60,13 +60,13 @@ class EpochSpec:
     update: Update
     output_schema: pa.Schema
     chunk_bytes: int
+    shuffle_schema: pa.Schema
     transfer: str = "auto"
     incoming: dict[int, tuple[int, ...]] = field(default_factory=dict)
     outgoing: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     drops: dict[int, tuple[int, ...]] = field(default_factory=dict)
     live: frozenset[int] = frozenset()
     has_event_time: bool = False
-    shuffle_schema: pa.Schema | None = None
     local_dir: str = field(default_factory=default_local_dir)
     pipeline_id: str | None = None
     checkpoint: str | None = None

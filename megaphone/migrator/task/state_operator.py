@@ -101,7 +101,7 @@ def open_store(spec: EpochSpec, worker: int, at_home: bool = True) -> RemoteStor
                        home[1] if away else None, spec.siblings.get(worker) if away else None)
 
 
-def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def export_worker(spec: EpochSpec, sender: int) -> Iterator[pa.RecordBatch]:
     """Stream the state of the bins leaving ``sender`` as shuffle rows bound for their new owners
     (:func:`~megaphone.migrator.task.transfer.export_rows`: rows, or parts of whole-bin files).
 
@@ -111,7 +111,7 @@ def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[p
     check_state_dir(spec)
     has_state = bool(spec.outgoing.get(sender)) and (
         spec.checkpoint is not None or spec.worker_path(sender).exists())
-    yield from export_rows(spec, sender, open_store(spec, sender) if has_state else None, schema)
+    yield from export_rows(spec, sender, open_store(spec, sender) if has_state else None)
 
 
 def apply_worker(

@@ -57,12 +57,12 @@ def rows(schema: pa.Schema, n: int, columns: dict[str, pa.Array], kind: RowKind 
         schema=schema)
 
 
-def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None, schema: pa.Schema
+def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None
                 ) -> Iterator[pa.RecordBatch]:
     """Ship the bins leaving ``sender`` (read from its ``store``, ``None`` if it has none) as
     shuffle rows bound for their new owners, then the sender's report as one last row, to
     the worker that gets its first bin. The store is read, not changed."""
-    started = time.perf_counter()
+    started, schema = time.perf_counter(), spec.shuffle_schema
     moves = spec.outgoing.get(sender, ())
     by_dst: dict[int, list[int]] = {}
     for b, dst in moves:
