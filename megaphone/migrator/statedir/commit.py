@@ -118,30 +118,11 @@ class Commit:
                                                 commit.max_event_time or 0, commit.label or 0)):
             raise ValueError("commit.json is malformed: epoch, state_version, seq, "
                              "max_event_time and label must be integers")
-        for name in ("tokens", "homes"):
+        for name, ok, what in _MAPS:
             value = getattr(commit, name)
             if not isinstance(value, dict) or not all(
-                    isinstance(w, str) and w.isdigit() and isinstance(t, str)
-                    for w, t in value.items()):
-                raise ValueError(f"commit.json is malformed: {name} must map workers to strings")
-        if not isinstance(commit.addresses, dict) or not all(
-                isinstance(w, str) and w.isdigit() and _is_address(a)
-                for w, a in commit.addresses.items()):
-            raise ValueError("commit.json is malformed: addresses must map workers to "
-                             "[host, port]")
-        if not isinstance(commit.hosts, dict) or not all(
-                isinstance(h, str) and isinstance(s, list) and s
-                and all(a is None or _is_address(a) for a in s)
-                for h, s in commit.hosts.items()):
-            raise ValueError("commit.json is malformed: hosts must map host ids to lists of "
-                             "[host, port] or null")
-        if not isinstance(commit.slots, dict) or not all(
-                isinstance(h, str) and isinstance(n, int) and not isinstance(n, bool) and n > 0
-                for h, n in commit.slots.items()):
-            raise ValueError("commit.json is malformed: slots must map host ids to positive "
-                             "integers")
-        if not isinstance(commit.hot, dict):
-            raise ValueError("commit.json is malformed: hot must be an object")
+                    isinstance(k, str) and ok(k, v) for k, v in value.items()):
+                raise ValueError(f"commit.json is malformed: {name} must map {what}")
         return commit
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,3 +152,16 @@ def _is_address(value: Any) -> bool:
     """Whether ``value`` is a service's ``[host, port]`` as JSON holds it."""
     return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) \
         and isinstance(value[1], int)
+
+
+#: The commit record's maps: each one's check of an entry (its key a string) and what it maps.
+_MAPS = (
+    ("tokens", lambda w, t: w.isdigit() and isinstance(t, str), "workers to strings"),
+    ("homes", lambda w, h: w.isdigit() and isinstance(h, str), "workers to strings"),
+    ("addresses", lambda w, a: w.isdigit() and _is_address(a), "workers to [host, port]"),
+    ("hosts", lambda h, s: isinstance(s, list) and bool(s)
+     and all(a is None or _is_address(a) for a in s), "host ids to lists of [host, port] or null"),
+    ("slots", lambda h, n: isinstance(n, int) and not isinstance(n, bool) and n > 0,
+     "host ids to positive integers"),
+    ("hot", lambda k, v: True, "strings to values (a JSON object)"),
+)
