@@ -82,7 +82,7 @@ def _migrate_locked(
         epochs = _OfflineEpochs(state, table, local_dir)
         for i, step in enumerate(plan.steps):
             table.apply_step(step.moves, commit.epoch + 1)
-            table.save(state.routing_path)  # before the epoch, as a live epoch's admit does
+            table.save(state.paths.routing)  # before the epoch, as a live epoch's admit does
             commit, moved = epochs.run(commit)
             steps.append((commit.epoch, len(step.moves), moved))
             if on_step is not None:

@@ -166,7 +166,7 @@ class EpochRun:
             with queue.lock:
                 # saved before the job, so a re-run routes alike
                 if queue.steps_due(epoch, self._policy_inputs(lag)):
-                    queue.table.save(state.routing_path)
+                    queue.table.save(state.paths.routing)
                 self.size = queue.group_end(epoch, epoch + self.limit - 1,
                                             driver.groups.adaptive) - epoch + 1
         labels = self.source.labels[:self.size]

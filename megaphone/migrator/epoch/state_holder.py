@@ -221,7 +221,7 @@ class StateHolder:
             if not self.uncommitted:
                 return
             self.recover(self.state_dir, self.commit)
-            self.routing.save(self.state_dir.routing_path)  # recovery truncated it
+            self.routing.save(self.state_dir.paths.routing)  # recovery truncated it
             self.uncommitted = False
 
     def submit_plan(self, plan: MigrationPlan, policy: MigrationPolicy | None = None

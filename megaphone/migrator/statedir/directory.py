@@ -157,7 +157,7 @@ class StateDir:
         state = cls(root, manifest)
         if state.durable is not None:
             state.durable.write_manifest(manifest)
-        RoutingTable.initial(fingerprint, workers).save(state.routing_path)
+        RoutingTable.initial(fingerprint, workers).save(state.paths.routing)
         state.write_commit(Commit())
         atomic_write_json(paths.manifest, manifest)  # written last: the dir is ready
         return state
@@ -220,7 +220,7 @@ class StateDir:
         for epoch in outputs:
             path = self.paths.outputs_file(epoch)
             atomic_write_bytes(path, copy.read(OUTPUTS, path.name))
-        atomic_write_bytes(self.routing_path, copy.read(ROUTING))
+        atomic_write_bytes(self.paths.routing, copy.read(ROUTING))
         with open(self.paths.metrics, "a", encoding="utf-8") as fh:
             fh.writelines(json.dumps(m, separators=(",", ":")) + "\n" for m in metrics)
 
@@ -248,15 +248,6 @@ class StateDir:
         atomic_write_json(self.paths.manifest, self.manifest)
 
     # -- paths ---------------------------------------------------------------------------
-
-    @property
-    def routing_path(self) -> Path:
-        """Where the routing table lives."""
-        return self.paths.routing
-
-    def worker_path(self, worker: int) -> Path:
-        """The state backend directory of ``worker``."""
-        return self.paths.worker(worker)
 
     def worker_ids(self) -> list[int]:
         """Workers that currently have a state directory."""
@@ -307,7 +298,7 @@ class StateDir:
 
     def load_routing(self) -> RoutingTable:
         """The routing table, checked against this directory's fingerprint."""
-        return RoutingTable.load(self.routing_path, self.fingerprint)
+        return RoutingTable.load(self.paths.routing, self.fingerprint)
 
     def read_commit(self) -> Commit:
         """The last commit record."""
@@ -334,7 +325,7 @@ class StateDir:
                 after()
             crash_point("commit", commit.epoch)
             if durable and self.durable is not None:
-                self.durable.write_commit(commit.to_dict(), self.routing_path)
+                self.durable.write_commit(commit.to_dict(), self.paths.routing)
 
         atomic_write_json(self.paths.commit, commit.to_dict(), before_rename,
                           sync=self.durable is None)  # with a driver's copy, that is synced
