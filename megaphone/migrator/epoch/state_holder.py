@@ -249,7 +249,7 @@ class StateHolder:
         """Write the commit record again if the driver's durable copy has metrics pending."""
         with self.lock:
             durable = self.state_dir.durable
-            if durable is not None and durable.has_pending_metrics:
+            if durable is not None and durable.pending_metrics:
                 self.state_dir.write_commit(self.commit)
 
     # -- reading state -------------------------------------------------------------------

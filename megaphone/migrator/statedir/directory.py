@@ -265,12 +265,12 @@ class StateDir:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, outputs.schema) as writer:
             writer.write_table(outputs)
-        data = sink.getvalue().to_pybytes()
+        data, path = sink.getvalue().to_pybytes(), self.paths.outputs_file(epoch)
         if self.durable is not None:
-            self.durable.write_outputs(epoch, data)
+            self.durable.put(data, OUTPUTS, path.name)
         self.paths.outputs.mkdir(exist_ok=True)
         # With a driver's copy, that one is durable: this one need not be synced too.
-        atomic_write_bytes(self.paths.outputs_file(epoch), data, sync=self.durable is None)
+        atomic_write_bytes(path, data, sync=self.durable is None)
 
     def read_outputs(self, epoch: int) -> pa.Table:
         """The kept outputs of ``epoch``; a ``ValueError`` when they are gone or unreadable."""
@@ -289,10 +289,10 @@ class StateDir:
 
     def drop_outputs(self, epochs: list[int]) -> None:
         """Delete the kept outputs of ``epochs``."""
-        for epoch in epochs:
-            self.paths.outputs_file(epoch).unlink(missing_ok=True)
-        if self.durable is not None and epochs:
-            self.durable.drop_outputs(epochs)
+        for path in map(self.paths.outputs_file, epochs):
+            path.unlink(missing_ok=True)
+            if self.durable is not None:
+                self.durable.delete(OUTPUTS, path.name)
 
     # -- metadata ------------------------------------------------------------------------
 
@@ -344,7 +344,7 @@ class StateDir:
         lines) first replaces ``metrics.old.jsonl``: disk keeps one or two chunks of epochs."""
         self._metrics_log.append(json.dumps(record, separators=(",", ":")))
         if self.durable is not None:
-            self.durable.add_metrics(record)
+            self.durable.pending_metrics.append(record)
 
     def read_metrics(self, last: int | None = None) -> list[dict[str, Any]]:
         """The recorded per-epoch metrics, oldest first (the ``last`` N when given): the
