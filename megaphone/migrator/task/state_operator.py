@@ -169,8 +169,8 @@ def apply_worker(
         marks["installed"], marks["install_wait"] = time.time(), timed.waiting - waited
         crash_point("install", spec.epoch, spec.local_dir)
         records = arrivals.records
-    else:  # replayed: the state rows that came again are not installed
-        records = [_records_only(b) for b in timed]
+    else:  # replayed: the state rows that came again are not installed, records and partials are
+        records = [b.filter(pc.is_in(b.column(KIND), value_set=_APPLIED)) for b in timed]
     table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
     for i, (sub, part) in enumerate(_epochs(spec, table)):
         if i:  # a group's later epoch: its own metrics, its store's own begin
@@ -228,11 +228,6 @@ def _epoch_rows(spec: EpochSpec, store: RemoteStore, part: pa.Table, worker: int
 def _new_metrics(host: str, bins_in: int = 0) -> WorkerMetrics:
     return WorkerMetrics(records_in=0, records_out=0, bins_in=bins_in, keys_in=0, bytes_in=0,
                          replayed=False, marks={"task": time.time()}, host=host)
-
-
-def _records_only(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """The records and partials among shuffle rows (a replayed first epoch's state set aside)."""
-    return batch.filter(pc.is_in(batch.column(KIND), value_set=_APPLIED))
 
 
 def _tagged(spec: EpochSpec, batch: pa.RecordBatch, epoch: int) -> pa.RecordBatch:

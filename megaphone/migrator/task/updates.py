@@ -149,10 +149,6 @@ def make_update(
     return Update(update, None, value_kind or "int")
 
 
-def _unpack(raw: bytes | None) -> Any:
-    return None if raw is None else unpack_value(raw)
-
-
 def apply_builtin(
     update: Update, records: pa.Table, old_raw: list[bytes | None],
     epoch: int | None = None, worker: int | None = None,
@@ -202,11 +198,6 @@ def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
     partial (as Spark's ``sum(value)`` gives null), so it still has its row. NaN orders above
     every number, as in Spark: it is the ``max`` of any group that has one.
     """
-    if update.kind == "count":
-        grouped = records.group_by([KEY, BIN], use_threads=False).aggregate(
-            [([], "count_all")]
-        )
-        return grouped.rename_columns([KEY, BIN, "partial"])
     if update.kind == "sum" and pa.types.is_integer(records.column(VALUE).type):
         # The same sum in float64 beside it tells an int64 sum that wrapped around.
         values = records.column(VALUE).cast(pa.float64(), safe=False)
@@ -225,8 +216,7 @@ def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
         return pa.table([grouped.column(KEY), grouped.column(BIN), partial],
                         names=[KEY, BIN, "partial"])
     grouped = records.group_by([KEY, BIN], use_threads=False).aggregate(
-        [(VALUE, update.kind)]
-    )
+        [([], "count_all")] if update.kind == "count" else [(VALUE, update.kind)])
     return grouped.rename_columns([KEY, BIN, "partial"])
 
 
@@ -266,7 +256,7 @@ def apply_custom(
     out_values: list[Any] = []
     for key, vals, raw in zip(keys, values, old_raw, strict=True):
         try:
-            result = update.fn(key, vals, _unpack(raw))
+            result = update.fn(key, vals, None if raw is None else unpack_value(raw))
         except Exception as exc:
             raise update_failed("it raised", key, exc, epoch, worker, located=True) from exc
         try:
