@@ -60,16 +60,10 @@ class EpochDriver:
         return local_slots(self.spark)
 
     def host_slots(self, hosts: Sequence[str]) -> dict[str, int]:
-        """How many worker tasks each of ``hosts`` runs at once, as the commit record keeps it.
-
-        The pipeline's ``slots_per_host`` for every host when set; else, with a local master
-        and one host known, that master's task slots; else unknown (empty, logged once), and
-        homes, DS2 and the deadline policy go without. The driver does not derive a cluster's
-        slots per host: Spark names executors by address while megaphone's hosts are ids kept
-        in each host's local directory (simulated hosts share one address), a Spark Connect
-        client cannot reach the JVM's status tracker at all, and a task knows its executor's
-        cores but not how many executors share its host. A wrong count would home workers
-        onto a full host and mislead DS2, so unknown stays unknown."""
+        """How many worker tasks each of ``hosts`` runs at once, as the commit record keeps it: the
+        pipeline's ``slots_per_host``, else a local master's slots for its one host, else unknown
+        (empty, logged once). Why a cluster's slots are not derived: docs/placement.md, "DS2 and
+        the deadline policy see hosts"."""
         if self.slots_per_host is not None:
             return {h: self.slots_per_host for h in hosts}
         if len(hosts) == 1 and self.local_slots is not None:

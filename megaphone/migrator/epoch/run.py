@@ -1,14 +1,9 @@
-"""A run of G >= 1 consecutive epochs as one Spark job, in named phases that are timed and can
-be crash-tested. One epoch is a group of one (G = 1); a batch run by its epoch column runs its
-labels in groups (Drizzle's group scheduling; docs/groups.md).
-
-The phases :data:`DRIVER_PHASES` run in order, the workers' inside ``collect``
-(docs/worker-store.md, "The epoch in named phases"); only the group's first epoch moves bins,
-and the steps due then may end the group early
-(:meth:`~megaphone.plans.plan_queue.PlanQueue.group_end`). Each phase's seconds go to the
-epochs' metrics (``phases_s``, shared evenly in a group), its wall-clock span to the SnailTrail
-trace (:mod:`megaphone.migrator.trace`), and each is a crash point of the same name
-(:mod:`megaphone.migrator.statedir.faults`).
+"""A run of G >= 1 consecutive epochs as one Spark job (one epoch is a group of one; a batch
+run by its epoch column runs its labels in groups: docs/groups.md), in the named phases
+:data:`DRIVER_PHASES`, each timed into the metrics (``phases_s``, shared evenly in a group)
+and the trace, and each a crash point (docs/worker-store.md, "The epoch in named phases").
+Only the group's first epoch moves bins, and the steps due then may end the group early
+(:meth:`~megaphone.plans.plan_queue.PlanQueue.group_end`).
 """
 
 from __future__ import annotations

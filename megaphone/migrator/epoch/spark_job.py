@@ -1,13 +1,10 @@
 """The Spark side of an epoch: one job that routes records, ships moving state and applies.
 
-Map stage: records get their bin in the JVM (``xxhash64``) and their worker from the routing
-version in force (:func:`~megaphone.routing.bins.owner_column`); the old owners of moving bins
-export them (:func:`~megaphone.migrator.task.state_operator.export_worker`). One shuffle
-(``repartitionById``) brings both to partition ``w`` = worker ``w``, where
-:func:`~megaphone.migrator.task.state_operator.apply_worker` installs the state and then applies
-the records. Each worker returns its outputs and rows of reports
-(:func:`~megaphone.migrator.task.state_operator.result_schema`): results travel in the job, not
-through a shared filesystem.
+The map side gives records their bin and worker in the JVM and the old owners export moving
+bins (:func:`~megaphone.migrator.task.state_operator.export_worker`); one shuffle
+(``repartitionById``) brings both to partition ``w`` = worker ``w``, whose task
+(:func:`~megaphone.migrator.task.state_operator.apply_worker`) returns its outputs and reports
+in the job's results, not through a shared filesystem.
 """
 
 from __future__ import annotations
