@@ -77,7 +77,6 @@ def _worker_activities(b: _Builder, worker: int, marks: Mapping[str, float],
     schedule = b.add("schedule", worker, min(submitted, task), task)
     b.add("begin", worker, task, marks.get("begun", task))
     install = None
-    last = b.activities[-1]
     if "installed" in marks:
         begun, installed = marks.get("begun", task), marks["installed"]
         waited = min(max(marks.get("install_wait", 0.0), 0.0), max(installed - begun, 0.0))

@@ -127,11 +127,9 @@ class DriverCopy:
         return self._commits
 
     def _fold(self, seqs: list[int]) -> None:
-        lines = []
-        for seq in seqs:
-            lines += [json.dumps(m, separators=(",", ":")) for m in self._commit_file(seq)[1]]
-        self.put("".join(f"{line}\n" for line in lines).encode(),
-                 FOLDED_METRICS, seq_name(seqs[-1], FOLDED_METRICS_SUFFIX))
+        lines = [json.dumps(m, separators=(",", ":")) + "\n"
+                 for seq in seqs for m in self._commit_file(seq)[1]]
+        self.put("".join(lines).encode(), FOLDED_METRICS, seq_name(seqs[-1], FOLDED_METRICS_SUFFIX))
         for seq in seqs:
             self.fs.delete_file(self._path(COMMITS, seq_name(seq, COMMIT_RECORD_SUFFIX)))
         for seq in self._list(FOLDED_METRICS, FOLDED_METRICS_SUFFIX)[:-KEEP_FOLDS]:
@@ -185,8 +183,7 @@ class DriverCopy:
         records: list[dict[str, Any]] = []
         for seq in self._list(FOLDED_METRICS, FOLDED_METRICS_SUFFIX):
             data = self.read(FOLDED_METRICS, seq_name(seq, FOLDED_METRICS_SUFFIX))
-            for line in data.decode().splitlines():
-                records.append(json.loads(line))
+            records += [json.loads(line) for line in data.decode().splitlines()]
         for seq in self._listed_commits():
             records += self._commit_file(seq)[1]
         return records
