@@ -212,14 +212,11 @@ class EpochRun:
         key_type, value_type = schema.batch_types(batch.schema)
         update = schema.update(holder.manifest, value_type)
         columns = schema.record_columns(key_type, update)
-        if holder.state is None:
-            if holder.key_type not in (None, key_type):
-                raise TypeError(f"key column {schema.key!r} is {key_type}, expected "
-                                f"{holder.key_type}")
-            holder.create(key_type)
-        elif key_type != holder.key_type:
+        if holder.key_type not in (None, key_type):  # known once there is state, or given
             raise TypeError(f"key column {schema.key!r} holds {key_type} keys but the "
                             f"pipeline's keys are {holder.key_type}")
+        if holder.state is None:
+            holder.create(key_type)
         state = holder.state_dir
         if value_type is not None and update.is_builtin and \
                 state.manifest.get("value_kind") is None:
