@@ -1,13 +1,11 @@
-"""Offline migration: apply a plan to the state directory of a stopped pipeline.
+"""Offline migration: apply a plan to the state directory of a stopped pipeline (the CLI's path
+and the pause-and-restart baseline).
 
-This is the CLI's path and the pause-and-restart baseline. Each step is an epoch without
-records, run in this process through the live epoch's code: :func:`epoch_layout` says who
-ships, installs and drops what, the workers' tasks (:mod:`megaphone.migrator.task.local_epoch`) move
-the state, and the commit record is the step's commit point. A last such epoch lets the old
-owners drop what left them and releases the storage of workers left without bins. A crash
-leaves what a crashed live epoch leaves, and recovery discards it the same way. With a
-checkpoint location the workers run in this host's store service, restored from their durable
-copies where needed, and each step's commit reaches the checkpoint as a live epoch's does.
+Each step is an epoch without records run in this process through the live epoch's layout and
+task code (:mod:`megaphone.migrator.task.local_epoch`), its commit record the step's commit
+point; a last such epoch drops what left the old owners and releases idle workers
+(docs/worker-store.md, "The design"). A crash leaves, and recovery discards, what a crashed
+live epoch would.
 """
 
 from __future__ import annotations

@@ -256,12 +256,10 @@ class EpochRun:
     def _spec(self, admitted: Admission, layout: EpochLayout, labels: tuple[int, ...]
               ) -> EpochSpec:
         """The metadata every task of the group gets (built by
-        :func:`~megaphone.migrator.epoch.routing_operator.epoch_spec`): for a group by labels
-        its labels, its shuffle's label column and, for an event-time operator, each epoch's
-        watermark (from the largest event time committed and those of the group's earlier
-        epochs: exactly what one job per epoch would use), and the processing time from
-        :data:`processing_clock`, one for the group; an operator whose ``processing_time`` is
-        true gets it as its watermark, so its timers fire by the clock."""
+        :func:`~megaphone.migrator.epoch.routing_operator.epoch_spec`): for a group its labels
+        and labelled shuffle; for an event-time operator each epoch's watermark, as one job per
+        epoch would have it (docs/groups.md, "Event time"), and one processing time from
+        :data:`processing_clock` (an operator with ``processing_time`` gets it as watermark)."""
         holder, update = self.holder, admitted.update
         config, committed = holder.config, holder.commit
         fields: dict[str, Any] = {}

@@ -67,29 +67,20 @@ class StreamPosition:
 class Commit:
     """What the last committed epoch left behind; rewritten atomically after every epoch.
 
-    ``state_version`` is the routing version the workers' state reflects; ``pending_drops``
-    are ``[bin, worker]`` pairs that moved away in that epoch, which the old owners delete in
-    the next epoch (so a re-run of the epoch can still export them); ``stream`` remembers the
-    last Structured Streaming batch (:class:`StreamPosition`); ``plans`` are submitted plans
-    not finished yet;
-    ``tokens`` name, per worker, the attempt at the epoch whose results the driver took (a
-    worker's copy of the epoch from any other attempt, on any host, is not this commit's state);
-    ``seq`` counts the records written (the driver's durable copy names its files by it);
-    ``max_event_time``: the largest event time (us) committed, whence the next watermark;
-    ``hot``: the heaviest keys of the committed epochs, smoothed (a bounded
-    :class:`~megaphone.plans.hot_keys.HeavyHitters` as JSON; empty unless hot keys are
-    watched), whence the next epoch's split: a re-run of an epoch splits alike.
-    ``label``: the epoch's label when it ran from a batch's epoch column (docs/groups.md): a
-    later batch's labels must be larger. ``homes``: per worker that holds state, the id of the
-    host where its state is at home, and ``addresses``: the ``[host, port]`` of the service
-    holding it there, as a task at home last reported it (docs/placement.md). ``hosts``: per
-    host any task reported from, the ``[host, port]`` of each of its store services (one per
-    shard, ``None`` where none was reported), so that a new worker can be homed there before
-    its first epoch. ``slots``: per known host (of ``hosts`` and ``homes``), how many worker
-    tasks it runs at once, as the driver knew it at the commit
-    (:meth:`~megaphone.migrator.epoch.driver.EpochDriver.host_slots`; empty when unknown), so
-    that homes, DS2 and the deadline policy read one record, and a re-run of the next epoch
-    homes its new workers alike.
+    ``state_version``: the routing version the workers' state reflects; ``pending_drops``:
+    ``[bin, worker]`` pairs that moved away at that epoch, deleted by their old owners at the
+    next (a re-run can still export them); ``stream``: the last Structured Streaming batch;
+    ``plans``: submitted plans not finished; ``tokens``: per worker, the attempt whose results
+    the driver took (any other attempt's copy is not this commit's state); ``seq``: records
+    written (the driver's copy names its files by it); ``max_event_time`` (us): whence the next
+    watermark; ``hot``: the committed epochs' heaviest keys, smoothed
+    (:class:`~megaphone.plans.hot_keys.HeavyHitters` JSON), whence the next split, alike on a
+    re-run; ``label``: the epoch's label from a batch's epoch column (docs/groups.md).
+    Placement (docs/placement.md): ``homes``, per worker with state its home host, and
+    ``addresses``, the ``[host, port]`` of the service holding it there; ``hosts``, per host
+    reported from, its services' ``[host, port]`` (``None`` where unknown); ``slots``, per known
+    host, its task slots as the driver knew them (empty when unknown), so homes, DS2 and the
+    deadline policy read one record and a re-run homes alike.
     """
 
     epoch: int = -1

@@ -1,11 +1,9 @@
-"""Recovery: bring a state directory back to its last committed epoch before it runs again.
+"""Recovery: bring a state directory back to its last commit before it runs again.
 
-``commit.json`` is the commit point of an epoch; whatever a crash left beyond it is discarded:
-routing versions never committed, outputs of the uncommitted epoch, and worker
-state that applied it (rolled back with its undo record; with a checkpoint location, by the
-executor that holds it, at its next task). Anything that cannot be explained
-by a crash (a worker behind the commit, a missing worker directory, a worker two epochs ahead)
-is reported precisely and never repaired silently.
+What a crash left past ``commit.json`` is discarded: uncommitted routing versions, outputs and
+worker state (rolled back with its undo record; with a checkpoint location, by the store
+service of the host that runs the worker's next task). What no crash explains (a worker behind
+the commit or missing, or two epochs ahead) is reported precisely, never repaired.
 """
 
 from __future__ import annotations

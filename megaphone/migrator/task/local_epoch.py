@@ -1,10 +1,6 @@
-"""One epoch's tasks run in this process, in the order Spark runs them: every exporter writes
-its shuffle rows to a spill file per receiving worker, then every worker installs and applies.
-
-Offline migration runs its steps through it as epochs without records, so the live epoch's
-task code (:func:`~megaphone.migrator.task.state_operator.export_worker`,
-:func:`~megaphone.migrator.task.state_operator.apply_worker`) is the one implementation of moving,
-dropping and releasing state.
+"""One epoch's tasks run in this process, in the order Spark runs them: every exporter spills its
+shuffle rows per receiving worker, then every worker installs and applies. Offline migration
+runs its steps through it, so the live epoch's task code is the one way state moves.
 """
 
 from __future__ import annotations
