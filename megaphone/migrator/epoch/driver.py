@@ -94,14 +94,12 @@ class EpochDriver:
     def run(self, batch: DataFrame, column: str | None, input_end: float | None = None, *,
             want_frame: bool, stream: StreamPosition | None = None
             ) -> tuple[pa.Table, DataFrame | None]:
-        """Run ``batch`` as one epoch (a group of one) or, with an epoch ``column``, as its
-        epochs (one per label of ``column``, in order) in groups: their outputs (by labels,
-        each row with its label in ``column``), and as a DataFrame too when ``want_frame``
-        (for one epoch built before its commit point: after it, no JVM call may fail and leave
-        a committed epoch the caller was told had failed). ``stream``: the micro-batch's
-        stream position, for a stream's batch; by labels, a position that holds committed
-        epochs is a replay of the batch, which applies only its labels not committed yet and
-        reads the others' kept outputs (docs/groups.md)."""
+        """Run ``batch`` as one epoch or, with an epoch ``column``, one epoch per label in groups:
+        the outputs (by labels, each row with its label), and as a DataFrame too when
+        ``want_frame`` (one epoch's before its commit point: a JVM call failing after it would
+        report a committed epoch as failed). ``stream``: a stream's micro-batch position; by
+        labels, a replayed batch applies only its labels not committed yet and reads the
+        others' kept outputs (docs/groups.md)."""
         if column is None:
             frames: list[DataFrame] = []
 
