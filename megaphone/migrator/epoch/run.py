@@ -225,10 +225,9 @@ class EpochRun:
             stored = state.manifest.get("value_type")
             if stored is None:
                 state.set_manifest("value_type", value_type.json())
-            elif T._parse_datatype_json_string(stored) != value_type:
-                theirs = T._parse_datatype_json_string(stored).simpleString()
-                raise TypeError(f"value column {schema.value!r} is "
-                                f"{value_type.simpleString()} but the pipeline's are {theirs}")
+            elif (theirs := T._parse_datatype_json_string(stored)) != value_type:
+                raise TypeError(f"value column {schema.value!r} is {value_type.simpleString()} "
+                                f"but the pipeline's are {theirs.simpleString()}")
         shuffle, outputs = schema.task_schemas(key_type, update, batch.schema, state.manifest)
         return Admission(columns, update, shuffle, outputs)
 

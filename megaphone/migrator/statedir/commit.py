@@ -35,10 +35,8 @@ class StreamPosition:
 
     def to_dict(self) -> dict[str, Any]:
         """The commit record's ``stream`` object: the fields that are set."""
-        out: dict[str, Any] = {"checkpoint": self.checkpoint, "batch_id": self.batch_id,
-                               "epoch": self.epoch}
-        if self.epochs is not None:
-            out["epochs"] = [list(r) for r in self.epochs]
+        out = {"checkpoint": self.checkpoint, "batch_id": self.batch_id, "epoch": self.epoch,
+               "epochs": None if self.epochs is None else [list(r) for r in self.epochs]}
         return {k: v for k, v in out.items() if v is not None}
 
     def ran(self, location: str) -> int:
