@@ -12,7 +12,7 @@ from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from megaphone.migrator.epoch.config import PipelineConfig
@@ -110,11 +110,13 @@ class EpochDriver:
             outputs = self.run_groups(batch, None, _WHOLE, input_end, stream, keep)
             return outputs[0], (frames[0] if frames else None)
         schema = self.labelled_schema(batch.schema, column)
+        key_type, value_type = self.schema.batch_types(batch.schema)
+        times = self.schema.record_columns(key_type, self.update_for(value_type)).get(EVENT_TIME)
         holder = self.holder
         with holder.lock:
             done = stream.epoch_list() if stream is not None else []
             label = holder.commit.label
-            found = scan_labels(batch, column, self.event_times(batch), None if done else label)
+            found = scan_labels(batch, column, times, None if done else label)
             if done and (len(done) > len(found.labels) or found.labels[len(done) - 1] != label):
                 raise RuntimeError(
                     f"micro-batch {stream.batch_id} is replayed with other labels than it ran "
@@ -171,9 +173,3 @@ class EpochDriver:
             raise ValueError(f"epoch column {column!r} would clash with the outputs' column "
                              f"of that name (outputs: {out.names})")
         return T.StructType([*out.fields, T.StructField(column, T.LongType())])
-
-    def event_times(self, batch: DataFrame) -> Column | None:
-        """The records' event time column of ``batch`` (microseconds), if the update has one."""
-        key_type, value_type = self.schema.batch_types(batch.schema)
-        update = self.update_for(value_type)
-        return self.schema.record_columns(key_type, update).get(EVENT_TIME)
