@@ -107,10 +107,8 @@ class MapSides:
 def epoch_job(spark: SparkSession, batch: DataFrame, map_side: list[Column], spec: EpochSpec,
               partitions: int) -> DataFrame:
     """The epoch's job; collecting it runs the epoch and yields its outputs and reports
-    (:func:`split_results`).
-
-    The map side is one projection (:func:`map_projection`), since each DataFrame operation
-    costs the driver an analysis.
+    (:func:`split_results`). The map side is one projection: each DataFrame operation costs the
+    driver an analysis.
     """
     routed = batch.select(*map_side)
     spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
@@ -128,13 +126,9 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: list[Column], spe
 
 
 def split_hot(routed: DataFrame, spec: EpochSpec, schema: T.StructType) -> DataFrame:
-    """Dual mode (docs/hot-keys.md): the records of ``spec.split_keys`` are folded into one
-    partial row per key and lessee task, shuffled to the key's owner with the other records.
-    The lessees are the input's partitions, each passing other keys' records on in the same
-    pass (:func:`~megaphone.migrator.task.hot_split.pass_and_fold`: no extra stage), or
-    ``spec.lessees`` tasks the split keys' records are spread over round-robin
-    (:func:`~megaphone.migrator.task.hot_split.fold_partials`). The null key is never split
-    (``isin`` is null for it: kept cold)."""
+    """Dual mode (docs/hot-keys.md, "Dual mode on Spark"): the split keys' records folded into
+    one partial row per key and lessee task, by the input's partitions in the same pass or by
+    ``spec.lessees`` extra tasks. The null key is never split (``isin`` is null for it)."""
     if spec.lessees is None:  # each input partition folds its own: one pass, no extra stage
         return routed.mapInArrow(functools.partial(pass_and_fold, spec), schema)
     hot = F.col(KEY).isin(list(spec.split_keys))

@@ -18,12 +18,9 @@ from megaphone.records import WorkerReport
 
 
 def run_epoch_tasks(spec: EpochSpec, partitions: int, spill_dir: str) -> list[WorkerReport]:
-    """Run every task of ``spec``'s epoch for workers ``0..partitions-1`` with no records;
-    return the reports of the workers and the exporters.
-
-    Exports finish before any worker starts, as Spark's map stage does before its reduce
-    stage; the rows in between wait in Arrow IPC files under ``spill_dir``, so memory stays
-    bounded by the chunk size.
+    """Run every task of ``spec``'s epoch for workers ``0..partitions-1`` with no records; the
+    reports of the workers and the exporters. Exports finish first, as a map stage does, their
+    rows spilled to Arrow IPC files under ``spill_dir`` (memory stays bounded by the chunk size).
     """
     _spill_exports(spec, spill_dir)
     reports: list[WorkerReport] = []

@@ -100,10 +100,8 @@ def open_store(spec: EpochSpec, worker: int, at_home: bool = True) -> RemoteStor
 
 def export_worker(spec: EpochSpec, sender: int) -> Iterator[pa.RecordBatch]:
     """Stream the state of the bins leaving ``sender`` as shuffle rows bound for their new owners
-    (:func:`~megaphone.migrator.task.transfer.export_rows`: rows, or parts of whole-bin files).
-
-    The sender's live store (in the store service) is read, not changed. Memory stays bounded by
-    the chunk size. Its report follows as one last row, to the worker that gets its first bin.
+    (:func:`~megaphone.migrator.task.transfer.export_rows`), its report last; its store is read,
+    not changed.
     """
     check_state_dir(spec)
     has_state = bool(spec.outgoing.get(sender)) and (

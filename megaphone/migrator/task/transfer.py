@@ -1,9 +1,6 @@
-"""Moving bins through an epoch's shuffle: the sender's export and the receiver's arrivals.
-
-A bin travels as rows (one shuffle row per key) or, from the size the pipeline's ``transfer``
-mode sets, as one SST file cut into parts of at most ``chunk_bytes``; with homes only a file's
-reference travels (docs/transfer.md). Either way memory stays bounded by the chunk size and
-nothing passes through the driver.
+"""Moving bins through an epoch's shuffle: the sender's export and the receiver's arrivals, as
+rows or as parts of a whole-bin SST file, or with homes as a file's reference
+(docs/transfer.md); memory stays bounded by the chunk size and nothing passes the driver.
 """
 
 from __future__ import annotations
