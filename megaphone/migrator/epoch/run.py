@@ -193,7 +193,7 @@ class EpochRun:
             keep = self.last - holder.config.keep_outputs + 1
             if stream is not None:  # a stream's batch keeps its epochs' outputs (a replay reads)
                 keep = min(keep, (stream.epoch_list() or [epoch])[0])
-            state.prune_outputs(keep)
+            state.drop_outputs([e for e in state.output_epochs() if e < keep])
         share = {name: seconds / self.size for name, seconds in self.phases.items()}
         for record in self.records:
             record.job_attempts, record.phases_s = self.attempts, dict(share)

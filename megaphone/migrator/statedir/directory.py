@@ -351,7 +351,3 @@ class StateDir:
         :data:`METRICS_CHUNK` to twice that many newest epochs. Torn lines are skipped."""
         records = self._metrics_log.read(json.loads)
         return records[-last:] if last else records
-
-    def prune_outputs(self, keep_from_epoch: int) -> None:
-        """Delete outputs of epochs before ``keep_from_epoch``."""
-        self.drop_outputs([e for e in self.output_epochs() if e < keep_from_epoch])
