@@ -1,9 +1,6 @@
-"""A pipeline's configuration (:class:`PipelineConfig`) and its checks: its arguments, and that
-a state directory or a checkpoint location holds this configuration's state.
-
-A pipeline's settings (``backend``, ``key``, ``value``, ``update``, ``checkpoint``,
-``snapshot_every``) are written into the manifest when its state directory is created; opening
-or restoring one under other settings is refused with every mismatch named.
+"""A pipeline's configuration (:class:`PipelineConfig`) and its checks: its arguments, and that a
+state directory or a checkpoint location holds this configuration's state (the manifest keeps
+its settings; another configuration is refused with every mismatch named).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The epoch driver of a pipeline (:class:`EpochDriver`): what its epochs keep from one to the
-next (the map side of the job, the per-bin load, hot keys, group sizes) and the runs of a batch
-as one epoch or as the epochs of its epoch column, in groups of G >= 1 epochs
-(:class:`~megaphone.migrator.epoch.run.EpochRun`; one epoch is a group of one).
+"""The epoch driver of a pipeline (:class:`EpochDriver`; docs/architecture.md, "A Pipeline and
+its collaborators").
 """
 
 from __future__ import annotations

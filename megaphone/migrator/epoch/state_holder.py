@@ -1,7 +1,5 @@
-"""A pipeline's hold on its state directory (:class:`StateHolder`): opening it (checked against
-the configuration, locked, brought back to its commit, registered in the process), creating
-it, the last commit, the plan queue and the committed epochs' metrics, and releasing the stores
-the store service keeps open for it.
+"""A pipeline's hold on its state directory (:class:`StateHolder`; docs/architecture.md, "A
+Pipeline and its collaborators").
 """
 
 from __future__ import annotations
@@ -50,10 +48,8 @@ _NO_STATE = "the pipeline has no state yet: process a batch or give key_type"
 class StateHolder:
     """The state directory of one pipeline while it is open in this process, and what its
     committed epochs left: the commit record, the plan queue, their metrics and traces.
-
-    ``owner`` is the pipeline registered in the process under its id (so ``migrate()`` and
-    the CLI find it). ``config`` is the pipeline's configuration as the state directory fixes
-    it once open. ``lock`` lets one epoch run at a time and guards the commit and routing.
+    ``owner``: the pipeline registered under its id; ``config``: as the state directory fixes
+    it; ``lock``: one epoch at a time, guarding the commit and routing.
     """
 
     def __init__(self, spark: SparkSession, path: Path, config: PipelineConfig,

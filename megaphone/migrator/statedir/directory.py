@@ -1,9 +1,7 @@
-"""The state directory: where a pipeline keeps its manifest, routing, commits, metrics, traces,
-kept outputs and (without a checkpoint location) its workers' state.
-
-The layout is the README's ("State directory"); its paths come from :mod:`megaphone.paths`.
-With a checkpoint location everything but ``workers/`` is also kept there, written first
-(the driver's durable copy, :mod:`megaphone.migrator.statedir.driver_copy`).
+"""The state directory: a pipeline's manifest, routing, commits, metrics, traces, kept outputs
+and (without a checkpoint location) its workers' state; layout: README, "State directory".
+With a checkpoint location all but ``workers/`` is also kept there, written first
+(:mod:`megaphone.migrator.statedir.driver_copy`).
 """
 
 from __future__ import annotations

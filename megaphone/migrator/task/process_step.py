@@ -1,10 +1,7 @@
-"""One worker's epoch of an event-time operator (a :class:`~megaphone.operators.process.
-ProcessFunction`): fire the timers the watermark passed, apply the records, and write state
-and timers back in the epoch's one atomic commit.
-
-Timers are keys of their key's bin (:func:`~megaphone.state_backends.encoding.
-encode_timer_keys`); a worker fires the due timers of the bins it owns at the epoch, after it
-installed the bins that arrived, so a moved key's timers fire at its new owner.
+"""One worker's epoch of an event-time operator: fire the timers the watermark passed, apply the
+records, and commit state and timers in the epoch's one atomic write (docs/operators.md, "An
+epoch of an event-time operator, at one worker"; timers are keys of their key's bin, so they
+move with it).
 """
 
 from __future__ import annotations
