@@ -58,7 +58,7 @@ def read_state(path: Path) -> dict[str, int]:
     routing = state.load_routing()
     out: dict[str, int] = {}
     for w in routing.workers():
-        backend = open_backend(state.manifest["backend"], state.worker_path(w), "str", 64,
+        backend = open_backend(state.manifest["backend"], state.paths.worker(w), "str", 64,
                                read_only=True)
         try:
             for _, key, value in backend.items(routing.bins_of(w).tolist()):
@@ -239,7 +239,7 @@ def test_versions_past_the_commit_are_planned_around(state_dir, tmp_path, capsys
     owner = table.owner(5)
     next_epoch = max(table.latest_epoch, commit.epoch + 1)  # the epoch that never committed
     table.apply_step([Move(5, owner, owner + 1)], next_epoch)
-    table.save(state.routing_path)  # as if the process died before the epoch committed
+    table.save(state.paths.routing)  # as if the process died before the epoch committed
 
     code, out, _ = cli(capsys, "inspect", "--state-dir", copy)
     assert code == 0 and "1 routing version past the last commit" in out

@@ -18,7 +18,7 @@ from megaphone.migrator.statedir.driver_copy import (
 
 
 def commit(copy: DriverCopy, seq: int, routing: Path) -> None:
-    copy.add_metrics({"epoch": seq})
+    copy.pending_metrics.append({"epoch": seq})
     copy.write_commit({"seq": seq}, routing)
 
 

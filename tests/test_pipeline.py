@@ -81,7 +81,7 @@ def test_scale_in_releases_the_storage_of_workers_left_without_bins(spark, tmp_p
     pipe = make(spark, tmp_path, workers=3)
     batch = spark.createDataFrame([(k,) for k in range(100)], "k long")
     pipe.process(batch)
-    assert pipe.state_dir.worker_path(2).exists()
+    assert pipe.state_dir.paths.worker(2).exists()
     plan = MigrationPlan.from_moves(
         pipe.routing, [[Move(int(b), 2, int(b) % 2) for b in pipe.routing.bins_of(2)]]
     )
@@ -90,7 +90,7 @@ def test_scale_in_releases_the_storage_of_workers_left_without_bins(spark, tmp_p
         pipe.process(batch)
     assert handle.done
     assert pipe.routing.workers() == [0, 1]
-    assert not pipe.state_dir.worker_path(2).exists()
+    assert not pipe.state_dir.paths.worker(2).exists()
     assert counts(pipe) == {k: 4 for k in range(100)}
 
 

@@ -58,7 +58,7 @@ def _exported(tmp_path) -> list[pa.RecordBatch]:
     path = tmp_path / "f3.sst"
     path.write_bytes(b"x" * 10)  # three parts of at most chunk_bytes (4)
     spec = _spec(tmp_path, outgoing={0: ((2, 1), (3, 1))})
-    return list(export_rows(spec, 0, _Store(str(path)), SCHEMA))
+    return list(export_rows(spec, 0, _Store(str(path))))
 
 
 def test_the_kind_is_an_int8_column_of_every_shuffle_schema():

@@ -144,7 +144,7 @@ def bins_at(pipe: Pipeline) -> dict[int, set[int]]:
     fp = state.fingerprint
     out = {}
     for w in state.worker_ids():
-        backend = open_backend("rocksdb", state.worker_path(w), fp.key_type, fp.num_bins,
+        backend = open_backend("rocksdb", state.paths.worker(w), fp.key_type, fp.num_bins,
                                read_only=True)
         try:
             out[w] = {b for b, s in backend.bin_stats().items() if s.keys}

@@ -69,7 +69,7 @@ def test_state_arriving_after_records_is_installed_first_and_retries_replay(tmp_
     # Epoch 1: bin `moving` goes 0 -> 1; its state is exported and shipped after the records.
     s1 = spec(tmp_path, 1, backend, live=frozenset({0, 1}), incoming={1: (moving,)},
               outgoing={0: ((moving, 1),)}, transfer=transfer)
-    shipped = list(export_worker(s1, 0, SCHEMA))
+    shipped = list(export_worker(s1, 0))
     assert len(shipped) > 1  # many bounded chunks (rows, or parts of its file) for one bin
     assert all(len(b.column("_sv").drop_null()) == 0 or
                sum(len(v) for v in b.column("_sv").drop_null().to_pylist()) <= 64 * b.num_rows
@@ -111,7 +111,7 @@ def test_a_state_dir_this_host_cannot_see_or_of_another_pipeline_is_an_error(tmp
     with pytest.raises(RuntimeError, match="not readable on host"):
         run(s, 0, [records([1], 0)])
     with pytest.raises(RuntimeError, match="not readable on host"):
-        list(export_worker(s, 0, SCHEMA))
+        list(export_worker(s, 0))
     assert not StateDirPaths(tmp_path).workers.exists()
     def manifest(pipeline_id: str) -> str:
         fp = {"pipeline_id": pipeline_id, "num_bins": BINS, "key_type": "int64"}
@@ -135,7 +135,7 @@ def test_the_null_key_is_applied_and_its_state_moves_with_bin_zero(tmp_path, bac
     assert state_of(tmp_path, backend, 0)[None] == 2
     s1 = spec(tmp_path, 1, backend, live=frozenset({0, 1}), incoming={1: (0,)},
               outgoing={0: ((0, 1),)}, transfer=transfer)
-    shipped = list(export_worker(s1, 0, SCHEMA))
+    shipped = list(export_worker(s1, 0))
     out1, m1 = run(s1, 1, [records([None], 1), *shipped])
     assert out1 == {None: 3} and m1["null_keys"] == 1
     assert state_of(tmp_path, backend, 1) == {None: 3}

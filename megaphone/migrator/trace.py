@@ -1,18 +1,12 @@
 """Each epoch's SnailTrail trace (:class:`~megaphone.snailtrail.activity.EpochTrace`), built on
-the driver from timings the epoch takes anyway, and kept in the state directory.
+the driver from timings the epoch takes anyway, and kept in the state directory (README,
+"Explaining slow epochs").
 
-Nothing is timed per record: the driver notes the wall clock at each of its phases
-(:data:`~megaphone.migrator.epoch.run.DRIVER_PHASES`), every apply task at each of its phase
-boundaries (:data:`~megaphone.migrator.task.state_operator.MARKS`) and every exporter around each
-bin it ships. :func:`epoch_trace` turns these into activities (the driver's on worker None,
-each apply task's on its worker's lane 0, each exporter's, one per bin, on its lane 1) and
-dependencies (``schedule`` from the driver's submit, ``comm`` to its commit, ``shuffle`` from
-an export to its receiver's install).
-
-Clocks of different hosts may disagree: a worker's activities are clamped to follow each other
-and a dependency whose target would start before its source ends is left out, so a trace is
-always valid. Tracing is on unless ``MEGAPHONE_TRACE=0`` (the benchmark's switch,
-``bench/trace_overhead.py``); the workers' marks are always taken (a few clock reads per task).
+Nothing is timed per record: the driver notes the wall clock at each of its phases, every
+apply task at its phase boundaries (:data:`~megaphone.migrator.task.state_operator.MARKS`) and
+every exporter around each bin it ships. Clocks of different hosts may disagree: a worker's
+activities are clamped to follow each other and a dependency that would run backwards is left
+out, so a trace is always valid.
 """
 
 from __future__ import annotations
@@ -83,7 +77,6 @@ def _worker_activities(b: _Builder, worker: int, marks: Mapping[str, float],
     schedule = b.add("schedule", worker, min(submitted, task), task)
     b.add("begin", worker, task, marks.get("begun", task))
     install = None
-    last = b.activities[-1]
     if "installed" in marks:
         begun, installed = marks.get("begun", task), marks["installed"]
         waited = min(max(marks.get("install_wait", 0.0), 0.0), max(installed - begun, 0.0))

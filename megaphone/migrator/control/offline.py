@@ -1,18 +1,17 @@
-"""Offline migration: apply a plan to the state directory of a stopped pipeline.
+"""Offline migration: apply a plan to the state directory of a stopped pipeline (the CLI's path
+and the pause-and-restart baseline).
 
-This is the CLI's path and the pause-and-restart baseline. Each step is an epoch without
-records, run in this process through the live epoch's code: :func:`epoch_layout` says who
-ships, installs and drops what, the workers' tasks (:mod:`megaphone.migrator.task.local_epoch`) move
-the state, and the commit record is the step's commit point. A last such epoch lets the old
-owners drop what left them and releases the storage of workers left without bins. A crash
-leaves what a crashed live epoch leaves, and recovery discards it the same way. With a
-checkpoint location the workers run in this host's store service, restored from their durable
-copies where needed, and each step's commit reaches the checkpoint as a live epoch's does.
+Each step is an epoch without records run in this process through the live epoch's layout and
+task code (:mod:`megaphone.migrator.task.local_epoch`), its commit record the step's commit
+point; a last such epoch drops what left the old owners and releases idle workers
+(docs/worker-store.md, "The design"). A crash leaves, and recovery discards, what a crashed
+live epoch would.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -20,7 +19,6 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from megaphone.migrator.epoch.routing_operator import (
-    EpochLayout,
     commit_record,
     epoch_layout,
     epoch_spec,
@@ -31,7 +29,7 @@ from megaphone.migrator.statedir.commit import Commit, StreamPosition
 from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.statedir.recovery import check_and_recover
 from megaphone.migrator.task.local_epoch import run_epoch_tasks
-from megaphone.migrator.task.spec import EpochSpec, shuffle_schema
+from megaphone.migrator.task.spec import shuffle_schema
 from megaphone.migrator.task.updates import make_update
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.plans.plan_queue import MigrationHandle
@@ -61,40 +59,28 @@ def migrate_offline(
     local_dir = default_local_dir()
     release_local_stores(state, local_dir)  # a crashed pipeline's, if still open
     try:
-        return _migrate_locked(state, plan, on_step, local_dir)
+        commit = state.read_commit()
+        check_and_recover(state, commit)  # a crashed run's leftovers are discarded first
+        table = state.load_routing()
+        check_offline_plan(state, commit, table, plan)
+        handle = MigrationHandle(plan)  # each step reported once committed
+        if not plan.empty:  # an empty plan runs no epoch: the state stays as it is
+            run = functools.partial(_run_epoch, state, table, local_dir, uuid.uuid4().hex)
+            for i, step in enumerate(plan.steps):
+                table.apply_step(step.moves, commit.epoch + 1)
+                table.save(state.paths.routing)  # before the epoch, as a live epoch's admit does
+                commit, moved = run(commit)
+                handle.step_committed(commit.epoch, len(step.moves), moved)
+                if on_step is not None:
+                    on_step(i, moved)
+            live = set(table.workers())
+            if commit.pending_drops or (state.manifest.get("checkpoint") is None
+                                        and any(w not in live for w in state.worker_ids())):
+                commit, _ = run(commit)  # drops what left the old owners, releases the idle
+        return handle
     finally:
         release_local_stores(state, local_dir)  # left closed, as a stopped pipeline's
         state.unlock()
-
-
-def _migrate_locked(
-    state: StateDir,
-    plan: MigrationPlan,
-    on_step: Callable[[int, int], None] | None,
-    local_dir: str,
-) -> MigrationHandle:
-    commit = state.read_commit()
-    check_and_recover(state, commit)  # a crashed run's leftovers are discarded first
-    table = state.load_routing()
-    check_offline_plan(state, commit, table, plan)
-    steps: list[tuple[int, int, int]] = []  # each committed step's epoch, bins and bytes
-    if not plan.empty:  # an empty plan runs no epoch: the state stays as it is
-        epochs = _OfflineEpochs(state, table, local_dir)
-        for i, step in enumerate(plan.steps):
-            table.apply_step(step.moves, commit.epoch + 1)
-            table.save(state.routing_path)  # before the epoch, as a live epoch's admit does
-            commit, moved = epochs.run(commit)
-            steps.append((commit.epoch, len(step.moves), moved))
-            if on_step is not None:
-                on_step(i, moved)
-        live = set(table.workers())
-        if commit.pending_drops or (state.manifest.get("checkpoint") is None
-                                    and any(w not in live for w in state.worker_ids())):
-            commit, _ = epochs.run(commit)  # drops what left the old owners, releases the idle
-    handle = MigrationHandle(plan)  # the plan ran to its end here: its handle tells how
-    for done in steps:
-        handle.step_committed(*done)
-    return handle
 
 
 def check_offline_plan(state: StateDir, commit: Commit, table: RoutingTable,
@@ -116,37 +102,22 @@ def check_offline_plan(state: StateDir, commit: Commit, table: RoutingTable,
     plan_policy(plan)  # the policy does not run offline, but its spec must be valid
 
 
-class _OfflineEpochs:
-    """Runs epochs without records on a locked state directory, one commit each."""
-
-    def __init__(self, state: StateDir, table: RoutingTable, local_dir: str) -> None:
-        self.state = state
-        self.table = table
-        self.local_dir = local_dir
-        self.run_id = uuid.uuid4().hex
-
-    def run(self, commit: Commit) -> tuple[Commit, int]:
-        """Run the epoch after ``commit`` and commit it; return its commit and bytes moved."""
-        layout = epoch_layout(self.table, commit, commit.epoch + 1,
-                              state_workers(self.state, self.table))
-        with tempfile.TemporaryDirectory(prefix="megaphone-offline-") as spill:
-            reports = run_epoch_tasks(self._spec(layout, commit), layout.partitions, spill)
-        done = commit_record(layout, _stream_after(commit), [],
-                             {r.worker: r.metrics for r in reports if r.metrics.token}, commit)
-        self.state.write_commit(done)  # the epoch's commit point
-        return done, sum(r.metrics.bytes_out or 0 for r in reports)
-
-    def _spec(self, layout: EpochLayout, commit: Commit) -> EpochSpec:
-        key = KEY_ARROW_TYPES[self.state.fingerprint.key_type]
-        return epoch_spec(
-            self.state, layout, commit, self.table,
-            update=_NO_RECORDS,
-            output_schema=pa.schema([("key", key)]),
-            chunk_bytes=DEFAULT_CHUNK_BYTES,
-            shuffle_schema=shuffle_schema(key, None, False),
-            local_dir=self.local_dir,
-            run_id=self.run_id,
-        )
+def _run_epoch(state: StateDir, table: RoutingTable, local_dir: str, run_id: str,
+               commit: Commit) -> tuple[Commit, int]:
+    """Run the epoch without records after ``commit`` on the locked ``state`` and commit it;
+    return its commit and bytes moved."""
+    layout = epoch_layout(table, commit, commit.epoch + 1, state_workers(state, table))
+    key = KEY_ARROW_TYPES[state.fingerprint.key_type]
+    spec = epoch_spec(state, layout, commit, table, update=_NO_RECORDS,
+                      output_schema=pa.schema([("key", key)]), chunk_bytes=DEFAULT_CHUNK_BYTES,
+                      shuffle_schema=shuffle_schema(key, None, False), local_dir=local_dir,
+                      run_id=run_id)
+    with tempfile.TemporaryDirectory(prefix="megaphone-offline-") as spill:
+        reports = run_epoch_tasks(spec, layout.partitions, spill)
+    done = commit_record(layout, _stream_after(commit), [],
+                         {r.worker: r.metrics for r in reports if r.metrics.token}, commit)
+    state.write_commit(done)  # the epoch's commit point
+    return done, sum(r.metrics.bytes_out or 0 for r in reports)
 
 
 def _stream_after(commit: Commit) -> StreamPosition:

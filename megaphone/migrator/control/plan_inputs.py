@@ -46,7 +46,7 @@ def committed_table(state: StateDir, state_version: int) -> RoutingTable:
     table = state.load_routing()
     if table.version < state_version:
         raise PlanError(
-            f"{state.routing_path} holds routing version {table.version}, but the last commit "
+            f"{state.paths.routing} holds routing version {table.version}, but the last commit "
             f"says the state is at version {state_version}"
         )
     return table.truncated(state_version) if table.version > state_version else table

@@ -1,9 +1,6 @@
-"""A pipeline's configuration (:class:`PipelineConfig`) and its checks: its arguments, and that
-a state directory or a checkpoint location holds this configuration's state.
-
-A pipeline's settings (``backend``, ``key``, ``value``, ``update``, ``checkpoint``,
-``snapshot_every``) are written into the manifest when its state directory is created; opening
-or restoring one under other settings is refused with every mismatch named.
+"""A pipeline's configuration (:class:`PipelineConfig`) and its checks: its arguments, and that a
+state directory or a checkpoint location holds this configuration's state (the manifest keeps
+its settings; another configuration is refused with every mismatch named).
 """
 
 from __future__ import annotations
@@ -123,22 +120,15 @@ def check_config(config: PipelineConfig, m: dict[str, Any], fp: Fingerprint, whe
     ``None`` means as created) and the fingerprint ``pipeline_id`` and ``key_type`` (``None``
     matches any).
     """
-    mine = config.manifest_settings()
-    mismatches = [
-        f"{name} {ours!r} != {theirs!r}"
-        for name, ours, theirs in [
-            ("num_bins", config.num_bins, fp.num_bins),
-            *((name, mine[name], m.get(name)) for name in ("backend", "key", "value", "update")),
-        ]
-        if ours != theirs
-    ]
-    checkpoint = m.get("checkpoint")
-    if config.checkpoint not in (None, checkpoint):
-        mismatches.append(f"checkpoint {config.checkpoint!r} != {checkpoint!r}")
-    if config.pipeline_id not in (None, fp.pipeline_id):
-        mismatches.append(f"pipeline_id {config.pipeline_id!r} != {fp.pipeline_id!r}")
-    if config.key_type not in (None, fp.key_type):
-        mismatches.append(f"key_type {config.key_type!r} != {fp.key_type!r}")
+    mine, checkpoint = config.manifest_settings(), m.get("checkpoint")
+    fixed = [("num_bins", config.num_bins, fp.num_bins),
+             *((name, mine[name], m.get(name)) for name in ("backend", "key", "value", "update"))]
+    given = [("checkpoint", config.checkpoint, checkpoint),  # None matches any
+             ("pipeline_id", config.pipeline_id, fp.pipeline_id),
+             ("key_type", config.key_type, fp.key_type)]
+    mismatches = [f"{n} {ours!r} != {theirs!r}" for n, ours, theirs in fixed if ours != theirs]
+    mismatches += [f"{n} {ours!r} != {theirs!r}" for n, ours, theirs in given
+                   if ours not in (None, theirs)]
     if mismatches:
         raise ValueError(
             f"{where} holds state of another pipeline configuration: " + "; ".join(mismatches)

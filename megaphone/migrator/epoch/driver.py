@@ -1,7 +1,5 @@
-"""The epoch driver of a pipeline (:class:`EpochDriver`): what its epochs keep from one to the
-next (the map side of the job, the per-bin load, hot keys, group sizes) and the runs of a batch
-as one epoch or as the epochs of its epoch column, in groups of G >= 1 epochs
-(:class:`~megaphone.migrator.epoch.run.EpochRun`; one epoch is a group of one).
+"""The epoch driver of a pipeline (:class:`EpochDriver`; docs/architecture.md, "A Pipeline and
+its collaborators").
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from megaphone.migrator.epoch.config import PipelineConfig
@@ -60,16 +58,10 @@ class EpochDriver:
         return local_slots(self.spark)
 
     def host_slots(self, hosts: Sequence[str]) -> dict[str, int]:
-        """How many worker tasks each of ``hosts`` runs at once, as the commit record keeps it.
-
-        The pipeline's ``slots_per_host`` for every host when set; else, with a local master
-        and one host known, that master's task slots; else unknown (empty, logged once), and
-        homes, DS2 and the deadline policy go without. The driver does not derive a cluster's
-        slots per host: Spark names executors by address while megaphone's hosts are ids kept
-        in each host's local directory (simulated hosts share one address), a Spark Connect
-        client cannot reach the JVM's status tracker at all, and a task knows its executor's
-        cores but not how many executors share its host. A wrong count would home workers
-        onto a full host and mislead DS2, so unknown stays unknown."""
+        """How many worker tasks each of ``hosts`` runs at once, as the commit record keeps it: the
+        pipeline's ``slots_per_host``, else a local master's slots for its one host, else unknown
+        (empty, logged once). Why a cluster's slots are not derived: docs/placement.md, "DS2 and
+        the deadline policy see hosts"."""
         if self.slots_per_host is not None:
             return {h: self.slots_per_host for h in hosts}
         if len(hosts) == 1 and self.local_slots is not None:
@@ -100,14 +92,12 @@ class EpochDriver:
     def run(self, batch: DataFrame, column: str | None, input_end: float | None = None, *,
             want_frame: bool, stream: StreamPosition | None = None
             ) -> tuple[pa.Table, DataFrame | None]:
-        """Run ``batch`` as one epoch (a group of one) or, with an epoch ``column``, as its
-        epochs (one per label of ``column``, in order) in groups: their outputs (by labels,
-        each row with its label in ``column``), and as a DataFrame too when ``want_frame``
-        (for one epoch built before its commit point: after it, no JVM call may fail and leave
-        a committed epoch the caller was told had failed). ``stream``: the micro-batch's
-        stream position, for a stream's batch; by labels, a position that holds committed
-        epochs is a replay of the batch, which applies only its labels not committed yet and
-        reads the others' kept outputs (docs/groups.md)."""
+        """Run ``batch`` as one epoch or, with an epoch ``column``, one epoch per label in groups:
+        the outputs (by labels, each row with its label), and as a DataFrame too when
+        ``want_frame`` (one epoch's before its commit point: a JVM call failing after it would
+        report a committed epoch as failed). ``stream``: a stream's micro-batch position; by
+        labels, a replayed batch applies only its labels not committed yet and reads the
+        others' kept outputs (docs/groups.md)."""
         if column is None:
             frames: list[DataFrame] = []
 
@@ -118,11 +108,13 @@ class EpochDriver:
             outputs = self.run_groups(batch, None, _WHOLE, input_end, stream, keep)
             return outputs[0], (frames[0] if frames else None)
         schema = self.labelled_schema(batch.schema, column)
+        key_type, value_type = self.schema.batch_types(batch.schema)
+        times = self.schema.record_columns(key_type, self.update_for(value_type)).get(EVENT_TIME)
         holder = self.holder
         with holder.lock:
             done = stream.epoch_list() if stream is not None else []
             label = holder.commit.label
-            found = scan_labels(batch, column, self.event_times(batch), None if done else label)
+            found = scan_labels(batch, column, times, None if done else label)
             if done and (len(done) > len(found.labels) or found.labels[len(done) - 1] != label):
                 raise RuntimeError(
                     f"micro-batch {stream.batch_id} is replayed with other labels than it ran "
@@ -179,9 +171,3 @@ class EpochDriver:
             raise ValueError(f"epoch column {column!r} would clash with the outputs' column "
                              f"of that name (outputs: {out.names})")
         return T.StructType([*out.fields, T.StructField(column, T.LongType())])
-
-    def event_times(self, batch: DataFrame) -> Column | None:
-        """The records' event time column of ``batch`` (microseconds), if the update has one."""
-        key_type, value_type = self.schema.batch_types(batch.schema)
-        update = self.update_for(value_type)
-        return self.schema.record_columns(key_type, update).get(EVENT_TIME)

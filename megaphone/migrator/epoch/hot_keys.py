@@ -36,18 +36,12 @@ class HotKeys:
         self._hot_setting: tuple[SplitPolicy, int] | None = None
 
     def watch_hot_keys(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        """Detect hot keys: each worker reports its ``capacity`` heaviest keys per epoch
-        (metrics ``hot_keys``, ``megaphone inspect``, :meth:`hot_keys`); no key is split."""
+        """As :meth:`Pipeline.watch_hot_keys <megaphone.Pipeline.watch_hot_keys>`."""
         self._hot_setting = (no_split, _capacity(capacity))
 
     def split_hot_keys(self, policy: SplitPolicy | None = None,
                        capacity: int = DEFAULT_CAPACITY) -> None:
-        """Detect hot keys and split them (dual mode) as ``policy`` says before every epoch
-        (default :class:`~megaphone.plans.hot_keys.ShareThreshold`: keys with >= 20% of the
-        records). Only updates that are commutative and associative can be split: the
-        built-in aggregations and :class:`~megaphone.operators.combiner.Combiner` updates;
-        any other raises ``ValueError`` (its keys stay at their owner: use
-        :meth:`watch_hot_keys`)."""
+        """As :meth:`Pipeline.split_hot_keys <megaphone.Pipeline.split_hot_keys>`."""
         update = self._schema.update_arg
         if not (update in AGGREGATIONS or isinstance(update, Combiner)):
             raise ValueError(
@@ -58,7 +52,7 @@ class HotKeys:
         self._hot_setting = (policy or ShareThreshold(), _capacity(capacity))
 
     def hot_keys(self) -> HeavyHitters:
-        """The heaviest keys of the committed epochs (smoothed, per epoch), as committed."""
+        """As :meth:`Pipeline.hot_keys <megaphone.Pipeline.hot_keys>`."""
         return HeavyHitters.from_json(self._holder.commit.hot)
 
     def spec_fields(self, update: Update, layout: EpochLayout, parallelism: int

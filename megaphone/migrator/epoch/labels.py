@@ -1,9 +1,6 @@
 """A batch's epoch column, checked: its labels (one epoch per distinct value, in increasing
 order) and each label's largest event time, read in one small Spark job before anything runs.
-
-Bad input is refused with a clear error and changes nothing: a missing or non-integer column,
-one that is also the key, value or event-time column, null or negative labels, or labels not
-larger than the last label the pipeline committed (``last``: a batch is not applied twice).
+Bad input is refused with a clear error and changes nothing.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""A run of G >= 1 consecutive epochs as one Spark job, in named phases that are timed and can
-be crash-tested. One epoch is a group of one (G = 1); a batch run by its epoch column runs its
-labels in groups (Drizzle's group scheduling; docs/groups.md).
-
-The phases :data:`DRIVER_PHASES` run in order, the workers' inside ``collect``
-(docs/worker-store.md, "The epoch in named phases"); only the group's first epoch moves bins,
-and the steps due then may end the group early
-(:meth:`~megaphone.plans.plan_queue.PlanQueue.group_end`). Each phase's seconds go to the
-epochs' metrics (``phases_s``, shared evenly in a group), its wall-clock span to the SnailTrail
-trace (:mod:`megaphone.migrator.trace`), and each is a crash point of the same name
-(:mod:`megaphone.migrator.statedir.faults`).
+"""A run of G >= 1 consecutive epochs as one Spark job (one epoch is a group of one; a batch
+run by its epoch column runs its labels in groups: docs/groups.md), in the named phases
+:data:`DRIVER_PHASES`, each timed into the metrics (``phases_s``, shared evenly in a group)
+and the trace, and each a crash point (docs/worker-store.md, "The epoch in named phases").
+Only the group's first epoch moves bins, and the steps due then may end the group early
+(:meth:`~megaphone.plans.plan_queue.PlanQueue.group_end`).
 """
 
 from __future__ import annotations
@@ -17,9 +12,9 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -50,33 +45,8 @@ from megaphone.records import EpochMetrics
 from megaphone.routing.placement import away
 from megaphone.spark import check_python_workers, task_slots
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-    from megaphone.migrator.epoch.groups import GroupSizes
-    from megaphone.migrator.epoch.hot_keys import HotKeys
-    from megaphone.migrator.epoch.schemas import PipelineSchema
-    from megaphone.migrator.epoch.spark_job import MapSides
-    from megaphone.migrator.epoch.state_holder import StateHolder
-
-
-class DriverState(Protocol):
-    """What a run reads and updates of the driver that starts it: what a pipeline's epochs
-    keep from one to the next (:class:`~megaphone.migrator.epoch.driver.EpochDriver` has it).
-    Declared here, so that the run does not import the driver that imports it."""
-
-    spark: SparkSession
-    holder: StateHolder
-    schema: PipelineSchema
-    hot: HotKeys
-    groups: GroupSizes
-    map_sides: MapSides
-    bin_load: np.ndarray
-    task_slots: int | None
-
-    def host_slots(self, hosts: Sequence[str]) -> dict[str, int]:
-        """Each host's task slots, for the commit record (empty when unknown)."""
-        ...
+if TYPE_CHECKING:  # the driver imports this module
+    from megaphone.migrator.epoch.driver import EpochDriver
 
 #: The driver's phases of an epoch, in order.
 DRIVER_PHASES = ("admit", "layout", "submit", "collect", "commit", "cleanup")
@@ -128,7 +98,7 @@ class EpochRun:
     epochs ran). The run does the work of its epochs itself (admission, task spec, commits,
     metrics) and reads of its driver only what epochs keep from one to the next."""
 
-    def __init__(self, driver: DriverState, source: EpochSource, limit: int,
+    def __init__(self, driver: EpochDriver, source: EpochSource, limit: int,
                  input_end: float | None) -> None:
         self.driver = driver
         self.holder = driver.holder
@@ -191,7 +161,7 @@ class EpochRun:
             with queue.lock:
                 # saved before the job, so a re-run routes alike
                 if queue.steps_due(epoch, self._policy_inputs(lag)):
-                    queue.table.save(state.routing_path)
+                    queue.table.save(state.paths.routing)
                 self.size = queue.group_end(epoch, epoch + self.limit - 1,
                                             driver.groups.adaptive) - epoch + 1
         labels = self.source.labels[:self.size]
@@ -223,7 +193,7 @@ class EpochRun:
             keep = self.last - holder.config.keep_outputs + 1
             if stream is not None:  # a stream's batch keeps its epochs' outputs (a replay reads)
                 keep = min(keep, (stream.epoch_list() or [epoch])[0])
-            state.prune_outputs(keep)
+            state.drop_outputs([e for e in state.output_epochs() if e < keep])
         share = {name: seconds / self.size for name, seconds in self.phases.items()}
         for record in self.records:
             record.job_attempts, record.phases_s = self.attempts, dict(share)
@@ -242,14 +212,11 @@ class EpochRun:
         key_type, value_type = schema.batch_types(batch.schema)
         update = schema.update(holder.manifest, value_type)
         columns = schema.record_columns(key_type, update)
-        if holder.state is None:
-            if holder.key_type not in (None, key_type):
-                raise TypeError(f"key column {schema.key!r} is {key_type}, expected "
-                                f"{holder.key_type}")
-            holder.create(key_type)
-        elif key_type != holder.key_type:
+        if holder.key_type not in (None, key_type):  # known once there is state, or given
             raise TypeError(f"key column {schema.key!r} holds {key_type} keys but the "
                             f"pipeline's keys are {holder.key_type}")
+        if holder.state is None:
+            holder.create(key_type)
         state = holder.state_dir
         if value_type is not None and update.is_builtin and \
                 state.manifest.get("value_kind") is None:
@@ -258,10 +225,9 @@ class EpochRun:
             stored = state.manifest.get("value_type")
             if stored is None:
                 state.set_manifest("value_type", value_type.json())
-            elif T._parse_datatype_json_string(stored) != value_type:
-                theirs = T._parse_datatype_json_string(stored).simpleString()
-                raise TypeError(f"value column {schema.value!r} is "
-                                f"{value_type.simpleString()} but the pipeline's are {theirs}")
+            elif (theirs := T._parse_datatype_json_string(stored)) != value_type:
+                raise TypeError(f"value column {schema.value!r} is {value_type.simpleString()} "
+                                f"but the pipeline's are {theirs.simpleString()}")
         shuffle, outputs = schema.task_schemas(key_type, update, batch.schema, state.manifest)
         return Admission(columns, update, shuffle, outputs)
 
@@ -289,12 +255,10 @@ class EpochRun:
     def _spec(self, admitted: Admission, layout: EpochLayout, labels: tuple[int, ...]
               ) -> EpochSpec:
         """The metadata every task of the group gets (built by
-        :func:`~megaphone.migrator.epoch.routing_operator.epoch_spec`): for a group by labels
-        its labels, its shuffle's label column and, for an event-time operator, each epoch's
-        watermark (from the largest event time committed and those of the group's earlier
-        epochs: exactly what one job per epoch would use), and the processing time from
-        :data:`processing_clock`, one for the group; an operator whose ``processing_time`` is
-        true gets it as its watermark, so its timers fire by the clock."""
+        :func:`~megaphone.migrator.epoch.routing_operator.epoch_spec`): for a group its labels
+        and labelled shuffle; for an event-time operator each epoch's watermark, as one job per
+        epoch would have it (docs/groups.md, "Event time"), and one processing time from
+        :data:`processing_clock` (an operator with ``processing_time`` gets it as watermark)."""
         holder, update = self.holder, admitted.update
         config, committed = holder.config, holder.commit
         fields: dict[str, Any] = {}

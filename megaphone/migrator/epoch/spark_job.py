@@ -1,13 +1,10 @@
 """The Spark side of an epoch: one job that routes records, ships moving state and applies.
 
-Map stage: records get their bin in the JVM (``xxhash64``) and their worker from the routing
-version in force (:func:`~megaphone.routing.bins.owner_column`); the old owners of moving bins
-export them (:func:`~megaphone.migrator.task.state_operator.export_worker`). One shuffle
-(``repartitionById``) brings both to partition ``w`` = worker ``w``, where
-:func:`~megaphone.migrator.task.state_operator.apply_worker` installs the state and then applies
-the records. Each worker returns its outputs and rows of reports
-(:func:`~megaphone.migrator.task.state_operator.result_schema`): results travel in the job, not
-through a shared filesystem.
+The map side gives records their bin and worker in the JVM and the old owners export moving
+bins (:func:`~megaphone.migrator.task.state_operator.export_worker`); one shuffle
+(``repartitionById``) brings both to partition ``w`` = worker ``w``, whose task
+(:func:`~megaphone.migrator.task.state_operator.apply_worker`) returns its outputs and reports
+in the job's results, not through a shared filesystem.
 """
 
 from __future__ import annotations
@@ -66,29 +63,19 @@ def retryable(error_text: str) -> bool:
     return any(mark in error_text for mark in RETRYABLE)
 
 
-@dataclass(frozen=True)
-class MapSide:
-    """The map side of an epoch's job under one routing version: the records' shuffle columns
-    (``select``) and the worker column to partition them by (``worker``)."""
-
-    select: list[Column]
-    worker: Column
-
-
-def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSpec) -> MapSide:
-    """The map side of an epoch (:class:`MapSide`).
+def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSpec
+                   ) -> list[Column]:
+    """The map side of an epoch under one routing version: the records' shuffle columns.
 
     ``columns`` are the batch's record columns by name (``key`` and, where used, ``value``,
     ``_t``: :mod:`~megaphone.migrator.task.columns`); ``owners`` the routing version's worker of
     every bin (kept while it holds: :class:`MapSides`). A null key is a key of its own, as in
     ``groupBy``: ``xxhash64`` of null is its seed, so it lives in bin 0.
     """
-    shuffle = spec.shuffle_schema
-    assert shuffle is not None
     key = columns[KEY]
     bin_ = bin_column(key, spec.num_bins, spec.key_type)
     exprs = []
-    for f in shuffle:
+    for f in spec.shuffle_schema:
         if f.name == BIN:
             exprs.append(bin_.alias(BIN))
         elif f.name == WORKER:
@@ -98,7 +85,7 @@ def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSp
         else:  # every row of the map side is a record
             value = int(RowKind.RECORD) if f.name == KIND else None
             exprs.append(F.lit(value).cast(from_arrow_type(f.type)).alias(f.name))
-    return MapSide(select=exprs, worker=F.col(WORKER))
+    return exprs
 
 
 class MapSides:
@@ -106,10 +93,10 @@ class MapSides:
     record columns hold: building one costs the driver a few hundred JVM calls."""
 
     def __init__(self) -> None:
-        self._last: tuple[tuple, MapSide] | None = None
+        self._last: tuple[tuple, list[Column]] | None = None
 
     def get(self, version: int, columns: dict[str, Column], spec: EpochSpec,
-            owners: Callable[[], np.ndarray]) -> MapSide:
+            owners: Callable[[], np.ndarray]) -> list[Column]:
         """The map side for routing ``version`` (whose ``owners()`` are asked on a miss)."""
         shape = (version, spec.shuffle_schema, tuple(columns))
         if self._last is None or self._last[0] != shape:
@@ -117,19 +104,15 @@ class MapSides:
         return self._last[1]
 
 
-def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: EpochSpec,
+def epoch_job(spark: SparkSession, batch: DataFrame, map_side: list[Column], spec: EpochSpec,
               partitions: int) -> DataFrame:
     """The epoch's job; collecting it runs the epoch and yields its outputs and reports
-    (:func:`split_results`).
-
-    The map side is one projection (:func:`map_projection`), since each DataFrame operation
-    costs the driver an analysis.
+    (:func:`split_results`). The map side is one projection: each DataFrame operation costs the
+    driver an analysis.
     """
-    shuffle = spec.shuffle_schema
-    assert shuffle is not None
-    routed = batch.select(*map_side.select)
+    routed = batch.select(*map_side)
     spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
-                                  for f in shuffle])
+                                  for f in spec.shuffle_schema])
     if spec.split_keys:  # in a group, per key and epoch label
         routed = split_hot(routed, spec, spark_shuffle)
     senders = sorted(spec.outgoing)
@@ -138,18 +121,14 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: MapSide, spec: Ep
             functools.partial(_export_task, spec, senders), spark_shuffle)
         routed = routed.unionByName(exports)
     results = from_arrow_schema(result_schema(spec.output_schema, spec.grouped))
-    return routed.repartitionById(partitions, map_side.worker).mapInArrow(
+    return routed.repartitionById(partitions, F.col(WORKER)).mapInArrow(
         functools.partial(_apply_task, spec), results)
 
 
 def split_hot(routed: DataFrame, spec: EpochSpec, schema: T.StructType) -> DataFrame:
-    """Dual mode (docs/hot-keys.md): the records of ``spec.split_keys`` are folded into one
-    partial row per key and lessee task, shuffled to the key's owner with the other records.
-    The lessees are the input's partitions, each passing other keys' records on in the same
-    pass (:func:`~megaphone.migrator.task.hot_split.pass_and_fold`: no extra stage), or
-    ``spec.lessees`` tasks the split keys' records are spread over round-robin
-    (:func:`~megaphone.migrator.task.hot_split.fold_partials`). The null key is never split
-    (``isin`` is null for it: kept cold)."""
+    """Dual mode (docs/hot-keys.md, "Dual mode on Spark"): the split keys' records folded into
+    one partial row per key and lessee task, by the input's partitions in the same pass or by
+    ``spec.lessees`` extra tasks. The null key is never split (``isin`` is null for it)."""
     if spec.lessees is None:  # each input partition folds its own: one pass, no extra stage
         return routed.mapInArrow(functools.partial(pass_and_fold, spec), schema)
     hot = F.col(KEY).isin(list(spec.split_keys))
@@ -167,7 +146,7 @@ def _export_task(spec: EpochSpec, senders: list[int], batches: Iterator[pa.Recor
     """An export task: ships the moving bins of the senders whose indexes it is given."""
     for batch in batches:
         for i in batch.column("id").to_pylist():
-            yield from export_worker(spec, senders[i], spec.shuffle_schema)
+            yield from export_worker(spec, senders[i])
 
 
 def _apply_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -1,7 +1,5 @@
-"""A pipeline's hold on its state directory (:class:`StateHolder`): opening it (checked against
-the configuration, locked, brought back to its commit, registered in the process), creating
-it, the last commit, the plan queue and the committed epochs' metrics, and releasing the stores
-the store service keeps open for it.
+"""A pipeline's hold on its state directory (:class:`StateHolder`; docs/architecture.md, "A
+Pipeline and its collaborators").
 """
 
 from __future__ import annotations
@@ -50,10 +48,8 @@ _NO_STATE = "the pipeline has no state yet: process a batch or give key_type"
 class StateHolder:
     """The state directory of one pipeline while it is open in this process, and what its
     committed epochs left: the commit record, the plan queue, their metrics and traces.
-
-    ``owner`` is the pipeline registered in the process under its id (so ``migrate()`` and
-    the CLI find it). ``config`` is the pipeline's configuration as the state directory fixes
-    it once open. ``lock`` lets one epoch run at a time and guards the commit and routing.
+    ``owner``: the pipeline registered under its id; ``config``: as the state directory fixes
+    it; ``lock``: one epoch at a time, guarding the commit and routing.
     """
 
     def __init__(self, spark: SparkSession, path: Path, config: PipelineConfig,
@@ -221,7 +217,7 @@ class StateHolder:
             if not self.uncommitted:
                 return
             self.recover(self.state_dir, self.commit)
-            self.routing.save(self.state_dir.routing_path)  # recovery truncated it
+            self.routing.save(self.state_dir.paths.routing)  # recovery truncated it
             self.uncommitted = False
 
     def submit_plan(self, plan: MigrationPlan, policy: MigrationPolicy | None = None
@@ -249,7 +245,7 @@ class StateHolder:
         """Write the commit record again if the driver's durable copy has metrics pending."""
         with self.lock:
             durable = self.state_dir.durable
-            if durable is not None and durable.has_pending_metrics:
+            if durable is not None and durable.pending_metrics:
                 self.state_dir.write_commit(self.commit)
 
     # -- reading state -------------------------------------------------------------------

@@ -136,7 +136,7 @@ def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
     kind = state.manifest.get("backend", "rocksdb")
     per_worker: dict[int, dict[int, tuple[int, int]]] = {}
     for w in state.worker_ids():
-        with open_backend(kind, state.worker_path(w), fp.key_type, fp.num_bins,
+        with open_backend(kind, state.paths.worker(w), fp.key_type, fp.num_bins,
                           read_only=True) as backend:
             per_worker[w] = {b: (s.keys, s.bytes) for b, s in backend.bin_stats().items()}
     return BinSizes.at(per_worker, owners)

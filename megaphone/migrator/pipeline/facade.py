@@ -383,7 +383,11 @@ class Pipeline:
     def split_hot_keys(self, policy: SplitPolicy | None = None,
                        capacity: int = DEFAULT_CAPACITY) -> None:
         """Detect hot keys and split them (dual mode) as ``policy`` says before every epoch
-        (:meth:`~megaphone.migrator.epoch.hot_keys.HotKeys.split_hot_keys`)."""
+        (default :class:`~megaphone.plans.hot_keys.ShareThreshold`: keys with >= 20% of the
+        records). Only updates that are commutative and associative can be split: the
+        built-in aggregations and :class:`~megaphone.operators.combiner.Combiner` updates;
+        any other raises ``ValueError`` (its keys stay at their owner: use
+        :meth:`watch_hot_keys`)."""
         self._driver.hot.split_hot_keys(policy, capacity)
 
     def hot_keys(self) -> HeavyHitters:

@@ -1,7 +1,6 @@
-"""A pipeline's stream runner (:class:`StreamRunner`): its Structured Streaming query, each
-micro-batch run as an epoch by ``foreachBatch`` (or as the epochs of its epoch column) with the
-replay of a batch committed before, and over Spark Connect the hand-off of the pipeline to the
-server (:class:`ServerBatch`) and back (README, "What it does").
+"""A pipeline's stream runner (:class:`StreamRunner`; docs/architecture.md, "A Pipeline and its
+collaborators"), and over Spark Connect the batch function that runs it on the server
+(:class:`ServerBatch`).
 """
 
 from __future__ import annotations

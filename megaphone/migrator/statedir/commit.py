@@ -35,10 +35,8 @@ class StreamPosition:
 
     def to_dict(self) -> dict[str, Any]:
         """The commit record's ``stream`` object: the fields that are set."""
-        out: dict[str, Any] = {"checkpoint": self.checkpoint, "batch_id": self.batch_id,
-                               "epoch": self.epoch}
-        if self.epochs is not None:
-            out["epochs"] = [list(r) for r in self.epochs]
+        out = {"checkpoint": self.checkpoint, "batch_id": self.batch_id, "epoch": self.epoch,
+               "epochs": None if self.epochs is None else [list(r) for r in self.epochs]}
         return {k: v for k, v in out.items() if v is not None}
 
     def ran(self, location: str) -> int:
@@ -67,29 +65,20 @@ class StreamPosition:
 class Commit:
     """What the last committed epoch left behind; rewritten atomically after every epoch.
 
-    ``state_version`` is the routing version the workers' state reflects; ``pending_drops``
-    are ``[bin, worker]`` pairs that moved away in that epoch, which the old owners delete in
-    the next epoch (so a re-run of the epoch can still export them); ``stream`` remembers the
-    last Structured Streaming batch (:class:`StreamPosition`); ``plans`` are submitted plans
-    not finished yet;
-    ``tokens`` name, per worker, the attempt at the epoch whose results the driver took (a
-    worker's copy of the epoch from any other attempt, on any host, is not this commit's state);
-    ``seq`` counts the records written (the driver's durable copy names its files by it);
-    ``max_event_time``: the largest event time (us) committed, whence the next watermark;
-    ``hot``: the heaviest keys of the committed epochs, smoothed (a bounded
-    :class:`~megaphone.plans.hot_keys.HeavyHitters` as JSON; empty unless hot keys are
-    watched), whence the next epoch's split: a re-run of an epoch splits alike.
-    ``label``: the epoch's label when it ran from a batch's epoch column (docs/groups.md): a
-    later batch's labels must be larger. ``homes``: per worker that holds state, the id of the
-    host where its state is at home, and ``addresses``: the ``[host, port]`` of the service
-    holding it there, as a task at home last reported it (docs/placement.md). ``hosts``: per
-    host any task reported from, the ``[host, port]`` of each of its store services (one per
-    shard, ``None`` where none was reported), so that a new worker can be homed there before
-    its first epoch. ``slots``: per known host (of ``hosts`` and ``homes``), how many worker
-    tasks it runs at once, as the driver knew it at the commit
-    (:meth:`~megaphone.migrator.epoch.driver.EpochDriver.host_slots`; empty when unknown), so
-    that homes, DS2 and the deadline policy read one record, and a re-run of the next epoch
-    homes its new workers alike.
+    ``state_version``: the routing version the workers' state reflects; ``pending_drops``:
+    ``[bin, worker]`` pairs that moved away at that epoch, deleted by their old owners at the
+    next (a re-run can still export them); ``stream``: the last Structured Streaming batch;
+    ``plans``: submitted plans not finished; ``tokens``: per worker, the attempt whose results
+    the driver took (any other attempt's copy is not this commit's state); ``seq``: records
+    written (the driver's copy names its files by it); ``max_event_time`` (us): whence the next
+    watermark; ``hot``: the committed epochs' heaviest keys, smoothed
+    (:class:`~megaphone.plans.hot_keys.HeavyHitters` JSON), whence the next split, alike on a
+    re-run; ``label``: the epoch's label from a batch's epoch column (docs/groups.md).
+    Placement (docs/placement.md): ``homes``, per worker with state its home host, and
+    ``addresses``, the ``[host, port]`` of the service holding it there; ``hosts``, per host
+    reported from, its services' ``[host, port]`` (``None`` where unknown); ``slots``, per known
+    host, its task slots as the driver knew them (empty when unknown), so homes, DS2 and the
+    deadline policy read one record and a re-run homes alike.
     """
 
     epoch: int = -1
@@ -118,30 +107,11 @@ class Commit:
                                                 commit.max_event_time or 0, commit.label or 0)):
             raise ValueError("commit.json is malformed: epoch, state_version, seq, "
                              "max_event_time and label must be integers")
-        for name in ("tokens", "homes"):
+        for name, ok, what in _MAPS:
             value = getattr(commit, name)
             if not isinstance(value, dict) or not all(
-                    isinstance(w, str) and w.isdigit() and isinstance(t, str)
-                    for w, t in value.items()):
-                raise ValueError(f"commit.json is malformed: {name} must map workers to strings")
-        if not isinstance(commit.addresses, dict) or not all(
-                isinstance(w, str) and w.isdigit() and _is_address(a)
-                for w, a in commit.addresses.items()):
-            raise ValueError("commit.json is malformed: addresses must map workers to "
-                             "[host, port]")
-        if not isinstance(commit.hosts, dict) or not all(
-                isinstance(h, str) and isinstance(s, list) and s
-                and all(a is None or _is_address(a) for a in s)
-                for h, s in commit.hosts.items()):
-            raise ValueError("commit.json is malformed: hosts must map host ids to lists of "
-                             "[host, port] or null")
-        if not isinstance(commit.slots, dict) or not all(
-                isinstance(h, str) and isinstance(n, int) and not isinstance(n, bool) and n > 0
-                for h, n in commit.slots.items()):
-            raise ValueError("commit.json is malformed: slots must map host ids to positive "
-                             "integers")
-        if not isinstance(commit.hot, dict):
-            raise ValueError("commit.json is malformed: hot must be an object")
+                    isinstance(k, str) and ok(k, v) for k, v in value.items()):
+                raise ValueError(f"commit.json is malformed: {name} must map {what}")
         return commit
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,3 +141,16 @@ def _is_address(value: Any) -> bool:
     """Whether ``value`` is a service's ``[host, port]`` as JSON holds it."""
     return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) \
         and isinstance(value[1], int)
+
+
+#: The commit record's maps: each one's check of an entry (its key a string) and what it maps.
+_MAPS = (
+    ("tokens", lambda w, t: w.isdigit() and isinstance(t, str), "workers to strings"),
+    ("homes", lambda w, h: w.isdigit() and isinstance(h, str), "workers to strings"),
+    ("addresses", lambda w, a: w.isdigit() and _is_address(a), "workers to [host, port]"),
+    ("hosts", lambda h, s: isinstance(s, list) and bool(s)
+     and all(a is None or _is_address(a) for a in s), "host ids to lists of [host, port] or null"),
+    ("slots", lambda h, n: isinstance(n, int) and not isinstance(n, bool) and n > 0,
+     "host ids to positive integers"),
+    ("hot", lambda k, v: True, "strings to values (a JSON object)"),
+)

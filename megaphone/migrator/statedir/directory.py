@@ -1,9 +1,7 @@
-"""The state directory: where a pipeline keeps its manifest, routing, commits, metrics, traces,
-kept outputs and (without a checkpoint location) its workers' state.
-
-The layout is the README's ("State directory"); its paths come from :mod:`megaphone.paths`.
-With a checkpoint location everything but ``workers/`` is also kept there, written first
-(the driver's durable copy, :mod:`megaphone.migrator.statedir.driver_copy`).
+"""The state directory: a pipeline's manifest, routing, commits, metrics, traces, kept outputs
+and (without a checkpoint location) its workers' state; layout: README, "State directory".
+With a checkpoint location all but ``workers/`` is also kept there, written first
+(:mod:`megaphone.migrator.statedir.driver_copy`).
 """
 
 from __future__ import annotations
@@ -157,7 +155,7 @@ class StateDir:
         state = cls(root, manifest)
         if state.durable is not None:
             state.durable.write_manifest(manifest)
-        RoutingTable.initial(fingerprint, workers).save(state.routing_path)
+        RoutingTable.initial(fingerprint, workers).save(state.paths.routing)
         state.write_commit(Commit())
         atomic_write_json(paths.manifest, manifest)  # written last: the dir is ready
         return state
@@ -220,7 +218,7 @@ class StateDir:
         for epoch in outputs:
             path = self.paths.outputs_file(epoch)
             atomic_write_bytes(path, copy.read(OUTPUTS, path.name))
-        atomic_write_bytes(self.routing_path, copy.read(ROUTING))
+        atomic_write_bytes(self.paths.routing, copy.read(ROUTING))
         with open(self.paths.metrics, "a", encoding="utf-8") as fh:
             fh.writelines(json.dumps(m, separators=(",", ":")) + "\n" for m in metrics)
 
@@ -249,15 +247,6 @@ class StateDir:
 
     # -- paths ---------------------------------------------------------------------------
 
-    @property
-    def routing_path(self) -> Path:
-        """Where the routing table lives."""
-        return self.paths.routing
-
-    def worker_path(self, worker: int) -> Path:
-        """The state backend directory of ``worker``."""
-        return self.paths.worker(worker)
-
     def worker_ids(self) -> list[int]:
         """Workers that currently have a state directory."""
         found = (worker_of(child.name) for child in self.paths.workers.glob("w*"))
@@ -274,12 +263,12 @@ class StateDir:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, outputs.schema) as writer:
             writer.write_table(outputs)
-        data = sink.getvalue().to_pybytes()
+        data, path = sink.getvalue().to_pybytes(), self.paths.outputs_file(epoch)
         if self.durable is not None:
-            self.durable.write_outputs(epoch, data)
+            self.durable.put(data, OUTPUTS, path.name)
         self.paths.outputs.mkdir(exist_ok=True)
         # With a driver's copy, that one is durable: this one need not be synced too.
-        atomic_write_bytes(self.paths.outputs_file(epoch), data, sync=self.durable is None)
+        atomic_write_bytes(path, data, sync=self.durable is None)
 
     def read_outputs(self, epoch: int) -> pa.Table:
         """The kept outputs of ``epoch``; a ``ValueError`` when they are gone or unreadable."""
@@ -298,16 +287,16 @@ class StateDir:
 
     def drop_outputs(self, epochs: list[int]) -> None:
         """Delete the kept outputs of ``epochs``."""
-        for epoch in epochs:
-            self.paths.outputs_file(epoch).unlink(missing_ok=True)
-        if self.durable is not None and epochs:
-            self.durable.drop_outputs(epochs)
+        for path in map(self.paths.outputs_file, epochs):
+            path.unlink(missing_ok=True)
+            if self.durable is not None:
+                self.durable.delete(OUTPUTS, path.name)
 
     # -- metadata ------------------------------------------------------------------------
 
     def load_routing(self) -> RoutingTable:
         """The routing table, checked against this directory's fingerprint."""
-        return RoutingTable.load(self.routing_path, self.fingerprint)
+        return RoutingTable.load(self.paths.routing, self.fingerprint)
 
     def read_commit(self) -> Commit:
         """The last commit record."""
@@ -334,7 +323,7 @@ class StateDir:
                 after()
             crash_point("commit", commit.epoch)
             if durable and self.durable is not None:
-                self.durable.write_commit(commit.to_dict(), self.routing_path)
+                self.durable.write_commit(commit.to_dict(), self.paths.routing)
 
         atomic_write_json(self.paths.commit, commit.to_dict(), before_rename,
                           sync=self.durable is None)  # with a driver's copy, that is synced
@@ -353,14 +342,10 @@ class StateDir:
         lines) first replaces ``metrics.old.jsonl``: disk keeps one or two chunks of epochs."""
         self._metrics_log.append(json.dumps(record, separators=(",", ":")))
         if self.durable is not None:
-            self.durable.add_metrics(record)
+            self.durable.pending_metrics.append(record)
 
     def read_metrics(self, last: int | None = None) -> list[dict[str, Any]]:
         """The recorded per-epoch metrics, oldest first (the ``last`` N when given): the
         :data:`METRICS_CHUNK` to twice that many newest epochs. Torn lines are skipped."""
         records = self._metrics_log.read(json.loads)
         return records[-last:] if last else records
-
-    def prune_outputs(self, keep_from_epoch: int) -> None:
-        """Delete outputs of epochs before ``keep_from_epoch``."""
-        self.drop_outputs([e for e in self.output_epochs() if e < keep_from_epoch])

@@ -26,7 +26,6 @@ from megaphone.paths import (
     ROUTING,
     checkpoint_driver_root,
     outputs_epoch_of,
-    outputs_name,
     seq_name,
     seq_of,
 )
@@ -54,7 +53,9 @@ class DriverCopy:
         self.fs, root = filesystem(uri)
         self.root = checkpoint_driver_root(root)
         self._routing: bytes | None = None  # the routing table's bytes last written here
-        self._pending: list[dict[str, Any]] = []  # metrics not yet in a commit file
+        #: Epochs' metrics for the next commit file (recorded after their commit point: a driver
+        #: lost before the next commit loses those lines, not the epochs).
+        self.pending_metrics: list[dict[str, Any]] = []
         self._commits: list[int] | None = None  # commit files present (listed once)
         self._folded_left: list[int] = []  # commit files a lost driver folded, not deleted
         self._folders: set[str] = set()  # folders known to exist
@@ -99,11 +100,11 @@ class DriverCopy:
         if routing != self._routing:
             self.put(routing, ROUTING)
             self._routing = routing
-        record = {"commit": commit, "metrics": self._pending}
+        record = {"commit": commit, "metrics": self.pending_metrics}
         commits = self._listed_commits()  # listed before this file is there: held once
         self.put(json.dumps(record, separators=(",", ":")).encode(),
                  COMMITS, seq_name(commit["seq"], COMMIT_RECORD_SUFFIX))
-        self._pending = []
+        self.pending_metrics = []
         if commit["seq"] not in commits:
             commits.append(commit["seq"])
         for seq in self._folded_left:
@@ -112,16 +113,6 @@ class DriverCopy:
         if len(commits) >= KEEP_COMMITS + FOLD_COMMITS:
             self._fold(commits[:FOLD_COMMITS])
             del commits[:FOLD_COMMITS]
-
-    def add_metrics(self, record: dict[str, Any]) -> None:
-        """Carry an epoch's metrics in the next commit file (they are recorded after the commit
-        point; a driver lost before the next commit loses that line, not the epoch)."""
-        self._pending.append(record)
-
-    @property
-    def has_pending_metrics(self) -> bool:
-        """True when metrics wait for the next commit file."""
-        return bool(self._pending)
 
     def _listed_commits(self) -> list[int]:
         """The commit files present (listed once). Commit files already folded into a
@@ -136,24 +127,13 @@ class DriverCopy:
         return self._commits
 
     def _fold(self, seqs: list[int]) -> None:
-        lines = []
-        for seq in seqs:
-            lines += [json.dumps(m, separators=(",", ":")) for m in self._commit_file(seq)[1]]
-        self.put("".join(f"{line}\n" for line in lines).encode(),
-                 FOLDED_METRICS, seq_name(seqs[-1], FOLDED_METRICS_SUFFIX))
+        lines = [json.dumps(m, separators=(",", ":")) + "\n"
+                 for seq in seqs for m in self._commit_file(seq)[1]]
+        self.put("".join(lines).encode(), FOLDED_METRICS, seq_name(seqs[-1], FOLDED_METRICS_SUFFIX))
         for seq in seqs:
             self.fs.delete_file(self._path(COMMITS, seq_name(seq, COMMIT_RECORD_SUFFIX)))
         for seq in self._list(FOLDED_METRICS, FOLDED_METRICS_SUFFIX)[:-KEEP_FOLDS]:
             self.fs.delete_file(self._path(FOLDED_METRICS, seq_name(seq, FOLDED_METRICS_SUFFIX)))
-
-    def write_outputs(self, epoch: int, data: bytes) -> None:
-        """Keep the outputs of ``epoch`` (an Arrow IPC file's bytes)."""
-        self.put(data, OUTPUTS, outputs_name(epoch))
-
-    def drop_outputs(self, epochs: list[int]) -> None:
-        """Delete the kept outputs of ``epochs``."""
-        for epoch in epochs:
-            self.delete(OUTPUTS, outputs_name(epoch))
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -203,8 +183,7 @@ class DriverCopy:
         records: list[dict[str, Any]] = []
         for seq in self._list(FOLDED_METRICS, FOLDED_METRICS_SUFFIX):
             data = self.read(FOLDED_METRICS, seq_name(seq, FOLDED_METRICS_SUFFIX))
-            for line in data.decode().splitlines():
-                records.append(json.loads(line))
+            records += [json.loads(line) for line in data.decode().splitlines()]
         for seq in self._listed_commits():
             records += self._commit_file(seq)[1]
         return records

@@ -1,13 +1,10 @@
-"""Fault injection for crash tests: kill the pipeline, or the store service, at a named phase.
+"""Fault injection for crash tests: kill the pipeline, or the store service, at a named phase
+(:data:`megaphone.migrator.epoch.run.PHASES`, each passed where its :func:`crash_point` stands).
 
-Inert unless ``MEGAPHONE_CRASH_AT`` is set in the environment of the pipeline process (Spark's
-Python workers inherit it): a comma-separated list of ``<phase>:<epoch>`` (SIGKILL the whole
-pipeline: driver, JVM, Python workers) or ``<phase>:<epoch>:store`` (SIGKILL the store services
-that hold the workers' state, once; the pipeline lives on and must recover by itself).
-
-Phases are those of :data:`megaphone.migrator.epoch.run.PHASES`, each passed where its call
-to :func:`crash_point` stands. A store kill finds the service through the pipeline's
-``local_dir``, or without one (``commit``) through ``$MEGAPHONE_LOCAL_DIR`` or the default.
+Inert unless ``MEGAPHONE_CRASH_AT`` is set in the pipeline's environment (Spark's Python
+workers inherit it): a comma-separated list of ``<phase>:<epoch>`` (SIGKILL the whole pipeline)
+or ``<phase>:<epoch>:store`` (SIGKILL the host's store services once; the pipeline must recover
+by itself). A store kill finds the services through the pipeline's ``local_dir``, or the default.
 """
 
 from __future__ import annotations

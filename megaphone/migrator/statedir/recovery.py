@@ -1,11 +1,9 @@
-"""Recovery: bring a state directory back to its last committed epoch before it runs again.
+"""Recovery: bring a state directory back to its last commit before it runs again.
 
-``commit.json`` is the commit point of an epoch; whatever a crash left beyond it is discarded:
-routing versions never committed, outputs of the uncommitted epoch, and worker
-state that applied it (rolled back with its undo record; with a checkpoint location, by the
-executor that holds it, at its next task). Anything that cannot be explained
-by a crash (a worker behind the commit, a missing worker directory, a worker two epochs ahead)
-is reported precisely and never repaired silently.
+What a crash left past ``commit.json`` is discarded: uncommitted routing versions, outputs and
+worker state (rolled back with its undo record; with a checkpoint location, by the store
+service of the host that runs the worker's next task). What no crash explains (a worker behind
+the commit or missing, or two epochs ahead) is reported precisely, never repaired.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
     table = state.load_routing()
     if table.version < commit.state_version:
         raise StateMismatch(
-            f"{state.routing_path} holds routing version {table.version}, but the last commit "
+            f"{state.paths.routing} holds routing version {table.version}, but the last commit "
             f"says the state is at version {commit.state_version}"
         )
     committed = table.truncated(commit.state_version)
@@ -56,12 +54,12 @@ def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
     report = RecoveryReport()
     if table.version > commit.state_version:
         report.routing_versions_dropped = table.version - commit.state_version
-        committed.save(state.routing_path)
+        committed.save(state.paths.routing)
     report.outputs_dropped = [e for e in state.output_epochs() if e > commit.epoch]
     state.drop_outputs(report.outputs_dropped)
     kind, fp = state.manifest["backend"], state.fingerprint
     for worker in ahead:
-        with WorkerStore.open(kind, state.worker_path(worker), fp.key_type, fp.num_bins) as store:
+        with WorkerStore.open(kind, state.paths.worker(worker), fp.key_type, fp.num_bins) as store:
             store.rollback_to(commit.epoch)  # a group's epochs newest first (docs/groups.md)
         report.workers_rolled_back.append(worker)
     return report
@@ -75,12 +73,12 @@ def _check_workers(state: StateDir, commit: Commit, table) -> list[int]:
     if missing:
         raise StateMismatch(
             f"worker directories missing for workers {missing} that own bins at committed "
-            f"epoch {commit.epoch} (expected {[str(state.worker_path(w)) for w in missing]})"
+            f"epoch {commit.epoch} (expected {[str(state.paths.worker(w)) for w in missing]})"
         )
     kind, fp = state.manifest["backend"], state.fingerprint
     ahead = []
     for worker in sorted(present):
-        with WorkerStore.open(kind, state.worker_path(worker), fp.key_type, fp.num_bins,
+        with WorkerStore.open(kind, state.paths.worker(worker), fp.key_type, fp.num_bins,
                               read_only=True) as store:
             at, back = store.epoch, store.can_roll_back_to(commit.epoch)
         if at > commit.epoch and back:  # one epoch, or several of a group, past the commit

@@ -24,26 +24,25 @@ def check_state_dir(spec: EpochSpec) -> None:
     under the same path, and outputs would be quietly wrong."""
     if spec.pipeline_id is None or (spec.state_dir, spec.pipeline_id) in _SEEN_STATE_DIRS:
         return
+    host = socket.gethostname()
     if spec.checkpoint is not None:  # executors need only the checkpoint location
         try:
             check_checkpoint(spec.checkpoint, spec.pipeline_id)
         except ValueError as exc:
-            raise RuntimeError(f"on host {socket.gethostname()}: {exc}") from None
-        _SEEN_STATE_DIRS.add((spec.state_dir, spec.pipeline_id))
-        return
-    try:
-        found = StateDir.open(spec.state_dir).fingerprint.pipeline_id
-    except (ValueError, KeyError) as exc:  # NotAStateDir, or a manifest without its fingerprint
-        raise RuntimeError(
-            f"the state directory {spec.state_dir} is not readable on host "
-            f"{socket.gethostname()} ({exc}). Worker state lives under it, so every executor "
-            "must reach it: on a cluster put it on storage all executors mount (README: State "
-            "directory)") from None
-    if found != spec.pipeline_id:
-        raise RuntimeError(
-            f"the state directory {spec.state_dir} on host {socket.gethostname()} belongs to "
-            f"pipeline {found!r}, not {spec.pipeline_id!r}: this executor sees another "
-            "directory under the same path")
+            raise RuntimeError(f"on host {host}: {exc}") from None
+    else:
+        try:
+            found = StateDir.open(spec.state_dir).fingerprint.pipeline_id
+        except (ValueError, KeyError) as exc:  # NotAStateDir, or a manifest without fingerprint
+            raise RuntimeError(
+                f"the state directory {spec.state_dir} is not readable on host {host} ({exc}). "
+                "Worker state lives under it, so every executor must reach it: on a cluster put "
+                "it on storage all executors mount (README: State directory)") from None
+        if found != spec.pipeline_id:
+            raise RuntimeError(
+                f"the state directory {spec.state_dir} on host {host} belongs to pipeline "
+                f"{found!r}, not {spec.pipeline_id!r}: this executor sees another directory "
+                "under the same path")
     _SEEN_STATE_DIRS.add((spec.state_dir, spec.pipeline_id))
 
 

@@ -1,11 +1,8 @@
-"""Dual mode for hot keys, the worker side: lessees fold a hot key's records into partials, its
-owner (the lessor) consolidates them before it emits the key's output (docs/hot-keys.md).
-
-Engine-agnostic: lessee tasks turn their records of each split key into one *partial row*
-bound for the key's owner (:func:`fold_partials`); the owner sets them apart
-(:func:`take_partials`) and consolidates them into what the unsplit path would have computed
-(:func:`builtin_partials`, :func:`combine_partials`), so outputs and state are the same as
-without splitting. Each worker also summarizes the keys it applied (:func:`sketch`).
+"""Dual mode for hot keys, the worker side (docs/hot-keys.md, "Dual mode on Spark"): lessees fold
+each split key's records into one partial row bound for its owner (:func:`fold_partials`),
+which consolidates them into what the unsplit path computes (:func:`take_partials`,
+:func:`builtin_partials`, :func:`combine_partials`). Each worker also summarizes the keys it
+applied (:func:`sketch`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""One epoch's tasks run in this process, in the order Spark runs them: every exporter writes
-its shuffle rows to a spill file per receiving worker, then every worker installs and applies.
-
-Offline migration runs its steps through it as epochs without records, so the live epoch's
-task code (:func:`~megaphone.migrator.task.state_operator.export_worker`,
-:func:`~megaphone.migrator.task.state_operator.apply_worker`) is the one implementation of moving,
-dropping and releasing state.
+"""One epoch's tasks run in this process, in the order Spark runs them: every exporter spills its
+shuffle rows per receiving worker, then every worker installs and applies. Offline migration
+runs its steps through it, so the live epoch's task code is the one way state moves.
 """
 
 from __future__ import annotations
@@ -22,14 +18,10 @@ from megaphone.records import WorkerReport
 
 
 def run_epoch_tasks(spec: EpochSpec, partitions: int, spill_dir: str) -> list[WorkerReport]:
-    """Run every task of ``spec``'s epoch for workers ``0..partitions-1`` with no records;
-    return the reports of the workers and the exporters.
-
-    Exports finish before any worker starts, as Spark's map stage does before its reduce
-    stage; the rows in between wait in Arrow IPC files under ``spill_dir``, so memory stays
-    bounded by the chunk size.
+    """Run every task of ``spec``'s epoch for workers ``0..partitions-1`` with no records; the
+    reports of the workers and the exporters. Exports finish first, as a map stage does, their
+    rows spilled to Arrow IPC files under ``spill_dir`` (memory stays bounded by the chunk size).
     """
-    assert spec.shuffle_schema is not None
     _spill_exports(spec, spill_dir)
     reports: list[WorkerReport] = []
     for worker in range(partitions):
@@ -45,16 +37,14 @@ def _spill_path(spill_dir: str, worker: int) -> str:
 
 def _spill_exports(spec: EpochSpec, spill_dir: str) -> None:
     """Every sender's shuffle rows, appended to the spill file of the worker they go to."""
-    schema = spec.shuffle_schema
-    assert schema is not None
     writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
     try:
         for sender in sorted(spec.outgoing):
-            for batch in export_worker(spec, sender, schema):
+            for batch in export_worker(spec, sender):
                 for worker in pc.unique(batch.column(WORKER)).to_pylist():
                     if worker not in writers:
                         writers[worker] = pa.ipc.new_stream(_spill_path(spill_dir, worker),
-                                                            schema)
+                                                            spec.shuffle_schema)
                     writers[worker].write_batch(
                         batch.filter(pc.equal(batch.column(WORKER), worker)))
     finally:

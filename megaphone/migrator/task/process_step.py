@@ -1,10 +1,7 @@
-"""One worker's epoch of an event-time operator (a :class:`~megaphone.operators.process.
-ProcessFunction`): fire the timers the watermark passed, apply the records, and write state
-and timers back in the epoch's one atomic commit.
-
-Timers are keys of their key's bin (:func:`~megaphone.state_backends.encoding.
-encode_timer_keys`); a worker fires the due timers of the bins it owns at the epoch, after it
-installed the bins that arrived, so a moved key's timers fire at its new owner.
+"""One worker's epoch of an event-time operator: fire the timers the watermark passed, apply the
+records, and commit state and timers in the epoch's one atomic write (docs/operators.md, "An
+epoch of an event-time operator, at one worker"; timers are keys of their key's bin, so they
+move with it).
 """
 
 from __future__ import annotations
@@ -123,20 +120,13 @@ def _timer_writes(spec: EpochSpec, store: RemoteStore, bins: np.ndarray, keys: l
                   ) -> tuple[list[bytes], list[bytes | None], list[bytes | None]]:
     """The timer keys to write: fired timers deleted (unless set again), new ones set; with
     their old values (a new timer may exist already from an earlier epoch)."""
-    del_idx, del_times, add_idx, add_times = [], [], [], []
-    for i, (done, new) in enumerate(zip(fired, added, strict=True)):
-        for t in set(done) - new:
-            del_idx.append(i)
-            del_times.append(t)
-        for t in new - set(done):
-            add_idx.append(i)
-            add_times.append(t)
-    if not del_idx and not add_idx:
+    pairs = list(enumerate(zip(fired, added, strict=True)))
+    dels = [(i, t) for i, (done, new) in pairs for t in set(done) - new]
+    adds = [(i, t) for i, (done, new) in pairs for t in new - set(done)]
+    if not dels and not adds:
         return [], [], []
-    idx = np.asarray(del_idx + add_idx, dtype=np.int64)
-    raw = encode_timer_keys(bins[idx], np.asarray(del_times + add_times, dtype=np.int64),
-                            [keys[i] for i in idx.tolist()], spec.key_type)
-    n_del = len(del_idx)
-    old_added = store.read(raw[n_del:]) if add_idx else []
-    return (list(raw), [None] * n_del + [TIMER_VALUE] * len(add_idx),
-            [TIMER_VALUE] * n_del + list(old_added))
+    idx, times = (np.asarray(column, dtype=np.int64) for column in zip(*dels, *adds, strict=True))
+    raw = encode_timer_keys(bins[idx], times, [keys[i] for i in idx.tolist()], spec.key_type)
+    old_added = store.read(raw[len(dels):]) if adds else []
+    return (list(raw), [None] * len(dels) + [TIMER_VALUE] * len(adds),
+            [TIMER_VALUE] * len(dels) + list(old_added))

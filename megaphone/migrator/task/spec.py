@@ -35,21 +35,16 @@ from megaphone.state_backends.remote import default_local_dir
 class EpochSpec:
     """Everything a task needs to know about an epoch: small metadata, never bulk state.
 
-    ``incoming``: worker -> bins it installs at this epoch; ``outgoing``: old owner ->
-    ``(bin, new owner)`` pairs it exports; ``drops``: worker -> bins that left it last epoch;
-    ``live``: workers owning bins at this epoch; ``local_dir``: the host-local directory of
-    the store service that keeps the workers' stores open across epochs; ``pipeline_id``:
-    whose state directory tasks must find (checked once per Python worker, when given);
-    ``transfer``: how moving bins travel (:data:`~megaphone.state_backends.bin_files.
-    TRANSFER_MODES`); for an event-time operator, ``watermark`` (microseconds, ``None``
-    before any event time) and ``owned``: worker -> the bins it owns at this epoch, whose
-    timers it fires. Hot keys (docs/hot-keys.md): ``split_keys`` run in dual mode (folded
-    by ``lessees`` tasks, ``None``: the input's partitions), and each worker reports its
-    ``sketch_capacity`` heaviest keys (0: none). A group's spec (docs/groups.md) also has
-    ``labels``: the epoch labels of the group's epochs in order (``epoch`` is the first's;
-    only it installs, ships and drops bins) and, for an event-time operator, ``watermarks``:
-    each epoch's watermark. ``processing_time_us``: the epoch's processing time for a process
-    update, taken once by the driver (a group's epochs share it).
+    ``incoming``: worker -> bins it installs; ``outgoing``: old owner -> ``(bin, new owner)``
+    pairs it exports; ``drops``: worker -> bins that left it last epoch; ``live``: workers
+    owning bins; ``local_dir``: the host's store-service directory; ``pipeline_id``: whose state
+    directory tasks must find (checked once per Python worker); ``transfer``: how moving bins
+    travel. An event-time operator's ``watermark`` (us; ``None`` before any event time),
+    ``owned`` (worker -> bins whose timers it fires) and ``processing_time_us`` (one for a
+    group). Hot keys (docs/hot-keys.md): ``split_keys`` folded by ``lessees`` tasks (``None``:
+    the input's partitions), ``sketch_capacity`` heaviest keys reported (0: none). A group
+    (docs/groups.md): its epochs' ``labels`` (``epoch`` is the first's, the only one that moves
+    bins) and ``watermarks``.
     """
 
     epoch: int
@@ -60,13 +55,13 @@ class EpochSpec:
     update: Update
     output_schema: pa.Schema
     chunk_bytes: int
+    shuffle_schema: pa.Schema
     transfer: str = "auto"
     incoming: dict[int, tuple[int, ...]] = field(default_factory=dict)
     outgoing: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     drops: dict[int, tuple[int, ...]] = field(default_factory=dict)
     live: frozenset[int] = frozenset()
     has_event_time: bool = False
-    shuffle_schema: pa.Schema | None = None
     local_dir: str = field(default_factory=default_local_dir)
     pipeline_id: str | None = None
     checkpoint: str | None = None

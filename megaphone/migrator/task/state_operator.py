@@ -1,14 +1,11 @@
-"""The state operator S of one worker for a group of G >= 1 epochs (one epoch is a group of
-one): install moved state, then apply each epoch's records and commit it.
+"""The state operator S of one worker for a group of G >= 1 epochs: install moved state, then
+apply and commit each epoch's records (docs/architecture.md, "An epoch is a group of one").
 
-Engine-agnostic: the Spark runtime calls :func:`export_worker` in the tasks that ship state
-out of old owners and :func:`apply_worker` in the task of each worker (one partition per
-worker). Both take plain iterators of arrow batches and an :class:`EpochSpec` of metadata.
-
-Exactly once: a worker's records, its outputs and the epoch marker are written in one atomic
-write (:meth:`~megaphone.state_backends.worker_store.WorkerStore.commit`), and a task that finds
-the store already at its epoch re-emits the stored outputs. Bins that leave a worker are
-deleted there only in the next epoch, so a re-run of the epoch can export them again.
+Engine-agnostic: :func:`export_worker` runs in the tasks that ship state out of old owners,
+:func:`apply_worker` in each worker's task (partition ``w`` is worker ``w``); both take arrow
+batches and an :class:`EpochSpec`. Exactly once: a worker's state, outputs and epoch marker
+are one atomic store write, and a replay re-emits the stored outputs (docs/worker-store.md,
+"The design"); bins that leave a worker are deleted there only at the next epoch.
 """
 
 from __future__ import annotations
@@ -101,33 +98,25 @@ def open_store(spec: EpochSpec, worker: int, at_home: bool = True) -> RemoteStor
                        home[1] if away else None, spec.siblings.get(worker) if away else None)
 
 
-def export_worker(spec: EpochSpec, sender: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def export_worker(spec: EpochSpec, sender: int) -> Iterator[pa.RecordBatch]:
     """Stream the state of the bins leaving ``sender`` as shuffle rows bound for their new owners
-    (:func:`~megaphone.migrator.task.transfer.export_rows`: rows, or parts of whole-bin files).
-
-    The sender's live store (in the store service) is read, not changed. Memory stays bounded by
-    the chunk size. Its report follows as one last row, to the worker that gets its first bin.
+    (:func:`~megaphone.migrator.task.transfer.export_rows`), its report last; its store is read,
+    not changed.
     """
     check_state_dir(spec)
     has_state = bool(spec.outgoing.get(sender)) and (
         spec.checkpoint is not None or spec.worker_path(sender).exists())
-    yield from export_rows(spec, sender, open_store(spec, sender) if has_state else None, schema)
+    yield from export_rows(spec, sender, open_store(spec, sender) if has_state else None)
 
 
 def apply_worker(
     spec: EpochSpec, worker: int, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """Run ``worker``'s part of a group of G >= 1 epochs (one epoch is a group of one): drop
-    departed bins and install arrivals at the first epoch, then apply and commit each epoch's
-    records in order (a group's records carry their epoch's label,
-    :data:`~megaphone.migrator.task.columns.LABEL`; docs/groups.md).
-
-    Yields, per epoch, the worker's outputs, then its report and (at the first epoch) those of
-    the exporters that shipped bins to it (rows of :func:`result_schema`; in a group each row
-    names its epoch). The input mixes state chunks and records in any order; state is
-    installed as it streams in, records are applied after the last chunk. In a group the
-    store keeps the undo records and outputs of the group's earlier epochs (its start is
-    passed to it).
+    """Run ``worker``'s part of a group of G >= 1 epochs: drop departed bins and install arrivals
+    at the first epoch (state installs as it streams in, records wait for the last chunk), then
+    apply and commit each epoch's records in order, by their label in a group (docs/groups.md).
+    Yields per epoch the outputs, then the report rows (:func:`result_schema`), with the
+    exporters' reports at the first epoch.
     """
     started = time.perf_counter()
     check_state_dir(spec)
@@ -169,8 +158,8 @@ def apply_worker(
         marks["installed"], marks["install_wait"] = time.time(), timed.waiting - waited
         crash_point("install", spec.epoch, spec.local_dir)
         records = arrivals.records
-    else:  # replayed: the state rows that came again are not installed
-        records = [_records_only(b) for b in timed]
+    else:  # replayed: the state rows that came again are not installed, records and partials are
+        records = [b.filter(pc.is_in(b.column(KIND), value_set=_APPLIED)) for b in timed]
     table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
     for i, (sub, part) in enumerate(_epochs(spec, table)):
         if i:  # a group's later epoch: its own metrics, its store's own begin
@@ -228,11 +217,6 @@ def _epoch_rows(spec: EpochSpec, store: RemoteStore, part: pa.Table, worker: int
 def _new_metrics(host: str, bins_in: int = 0) -> WorkerMetrics:
     return WorkerMetrics(records_in=0, records_out=0, bins_in=bins_in, keys_in=0, bytes_in=0,
                          replayed=False, marks={"task": time.time()}, host=host)
-
-
-def _records_only(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """The records and partials among shuffle rows (a replayed first epoch's state set aside)."""
-    return batch.filter(pc.is_in(batch.column(KIND), value_set=_APPLIED))
 
 
 def _tagged(spec: EpochSpec, batch: pa.RecordBatch, epoch: int) -> pa.RecordBatch:

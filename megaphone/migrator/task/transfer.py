@@ -1,9 +1,6 @@
-"""Moving bins through an epoch's shuffle: the sender's export and the receiver's arrivals.
-
-A bin travels as rows (one shuffle row per key) or, from the size the pipeline's ``transfer``
-mode sets, as one SST file cut into parts of at most ``chunk_bytes``; with homes only a file's
-reference travels (docs/transfer.md). Either way memory stays bounded by the chunk size and
-nothing passes through the driver.
+"""Moving bins through an epoch's shuffle: the sender's export and the receiver's arrivals, as
+rows or as parts of a whole-bin SST file, or with homes as a file's reference
+(docs/transfer.md); memory stays bounded by the chunk size and nothing passes the driver.
 """
 
 from __future__ import annotations
@@ -57,12 +54,12 @@ def rows(schema: pa.Schema, n: int, columns: dict[str, pa.Array], kind: RowKind 
         schema=schema)
 
 
-def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None, schema: pa.Schema
+def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None
                 ) -> Iterator[pa.RecordBatch]:
     """Ship the bins leaving ``sender`` (read from its ``store``, ``None`` if it has none) as
     shuffle rows bound for their new owners, then the sender's report as one last row, to
     the worker that gets its first bin. The store is read, not changed."""
-    started = time.perf_counter()
+    started, schema = time.perf_counter(), spec.shuffle_schema
     moves = spec.outgoing.get(sender, ())
     by_dst: dict[int, list[int]] = {}
     for b, dst in moves:

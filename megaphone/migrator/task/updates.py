@@ -149,24 +149,15 @@ def make_update(
     return Update(update, None, value_kind or "int")
 
 
-def _unpack(raw: bytes | None) -> Any:
-    return None if raw is None else unpack_value(raw)
-
-
 def apply_builtin(
     update: Update, records: pa.Table, old_raw: list[bytes | None],
     epoch: int | None = None, worker: int | None = None,
 ) -> tuple[list[bytes | None], pa.Array]:
-    """Merge one epoch's per-key partial aggregates into the stored values.
-
-    ``records`` holds one row per key (columns ``key``, ``_bin``, ``partial``) and ``old_raw``
-    the stored msgpack value of each key (None when new). Returns the new msgpack values and
-    the new aggregates as an arrow array (the epoch's outputs). As in Spark, a null partial (a
-    key whose values in the epoch were all null) leaves the aggregate as it was: the stored
-    one, or null for a key with none, whose new msgpack value is then None: it gets no state
-    (no state stands for Spark's null aggregate, which a later non-null value replaces). An
-    integer ``sum`` that leaves the int64 range raises :class:`UpdateError` naming the key,
-    as Spark's (ANSI) ``sum`` fails, instead of wrapping around.
+    """Merge one epoch's per-key partial aggregates (``records``: ``key``, ``_bin``, ``partial``)
+    into the stored msgpack values ``old_raw`` (None when new): the new msgpack values and the
+    new aggregates (the epoch's outputs). Nulls and overflow as in Spark (README, "What it
+    does"): a null partial leaves the aggregate as it was (a key with none gets no state:
+    ``None``), and an int64 ``sum`` out of range raises :class:`UpdateError` naming the key.
     """
     column = records.column("partial")
     valid = column.is_valid().to_numpy(zero_copy_only=False)
@@ -194,19 +185,11 @@ def apply_builtin(
 
 
 def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
-    """Group an epoch's records by key: one row per key with its ``partial`` aggregate (the
-    null key included: Arrow's ``group_by`` groups nulls together, like Spark's).
-
-    ``count`` counts a key's records, null values included (Spark's ``count(*)``); ``sum``,
-    ``min`` and ``max`` skip null values, and a key whose values are all null gets a null
-    partial (as Spark's ``sum(value)`` gives null), so it still has its row. NaN orders above
-    every number, as in Spark: it is the ``max`` of any group that has one.
+    """Group an epoch's records by key (the null key too): one row per key with its ``partial``
+    aggregate, nulls and NaN as Spark treats them (README, "What it does"): ``count`` counts
+    null values, the others skip them (a key whose values are all null keeps its row, with a
+    null partial).
     """
-    if update.kind == "count":
-        grouped = records.group_by([KEY, BIN], use_threads=False).aggregate(
-            [([], "count_all")]
-        )
-        return grouped.rename_columns([KEY, BIN, "partial"])
     if update.kind == "sum" and pa.types.is_integer(records.column(VALUE).type):
         # The same sum in float64 beside it tells an int64 sum that wrapped around.
         values = records.column(VALUE).cast(pa.float64(), safe=False)
@@ -225,8 +208,7 @@ def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
         return pa.table([grouped.column(KEY), grouped.column(BIN), partial],
                         names=[KEY, BIN, "partial"])
     grouped = records.group_by([KEY, BIN], use_threads=False).aggregate(
-        [(VALUE, update.kind)]
-    )
+        [([], "count_all")] if update.kind == "count" else [(VALUE, update.kind)])
     return grouped.rename_columns([KEY, BIN, "partial"])
 
 
@@ -266,7 +248,7 @@ def apply_custom(
     out_values: list[Any] = []
     for key, vals, raw in zip(keys, values, old_raw, strict=True):
         try:
-            result = update.fn(key, vals, _unpack(raw))
+            result = update.fn(key, vals, None if raw is None else unpack_value(raw))
         except Exception as exc:
             raise update_failed("it raised", key, exc, epoch, worker, located=True) from exc
         try:
