@@ -118,7 +118,7 @@ def apply_worker(
     Yields per epoch the outputs, then the report rows (:func:`result_schema`), with the
     exporters' reports at the first epoch.
     """
-    started = time.perf_counter()
+    started, task_started = time.perf_counter(), time.time()  # the trace's "task" mark too
     check_state_dir(spec)
     pruned = prune_away_copies(spec)
     timed = TimedInput(batches)
@@ -136,7 +136,7 @@ def apply_worker(
     store = open_store(spec, worker)
     group_start = spec.epoch if spec.grouped else None
     host = host_id(spec.local_dir)
-    metrics = _new_metrics(host, len(incoming))
+    metrics = _new_metrics(host, len(incoming), task_started)
     marks = metrics.marks
     assert marks is not None
     t0 = time.perf_counter()
@@ -214,9 +214,12 @@ def _epoch_rows(spec: EpochSpec, store: RemoteStore, part: pa.Table, worker: int
     return load
 
 
-def _new_metrics(host: str, bins_in: int = 0) -> WorkerMetrics:
+def _new_metrics(host: str, bins_in: int = 0, task: float | None = None) -> WorkerMetrics:
+    """An epoch's empty metrics; its ``task`` mark is when its useful time starts (the trace and
+    ``useful_s`` measure the same span)."""
     return WorkerMetrics(records_in=0, records_out=0, bins_in=bins_in, keys_in=0, bytes_in=0,
-                         replayed=False, marks={"task": time.time()}, host=host)
+                         replayed=False, marks={"task": time.time() if task is None else task},
+                         host=host)
 
 
 def _tagged(spec: EpochSpec, batch: pa.RecordBatch, epoch: int) -> pa.RecordBatch:
