@@ -5,7 +5,9 @@ Queries Q3, Q4, Q5, Q7 and Q8 (:mod:`megaphone.nexmark.queries`; ``--queries`` t
 Input is open loop: the generator's events at ``--rate`` events per second of processing
 time (its ``events_per_second`` is the same, so event time advances with wall time), cut into
 epochs of ``--interval`` seconds: epoch ``e`` holds events ``[e*N, (e+1)*N)``, ``N = rate *
-interval``, and its input interval ends at ``t0 + (e+1) * interval``. An epoch runs once its
+interval``, and its input interval ends at ``t0 + (e+1) * interval``. For megaphone and native
+Spark alike a feeder thread generates each epoch's events when its interval ends and writes
+them as parquet files, which the epoch reads (``bench/nexmark_input.py``). An epoch runs once its
 interval has ended and the previous epoch finished, so a slow epoch leaves a backlog that
 shows as latency (completion time - end of the input interval). The first ``--warmup``
 epochs run back to back (closed loop: latency = duration) to warm the JVM, the Python workers
@@ -74,6 +76,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from nexmark_input import InputFeeder
 from nexmark_native import NATIVE_RUNS, UNSUPPORTED, run_native
 from nexmark_report import PER_KEY, NexRow, deadline_target, write_outputs
 from nexmark_sweep import NATIVE, Point, climb, hopeless, judge, write_sweep
@@ -311,6 +314,7 @@ class LiveRun:
         self.notes: list[str] = []
         self.handles: list[Any] = []
         self.got: list[Any] = []
+        self.feeder: InputFeeder  # the run's input files, made by run()
 
     def run(self) -> RunResult:
         cfg = self.cfg
@@ -320,11 +324,14 @@ class LiveRun:
             self.bench.spark, path, config=cfg.nexmark, workers=cfg.workers,
             num_bins=cfg.bins, backend=cfg.backend, vectorized=self.vectorized,
             **cfg.sizes(self.query_name))
+        self.feeder = InputFeeder(query, cfg.nexmark, cfg.per_epoch, path / "input-files",
+                                  cfg.interval)
         load_before = load_avg()
         try:
             self._loop(query)
             check = self._check(query)
         finally:
+            self.feeder.stop()
             query.close()
             if not cfg.keep_state:
                 shutil.rmtree(path, ignore_errors=True)
@@ -334,8 +341,9 @@ class LiveRun:
 
     def _epoch(self, query: NexmarkQuery, epoch: int, end: float | None, t0: float) -> NexRow:
         n = self.cfg.per_epoch
-        started = time.time()
-        out = query.run(epoch * n, n, input_end=end if end is not None else started)
+        frames, high = self.feeder.frames(self.bench.spark, epoch)
+        started = time.time()  # the input is there (its file written)
+        out = query.run_frames(frames, high, input_end=end if end is not None else started)
         finished = time.time()
         self.got += out
         ms = [s.metrics(last=1)[0] for s in query.stages]
@@ -366,6 +374,8 @@ class LiveRun:
         limit = start_at + 21 * (cfg.bins // 2) + 20
         with tqdm(desc=f"{self.query_name} {self.name}", unit="epoch", leave=False,
                   disable=not cfg.progress) as bar:
+            for epoch in range(cfg.warmup):  # their files are there from the start
+                self.feeder.write(epoch)
             clock = time.time()
             for epoch in range(cfg.warmup):  # closed loop
                 self.rows.append(self._epoch(query, epoch, None, clock))
@@ -374,6 +384,7 @@ class LiveRun:
             for row in self.rows:  # on the run's clock
                 for f in ("interval_end_s", "started_s", "finished_s"):
                     setattr(row, f, getattr(row, f) + clock - t0)
+            self.feeder.start(cfg.warmup, t0)
             epoch, done_at, threshold = cfg.warmup, None, math.nan
             while True:
                 end = t0 + (epoch + 1) * cfg.interval

@@ -17,6 +17,10 @@ workers. Both orders and every round run on that same stream. With the defaults 
 1.2 over 1000 ids, ``--hot-ratio`` 10, 6 hot ids, 64 bins) worker 0 carries about 72% of
 Q7's records and 67% of Q8's, and the busiest of the 4 workers after the scale-out about 25%
 (a short Q7 run measured 73% and 26%).
+
+Each epoch reads its input from parquet files, written when its interval ends by a feeder
+thread (``bench/nexmark_input.py``), so generating the events is not part of the time between
+two epochs.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from nexmark_input import InputFeeder
 from pyspark.sql import SparkSession
 
 from megaphone import Pipeline
@@ -149,13 +154,25 @@ class NexmarkWorkload:
         if any(int(owners[b]) for b in np.asarray(bin_of(self.hot, args.bins)).tolist()):
             raise AssertionError("the hot ids are not all on worker 0 at the start")
         self.per_epoch = max(1, round(self.config.events_per_second * args.interval))
+        self.interval = args.interval
         self.epochs = 0
         self.rows: list[tuple] = []
+        #: The input as files (bench/nexmark_input.py): closed-loop epochs write theirs when
+        #: they run, then a thread writes each epoch's when its interval ends.
+        self.feeder = InputFeeder(self.query, self.config, self.per_epoch, path / "input-files",
+                                  args.interval)
+        self._feeding = False
 
     def epoch(self, input_end: float | None) -> list[tuple]:
-        """Run the next epoch; its output rows, sorted (to compare runs)."""
-        n = self.per_epoch
-        out = sorted(tuple(r) for r in self.query.run(self.epochs * n, n, input_end=input_end))
+        """Run the next epoch (``input_end``: when its interval ended; ``None``: closed loop);
+        its output rows, sorted (to compare runs)."""
+        if input_end is None:
+            self.feeder.write(self.epochs)
+        elif not self._feeding:  # open loop from here on
+            self.feeder.start(self.epochs, input_end - (self.epochs + 1) * self.interval)
+            self._feeding = True
+        frames, high = self.feeder.frames(self.query.spark, self.epochs)
+        out = sorted(tuple(r) for r in self.query.run_frames(frames, high, input_end=input_end))
         self.epochs += 1
         self.rows += out
         return out
@@ -172,7 +189,8 @@ class NexmarkWorkload:
                                    **{k: pa.concat_tables(v) for k, v in tables.items()})
 
     def close(self) -> None:
-        """Close the query's stages."""
+        """Stop the input and close the query's stages."""
+        self.feeder.stop()
         self.query.close()
 
     def finish(self) -> tuple[dict[Any, Any], int, str]:

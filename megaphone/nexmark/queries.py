@@ -91,12 +91,19 @@ class NexmarkQuery(ABC):
         """
         tables = self.inputs(generate(self.config, start, count))
         frames = {name: self.spark.createDataFrame(t) for name, t in tables.items()}
+        return self.run_frames(frames, max_time_us(tables.values()), input_end=input_end)
+
+    def run_frames(self, frames: dict[str, DataFrame], high_us: int | None, *,
+                   input_end: float | None = None) -> list[Any]:
+        """Run one epoch over :meth:`inputs` already made DataFrames (for example read from
+        files written ahead: ``bench/nexmark.py``); ``high_us`` is their largest event time
+        (:func:`max_time_us` of the tables; ``None`` if empty). Its output rows, as
+        :meth:`run`'s."""
         out = self.rows(self.chain.process(self.batch(**frames), input_end=input_end))
         out = out.collect()
         self.watermark_us = self._high  # lateness 0: the largest event time committed before
-        high = _max_time_us(tables.values())
-        if high is not None and (self._high is None or high > self._high):
-            self._high = high
+        if high_us is not None and (self._high is None or high_us > self._high):
+            self._high = high_us
         return [self.row_type._make(r) for r in out]
 
     def close(self) -> None:
@@ -320,7 +327,7 @@ class Q8(NexmarkQuery):
 QUERIES: dict[str, type[NexmarkQuery]] = {q.name: q for q in (Q3, Q4, Q5, Q7, Q8)}
 
 
-def _max_time_us(tables: Any) -> int | None:
+def max_time_us(tables: Any) -> int | None:
     """The largest ``date_time`` (microseconds) among ``tables``; ``None`` if they are empty."""
     us = pa.timestamp("us", tz="UTC")
     times = [pc.max(t["date_time"].cast(us).cast(pa.int64())).as_py() for t in tables

@@ -51,6 +51,7 @@ class EpochDriver:
         self.task_slots: int | None = None
         self.slots_per_host = config.slots_per_host
         self._slots_unknown_said = False
+        self._empty_frames: dict[str, DataFrame] = {}  # by the schema's JSON
 
     @cached_property
     def local_slots(self) -> int | None:
@@ -78,10 +79,21 @@ class EpochDriver:
         """The update, its value kind from ``value_type`` (a batch's) or the manifest's."""
         return self.schema.update(self.holder.manifest, value_type)
 
+    def frame(self, table: pa.Table, schema: T.StructType) -> DataFrame:
+        """Outputs on the driver as a DataFrame (:func:`frame`). An empty one is made once per
+        schema and handed out again: PySpark builds it through its row path, about 85 ms of the
+        driver each time (bench/chain_epoch.py), and a chain's later stages are empty in most
+        epochs."""
+        if table.num_rows:
+            return frame(self.spark, table, schema)
+        key = schema.json()
+        if key not in self._empty_frames:
+            self._empty_frames[key] = frame(self.spark, table, schema)
+        return self._empty_frames[key]
+
     def outputs_frame(self, outputs: pa.Table) -> DataFrame:
-        """An epoch's outputs (collected from its job) as a DataFrame (:func:`frame`)."""
-        return frame(self.spark, outputs,
-                     self.schema.outputs(self.holder.key_type, self.update_for(None)))
+        """An epoch's outputs (collected from its job) as a DataFrame (:meth:`frame`)."""
+        return self.frame(outputs, self.schema.outputs(self.holder.key_type, self.update_for(None)))
 
     def read_outputs(self, epoch: int) -> DataFrame:
         """The kept outputs of a committed ``epoch`` as a DataFrame."""
@@ -125,7 +137,7 @@ class EpochDriver:
                       for e, label in zip(done, found.labels, strict=False)]
         rest = EpochLabels(found.labels[len(done):], found.max_event_times[len(done):])
         table = concat(tables + self.run_groups(batch, column, rest, input_end, stream), schema)
-        return table, frame(self.spark, table, schema) if want_frame else None
+        return table, self.frame(table, schema) if want_frame else None
 
     def run_groups(self, batch: DataFrame, column: str | None, found: EpochLabels,
                    input_end: float | None, stream: StreamPosition | None = None,

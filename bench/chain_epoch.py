@@ -1,0 +1,132 @@
+"""Where a NEXMark chain's epoch goes: input, each stage's job, the last collect.
+
+Runs ``--epochs`` epochs of a NEXMark query back to back (closed loop, 2 workers per stage,
+RocksDB) at ``--rate`` events per second of event time (``--interval`` seconds of events per
+epoch) and times each part of an epoch the way ``NexmarkQuery.run`` does it, in order:
+
+* **generate** -- the epoch's events generated in Python (the harness's, not megaphone's);
+* **input frames** -- the query's input tables made DataFrames: with ``--input tables``
+  (``NexmarkQuery.run``'s way) by ``createDataFrame`` from the driver's Arrow tables, with
+  ``--input files`` (``bench/nexmark.py``'s feeder) written as parquet files (not timed: the
+  feeder does it off the epoch's path) and read with ``spark.read.parquet``;
+* **stage i** -- ``Pipeline.process`` of each stage (its own Spark job), with its driver phases
+  (``phases_s``), the slowest worker's task (``useful_s``: from its task's start to its
+  outputs) and apply time, and the epochs whose input was empty;
+* **collect** -- the last stage's outputs as the query's rows on the driver;
+* **epoch** -- the sum of the parts (each stage once, with its phases inside).
+
+Prints the medians over the epochs after ``--warmup`` as a table. What the numbers chose:
+docs/operators.md, "Where a chain's epoch goes".
+
+    python bench/chain_epoch.py --query q7 --rate 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from pyspark.sql.pandas.types import from_arrow_schema
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from megaphone.nexmark.generator import NexmarkConfig, generate
+from megaphone.nexmark.queries import QUERIES
+from megaphone.spark import spark_session
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--query", default="q7", choices=sorted(QUERIES))
+    p.add_argument("--rate", type=float, default=100_000, help="events per second")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds of events per epoch")
+    p.add_argument("--epochs", type=int, default=20, help="epochs measured")
+    p.add_argument("--warmup", type=int, default=4, help="epochs run first, not measured")
+    p.add_argument("--input", choices=("tables", "files"), default="tables",
+                   help="the input as DataFrames of the driver's tables, or read from files")
+    p.add_argument("--master", default="local[2]")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the epochs and print the medians of their parts."""
+    args = parser().parse_args(argv)
+    if args.epochs < 1 or args.warmup < 0 or args.rate <= 0 or args.interval <= 0:
+        raise SystemExit("--epochs >= 1, --warmup >= 0, --rate and --interval > 0")
+    argv = sys.argv[1:] if argv is None else argv
+    print(f"# command: python bench/chain_epoch.py {shlex.join(argv)}")
+    spark = spark_session(args.master, "megaphone-chain-epoch", {"spark.driver.memory": "4g"})
+    per_epoch = round(args.rate * args.interval)
+    config = NexmarkConfig(events_per_second=args.rate,
+                           num_in_flight_auctions=max(1, round(args.rate / 10)))
+    root = Path(tempfile.mkdtemp(prefix="chain-epoch-"))
+    parts: list[dict[str, float]] = []
+    empty: list[int] = []
+    try:
+        query = QUERIES[args.query](spark, root / "state", config=config, workers=2,
+                                    num_bins=32)
+        stages = query.chain.stages
+        empty = [0] * len(stages)
+        for epoch in tqdm(range(args.warmup + args.epochs), desc="epochs", leave=False):
+            times: dict[str, float] = {}
+            t0 = time.perf_counter()
+            tables = query.inputs(generate(config, epoch * per_epoch, per_epoch))
+            times["generate"] = time.perf_counter() - t0
+            if args.input == "files":
+                for name, table in tables.items():
+                    pq.write_table(table, root / f"{name}-{epoch}.parquet")
+            t1 = time.perf_counter()
+            frames = {n: spark.read.schema(from_arrow_schema(t.schema)).parquet(
+                str(root / f"{n}-{epoch}.parquet")) if args.input == "files"
+                else spark.createDataFrame(t) for n, t in tables.items()}
+            data = query.batch(**frames)
+            times["input frames"] = time.perf_counter() - t1
+            for i, (stage, link) in enumerate(zip(stages, [*query.chain.links, None],
+                                                  strict=True)):
+                s0 = time.perf_counter()
+                data = stage.process(data)
+                times[f"stage {i}"] = time.perf_counter() - s0
+                record = stage.metric_records(1)[0]
+                for name, seconds in (record.phases_s or {}).items():
+                    times[f"stage {i}: {name}"] = seconds
+                for label, name in (("task", "useful_s"), ("apply", "apply_s")):
+                    times[f"stage {i}: slowest worker's {label}"] = max(
+                        (getattr(m, name) or 0.0 for m in record.per_worker.values()),
+                        default=0.0)
+                if epoch >= args.warmup and not record.records_in:
+                    empty[i] += 1
+                data = data if link is None else link(data)
+            c0 = time.perf_counter()
+            query.rows(data).collect()
+            times["collect"] = time.perf_counter() - c0
+            times["epoch"] = sum(times[k] for k in ("generate", "input frames", "collect")) + \
+                sum(times[f"stage {i}"] for i in range(len(stages)))
+            if epoch >= args.warmup:
+                parts.append(times)
+        query.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    epoch_median = statistics.median(p["epoch"] for p in parts)
+    print(f"\n# {args.query}, {args.rate:,.0f} events/s, {per_epoch:,} events per epoch, input "
+          f"{args.input}, {args.epochs} epochs after {args.warmup} warm-up, master {args.master}")
+    print("| part | median ms | share of the epoch's median |")
+    print("|---|---:|---:|")
+    for name in parts[0]:
+        value = statistics.median(p.get(name, 0.0) for p in parts)
+        print(f"| {name} | {value * 1e3:,.0f} | {100 * value / epoch_median:.0f}% |")
+    for i, count in enumerate(empty):
+        print(f"stage {i}: {count} of {args.epochs} epochs had no input")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
