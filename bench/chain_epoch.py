@@ -7,8 +7,9 @@ epoch) and times each part of an epoch the way ``NexmarkQuery.run`` does it, in 
 * **generate** -- the epoch's events generated in Python (the harness's, not megaphone's);
 * **input frames** -- the query's input tables made DataFrames: with ``--input tables``
   (``NexmarkQuery.run``'s way) by ``createDataFrame`` from the driver's Arrow tables, with
-  ``--input files`` (``bench/nexmark.py``'s feeder) written as parquet files (not timed: the
-  feeder does it off the epoch's path) and read with ``spark.read.parquet``;
+  ``--input files`` written as parquet files by ``bench/nexmark.py``'s feeder
+  (:class:`~nexmark_input.InputFeeder`; not timed: the feeder does it off the epoch's path)
+  and read as it reads them;
 * **stage i** -- ``Pipeline.process`` of each stage (its own Spark job), with its driver phases
   (``phases_s``), the slowest worker's task (``useful_s``: from its task's start to its
   outputs) and apply time, and the epochs whose input was empty;
@@ -32,11 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
-from pyspark.sql.pandas.types import from_arrow_schema
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from nexmark_input import InputFeeder
 
 from megaphone.nexmark.generator import NexmarkConfig, generate
 from megaphone.nexmark.queries import QUERIES
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         query = QUERIES[args.query](spark, root / "state", config=config, workers=2,
                                     num_bins=32)
+        feeder = InputFeeder(query, config, per_epoch, root / "input", args.interval)
         stages = query.chain.stages
         empty = [0] * len(stages)
         for epoch in tqdm(range(args.warmup + args.epochs), desc="epochs", leave=False):
@@ -82,12 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             tables = query.inputs(generate(config, epoch * per_epoch, per_epoch))
             times["generate"] = time.perf_counter() - t0
             if args.input == "files":
-                for name, table in tables.items():
-                    pq.write_table(table, root / f"{name}-{epoch}.parquet")
+                feeder.write_tables(epoch, tables)
             t1 = time.perf_counter()
-            frames = {n: spark.read.schema(from_arrow_schema(t.schema)).parquet(
-                str(root / f"{n}-{epoch}.parquet")) if args.input == "files"
-                else spark.createDataFrame(t) for n, t in tables.items()}
+            frames = feeder.frames(spark, epoch)[0] if args.input == "files" else \
+                {n: spark.createDataFrame(t) for n, t in tables.items()}
             data = query.batch(**frames)
             times["input frames"] = time.perf_counter() - t1
             for i, (stage, link) in enumerate(zip(stages, [*query.chain.links, None],

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
@@ -50,8 +51,12 @@ class InputFeeder:
 
     def write(self, epoch: int) -> None:
         """Generate ``epoch``'s events and write the query's inputs of them."""
-        tables = self.query.inputs(generate(self.config, epoch * self.per_epoch,
-                                            self.per_epoch))
+        self.write_tables(epoch, self.query.inputs(generate(self.config, epoch * self.per_epoch,
+                                                            self.per_epoch)))
+
+    def write_tables(self, epoch: int, tables: dict[str, pa.Table]) -> None:
+        """Write ``epoch``'s inputs (:meth:`NexmarkQuery.inputs
+        <megaphone.nexmark.queries.NexmarkQuery.inputs>` of its events) as its files."""
         for name, table in tables.items():
             staged = self.root / "staging" / self.path(name, epoch).name
             pq.write_table(table, staged)

@@ -154,7 +154,6 @@ class NexmarkWorkload:
         if any(int(owners[b]) for b in np.asarray(bin_of(self.hot, args.bins)).tolist()):
             raise AssertionError("the hot ids are not all on worker 0 at the start")
         self.per_epoch = max(1, round(self.config.events_per_second * args.interval))
-        self.interval = args.interval
         self.epochs = 0
         self.rows: list[tuple] = []
         #: The input as files (bench/nexmark_input.py): closed-loop epochs write theirs when
@@ -169,7 +168,7 @@ class NexmarkWorkload:
         if input_end is None:
             self.feeder.write(self.epochs)
         elif not self._feeding:  # open loop from here on
-            self.feeder.start(self.epochs, input_end - (self.epochs + 1) * self.interval)
+            self.feeder.start(self.epochs, input_end - (self.epochs + 1) * self.feeder.interval)
             self._feeding = True
         frames, high = self.feeder.frames(self.query.spark, self.epochs)
         out = sorted(tuple(r) for r in self.query.run_frames(frames, high, input_end=input_end))
