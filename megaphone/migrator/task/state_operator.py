@@ -250,10 +250,7 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     if spec.sketch_capacity:
         metrics.hot = sketch(table, partials, spec.sketch_capacity)
     if spec.update.is_process:  # an event-time operator: its due timers, then records
-        step = apply_process(spec, store, table, worker)
-        outputs, keys, values, old = step.outputs, step.keys, step.values, step.old
-        metrics.late_records = step.late
-        metrics.timers_fired = step.fired
+        outputs, keys, values, old = apply_process(spec, store, table, worker, metrics)
     else:
         outputs, keys, values, old = _apply_records(spec, store, table, worker, partials)
     metrics.apply_s = time.perf_counter() - t0
