@@ -53,12 +53,13 @@ class ServerBatch:
     micro-batch as an epoch of the pipeline opened on the server by ``open``, then
     ``sink(outputs, epoch)`` there. ``config`` is the pipeline's configuration, ``epoch_column``
     start()'s; ``location`` is the query's checkpoint location (a batch id committed before is
-    not applied again)."""
+    not applied again). Plans the client posted to the checkpoint are taken before each batch,
+    and its metrics go into the checkpoint after it, since the client reads them there."""
 
     config: PipelineConfig
     epoch_column: str | None
     location: str
-    sink: Callable[[DataFrame, int], None]
+    sink: Sink
     open: BatchOpener
     run: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -68,7 +69,9 @@ class ServerBatch:
             state_dir = driver_state_path(default_local_dir(), self.config.pipeline_id or "",
                                           self.run)
             runner = _OPEN[self.run] = self.open(batch.sparkSession, str(state_dir), self.config)
-        outputs, epoch = runner.serve_batch(batch, batch_id, self.location, self.epoch_column)
+        runner.take_posted()
+        outputs, epoch = runner.run_batch(batch, batch_id, self.location, self.epoch_column)
+        runner.holder.flush_metrics()
         self.sink(outputs, epoch)
 
 
@@ -219,16 +222,6 @@ class StreamRunner:
         self.holder.step_aside()  # the server opens the stores and writes the checkpoint
         self.on_server = True
         return dataclasses.replace(config, local_dir=None)
-
-    def serve_batch(self, batch: DataFrame, batch_id: int, location: str,
-                    epoch_column: str | None = None) -> tuple[DataFrame, int]:
-        """A stream's micro-batch on the Spark Connect server (as the epochs of its
-        ``epoch_column``'s labels if given); its metrics go into the checkpoint now, since the
-        client reads them there. Plans the client posted to the checkpoint are taken first."""
-        self.take_posted()
-        outputs, epoch = self.run_batch(batch, batch_id, location, epoch_column)
-        self.holder.flush_metrics()
-        return outputs, epoch
 
     def rejoin(self) -> None:
         """Bring the pipeline forward from the checkpoint after its stream ran on the server,
