@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from megaphone.migrator.epoch.config import PipelineConfig
-from megaphone.migrator.epoch.groups import GroupSizes, concat, frame, labelled
+from megaphone.migrator.epoch.groups import GroupSizes, concat, labelled
 from megaphone.migrator.epoch.hot_keys import HotKeys
 from megaphone.migrator.epoch.labels import check_epoch_column, scan_labels
 from megaphone.migrator.epoch.run import EpochRun, EpochSource
@@ -78,15 +78,16 @@ class EpochDriver:
         return self.schema.update(self.holder.manifest, value_type)
 
     def frame(self, table: pa.Table, schema: T.StructType) -> DataFrame:
-        """Outputs on the driver as a DataFrame (:func:`frame`). An empty one is made once per
-        schema and handed out again: PySpark builds it through its row path, about 85 ms of the
-        driver each time (bench/chain_epoch.py), and a chain's later stages are empty in most
-        epochs."""
+        """Outputs collected on the driver as a DataFrame of ``schema``. An empty one is made
+        once per schema, from an empty list (PySpark cannot convert an empty Arrow table with
+        timestamps inside structs), and handed out again: PySpark builds it through its row
+        path, about 85 ms of the driver each time (bench/chain_epoch.py), and a chain's later
+        stages are empty in most epochs."""
         if table.num_rows:
-            return frame(self.spark, table, schema)
+            return self.spark.createDataFrame(table, schema=schema)
         key = schema.json()
         if key not in self._empty_frames:
-            self._empty_frames[key] = frame(self.spark, table, schema)
+            self._empty_frames[key] = self.spark.createDataFrame([], schema=schema)
         return self._empty_frames[key]
 
     def outputs_frame(self, outputs: pa.Table) -> DataFrame:
