@@ -35,10 +35,6 @@ log = logging.getLogger("megaphone.pipeline")
 
 #: ``sink(outputs, epoch)``: what a stream does with each epoch's outputs.
 Sink = Callable[[DataFrame, int], None]
-#: ``run(batch, batch_id, location) -> (outputs, epoch)``: one micro-batch run as an epoch of
-#: a pipeline (the client's own, or on a Connect server the one opened there, whose metrics are
-#: in the checkpoint when it returns).
-ServeBatch = Callable[[DataFrame, int, str], tuple[DataFrame, int]]
 #: ``open(spark, state_dir, config) -> runner``: opens the pipeline of ``config`` in
 #: ``state_dir`` on the server; its stream runner serves the micro-batches.
 BatchOpener = Callable[[SparkSession, str, PipelineConfig], "StreamRunner"]
@@ -98,10 +94,12 @@ class StreamRunner:
 
     def start(self, stream: DataFrame, sink: Sink, trigger: dict[str, Any] | None,
               checkpoint_location: str | None, epoch_column: str | None, *,
-              run: ServeBatch | None = None, along: Sequence[StreamRunner] = ()) -> Any:
+              run: Callable[[DataFrame, int, str], tuple[DataFrame, int]] | None = None,
+              along: Sequence[StreamRunner] = ()) -> Any:
         """Start the query (:meth:`Pipeline.start`); returns the ``StreamingQuery``. A bad
         ``epoch_column`` for the stream's schema is refused now, before the query starts.
-        ``run`` does each micro-batch's work instead of this pipeline's epoch, and the runners
+        ``run(batch, batch_id, location) -> (outputs, epoch)`` does each micro-batch's work
+        instead of this pipeline's epoch (:meth:`run_batch`), and the runners
         ``along`` count as running while the query does: a chain's stream, run by its first
         stage's runner (:meth:`~megaphone.Chain.start`; not over Spark Connect)."""
         if epoch_column is not None:
