@@ -4,6 +4,7 @@ its collaborators").
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from functools import cached_property
@@ -14,9 +15,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from megaphone.migrator.epoch.config import PipelineConfig
-from megaphone.migrator.epoch.groups import GroupSizes, concat, frame, labelled
+from megaphone.migrator.epoch.groups import GroupSizes, concat, labelled
 from megaphone.migrator.epoch.hot_keys import HotKeys
-from megaphone.migrator.epoch.labels import EpochLabels, check_epoch_column, scan_labels
+from megaphone.migrator.epoch.labels import check_epoch_column, scan_labels
 from megaphone.migrator.epoch.run import EpochRun, EpochSource
 from megaphone.migrator.epoch.schemas import PipelineSchema
 from megaphone.migrator.epoch.spark_job import MapSides
@@ -27,9 +28,6 @@ from megaphone.migrator.task.updates import Update
 from megaphone.spark import local_slots
 
 log = logging.getLogger("megaphone.driver")
-
-#: The labels of a batch run as one epoch (without an epoch column): none.
-_WHOLE = EpochLabels((), ())
 
 
 class EpochDriver:
@@ -80,15 +78,16 @@ class EpochDriver:
         return self.schema.update(self.holder.manifest, value_type)
 
     def frame(self, table: pa.Table, schema: T.StructType) -> DataFrame:
-        """Outputs on the driver as a DataFrame (:func:`frame`). An empty one is made once per
-        schema and handed out again: PySpark builds it through its row path, about 85 ms of the
-        driver each time (bench/chain_epoch.py), and a chain's later stages are empty in most
-        epochs."""
+        """Outputs collected on the driver as a DataFrame of ``schema``. An empty one is made
+        once per schema, from an empty list (PySpark cannot convert an empty Arrow table with
+        timestamps inside structs), and handed out again: PySpark builds it through its row
+        path, about 85 ms of the driver each time (bench/chain_epoch.py), and a chain's later
+        stages are empty in most epochs."""
         if table.num_rows:
-            return frame(self.spark, table, schema)
+            return self.spark.createDataFrame(table, schema=schema)
         key = schema.json()
         if key not in self._empty_frames:
-            self._empty_frames[key] = frame(self.spark, table, schema)
+            self._empty_frames[key] = self.spark.createDataFrame([], schema=schema)
         return self._empty_frames[key]
 
     def outputs_frame(self, outputs: pa.Table) -> DataFrame:
@@ -117,7 +116,7 @@ class EpochDriver:
                 if want_frame:
                     frames.append(self.outputs_frame(outputs))
 
-            outputs = self.run_groups(batch, None, _WHOLE, input_end, stream, keep)
+            outputs = self.run_groups(EpochSource(batch, stream=stream), input_end, keep)
             return outputs[0], (frames[0] if frames else None)
         schema = self.labelled_schema(batch.schema, column)
         key_type, value_type = self.schema.batch_types(batch.schema)
@@ -126,49 +125,46 @@ class EpochDriver:
         with holder.lock:
             done = stream.epoch_list() if stream is not None else []
             label = holder.commit.label
-            found = scan_labels(batch, column, times, None if done else label)
-            if done and (len(done) > len(found.labels) or found.labels[len(done) - 1] != label):
+            labels, highs = scan_labels(batch, column, times, None if done else label)
+            if done and (len(done) > len(labels) or labels[len(done) - 1] != label):
                 raise RuntimeError(
                     f"micro-batch {stream.batch_id} is replayed with other labels than it ran "
                     f"with (its {len(done)} committed epochs end at label {label}; the replay "
-                    f"holds {list(found.labels[:len(done)])[-3:]} there): the stream's source "
+                    f"holds {list(labels[:len(done)])[-3:]} there): the stream's source "
                     "must replay a micro-batch alike")
             tables = [labelled(holder.state_dir.read_outputs(e), column, label)
-                      for e, label in zip(done, found.labels, strict=False)]
-        rest = EpochLabels(found.labels[len(done):], found.max_event_times[len(done):])
-        table = concat(tables + self.run_groups(batch, column, rest, input_end, stream), schema)
+                      for e, label in zip(done, labels, strict=False)]
+        rest = EpochSource(batch, column, labels[len(done):], highs[len(done):], stream)
+        table = concat(tables + self.run_groups(rest, input_end), schema)
         return table, self.frame(table, schema) if want_frame else None
 
-    def run_groups(self, batch: DataFrame, column: str | None, found: EpochLabels,
-                   input_end: float | None, stream: StreamPosition | None = None,
+    def run_groups(self, source: EpochSource, input_end: float | None,
                    before_commit: Callable[[pa.Table], None] | None = None) -> list[pa.Table]:
-        """Run the epochs of ``batch`` in groups, each epoch's outputs: without an epoch
-        ``column``, one epoch of the whole batch; with one, the epochs of ``found``'s labels,
-        each epoch's outputs with its label in ``column``. ``stream``: the micro-batch's stream
-        position so far (a stream's batch); ``before_commit``: as :meth:`EpochRun.run`'s."""
-        holder = self.holder
+        """Run the epochs of ``source`` in groups, each epoch's outputs (by labels, with its
+        label in the epoch column); ``before_commit``: as :meth:`EpochRun.run`'s."""
+        holder, column, stream = self.holder, source.column, source.stream
         tables: list[pa.Table] = []
         done = 0
-        epochs = EpochSource(batch, column, found.labels).count
-        while done < epochs:
+        while done < source.count:
             # One group at a time under the lock: a plan submitted meanwhile (migrate() from
             # another thread) starts at the next group's first epoch.
             with holder.lock:
                 label = holder.commit.label
-                if column is not None and label is not None and found.labels[done] <= label:
-                    raise RuntimeError(f"label {found.labels[done]} was overtaken: another "
+                if column is not None and label is not None and source.labels[done] <= label:
+                    raise RuntimeError(f"label {source.labels[done]} was overtaken: another "
                                        f"call committed label {label} meanwhile")
                 if stream is not None and done:  # the position the batch's commits left
                     stream = holder.commit.stream
-                source = EpochSource(batch, column, found.labels[done:],
-                                     found.max_event_times[done:], stream)
-                run = EpochRun(self, source, self.groups.next(), input_end)
+                part = dataclasses.replace(source, labels=source.labels[done:],
+                                           max_event_times=source.max_event_times[done:],
+                                           stream=stream)
+                run = EpochRun(self, part, self.groups.next(), input_end)
                 outputs = run.run(before_commit)
                 if column is not None:  # group sizes are measured on groups by labels only
                     self.groups.measured(run.records, run.phases, run.size)
             tables.extend(outputs if column is None else
                           (labelled(table, column, label)
-                           for label, table in zip(source.labels, outputs, strict=False)))
+                           for label, table in zip(part.labels, outputs, strict=False)))
             done += run.size
         return tables
 

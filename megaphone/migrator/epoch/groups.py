@@ -10,7 +10,6 @@ import math
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from megaphone.migrator.epoch.config import AUTO
@@ -95,9 +94,3 @@ def concat(tables: list[pa.Table], schema: T.StructType) -> pa.Table:
     if tables:
         return pa.concat_tables(tables).combine_chunks()
     return pa.table({f.name: [] for f in schema.fields})
-
-
-def frame(spark: SparkSession, table: pa.Table, schema: T.StructType) -> DataFrame:
-    """Outputs collected on the driver as a DataFrame of ``schema``. No rows: from an empty
-    list (PySpark cannot convert an empty Arrow table with timestamps inside structs)."""
-    return spark.createDataFrame(table if table.num_rows else [], schema=schema)

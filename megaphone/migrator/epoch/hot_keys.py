@@ -58,16 +58,14 @@ class HotKeys:
     def spec_fields(self, update: Update, layout: EpochLayout, parallelism: int
                     ) -> dict[str, Any]:
         """The epoch spec's hot-key fields: the policy's split, checked (a ``ValueError``
-        before the epoch runs for a split the update or the keys cannot take)."""
+        before the epoch runs for keys the split cannot take). Only a splittable update gets a
+        split policy (:meth:`split_hot_keys`)."""
         if self._hot_setting is None:
             return {}
         policy, capacity = self._hot_setting
         view = HotKeyView(layout.epoch, self.hot_keys(), len(layout.live), parallelism,
                           splittable(update))
         split = policy(view).checked(self._holder.key_type)
-        if split.keys and not view.splittable:
-            raise ValueError(f"the split policy chose keys to split, but update "
-                             f"{_name(update.fn)} cannot be split (it is not a Combiner)")
         return {"split_keys": split.keys, "lessees": split.lessees,
                 "sketch_capacity": capacity}
 

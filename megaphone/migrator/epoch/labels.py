@@ -5,20 +5,9 @@ Bad input is refused with a clear error and changes nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-
-
-@dataclass(frozen=True)
-class EpochLabels:
-    """The distinct labels of a batch's epoch column in increasing order, and the largest event
-    time (microseconds) of each label's records (``None`` where it has none)."""
-
-    labels: tuple[int, ...]
-    max_event_times: tuple[int | None, ...]
 
 
 def check_epoch_column(schema: T.StructType, column: str, taken: dict[str, str | None]) -> None:
@@ -36,10 +25,11 @@ def check_epoch_column(schema: T.StructType, column: str, taken: dict[str, str |
                         "integers (tinyint, smallint, int or bigint)")
 
 
-def scan_labels(batch: DataFrame, column: str, event_time: Column | None,
-                last: int | None) -> EpochLabels:
-    """The labels of ``batch``'s epoch ``column`` (one job: a group-by on it), checked; with
-    ``event_time`` (the records' event time in microseconds) each label's largest."""
+def scan_labels(batch: DataFrame, column: str, event_time: Column | None, last: int | None
+                ) -> tuple[tuple[int, ...], tuple[int | None, ...]]:
+    """The distinct labels of ``batch``'s epoch ``column`` in increasing order (one job: a
+    group-by on it), checked, and each label's largest ``event_time`` (the records' event time
+    in microseconds; ``None`` where a label has none, or without ``event_time``)."""
     high = F.max(event_time) if event_time is not None else F.lit(None).cast("long")
     rows = batch.groupBy(F.col(column).alias("label")).agg(high.alias("high")).collect()
     found = sorted(((r["label"], r["high"]) for r in rows),
@@ -54,5 +44,5 @@ def scan_labels(batch: DataFrame, column: str, event_time: Column | None,
             f"epoch column {column!r} holds label {found[0][0]}, but the pipeline committed "
             f"label {last} already: labels must increase from batch to batch (after a crash, "
             f"run the records with labels > {last} again)")
-    return EpochLabels(tuple(int(label) for label, _ in found),
-                       tuple(None if h is None else int(h) for _, h in found))
+    return (tuple(int(label) for label, _ in found),
+            tuple(None if h is None else int(h) for _, h in found))

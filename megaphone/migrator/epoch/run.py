@@ -12,9 +12,9 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -45,33 +45,8 @@ from megaphone.records import EpochMetrics
 from megaphone.routing.placement import away
 from megaphone.spark import check_python_workers, task_slots
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-    from megaphone.migrator.epoch.groups import GroupSizes
-    from megaphone.migrator.epoch.hot_keys import HotKeys
-    from megaphone.migrator.epoch.schemas import PipelineSchema
-    from megaphone.migrator.epoch.spark_job import MapSides
-    from megaphone.migrator.epoch.state_holder import StateHolder
-
-
-class DriverState(Protocol):
-    """What a run reads and updates of the driver that starts it: what a pipeline's epochs
-    keep from one to the next (:class:`~megaphone.migrator.epoch.driver.EpochDriver` has it).
-    Declared here, so that the run does not import the driver that imports it."""
-
-    spark: SparkSession
-    holder: StateHolder
-    schema: PipelineSchema
-    hot: HotKeys
-    groups: GroupSizes
-    map_sides: MapSides
-    bin_load: np.ndarray
-    task_slots: int | None
-
-    def host_slots(self, hosts: Sequence[str]) -> dict[str, int]:
-        """Each host's task slots, for the commit record (empty when unknown)."""
-        ...
+if TYPE_CHECKING:  # the driver imports this module: a typing-only import, no cycle
+    from megaphone.migrator.epoch.driver import EpochDriver
 
 #: The driver's phases of an epoch, in order.
 DRIVER_PHASES = ("admit", "layout", "submit", "collect", "commit", "cleanup")
@@ -83,17 +58,6 @@ PHASES = DRIVER_PHASES + WORKER_PHASES
 LOAD_SMOOTHING = 0.3
 #: The driver's clock for an epoch's processing time (seconds; tests replace it).
 processing_clock: Callable[[], float] = time.time
-
-
-@dataclass(frozen=True)
-class Admission:
-    """A batch admitted to an epoch (admitting the first creates the state directory): its
-    record columns and update, and its tasks' shuffle and outputs schemas."""
-
-    columns: dict[str, Column]
-    update: Update
-    shuffle: pa.Schema
-    outputs: pa.Schema
 
 
 @dataclass(frozen=True)
@@ -123,7 +87,7 @@ class EpochRun:
     epochs ran). The run does the work of its epochs itself (admission, task spec, commits,
     metrics) and reads of its driver only what epochs keep from one to the next."""
 
-    def __init__(self, driver: DriverState, source: EpochSource, limit: int,
+    def __init__(self, driver: EpochDriver, source: EpochSource, limit: int,
                  input_end: float | None) -> None:
         self.driver = driver
         self.holder = driver.holder
@@ -179,7 +143,7 @@ class EpochRun:
         driver, holder, epoch = self.driver, self.holder, self.epoch
         started = time.time()
         with self.phase("admit"):
-            admitted = self._admit()  # creates the state dir on first use
+            columns, update, shuffle, outputs = self._admit()  # creates the state dir at first
             state, queue = holder.state_dir, holder.plans
             take_plans(state, holder.submit_plan)  # plans posted by `megaphone migrate`
             lag = max(0.0, started - self.input_end) if self.input_end is not None else 0.0
@@ -194,9 +158,9 @@ class EpochRun:
             with queue.lock:
                 layout = epoch_layout(queue.table, holder.commit, epoch,
                                       state_workers(state, queue.table))
-            spec = self._spec(admitted, layout, labels)
+            spec = self._spec(update, shuffle, outputs, layout, labels)
         with self.phase("submit"):
-            columns, rows = admitted.columns, self.source.batch
+            rows = self.source.batch
             if self.source.column is not None:
                 label = F.col(self.source.column)
                 columns = {**columns, LABEL: label.cast("long")}
@@ -230,9 +194,10 @@ class EpochRun:
         holder.recorded(self.records, None if self.grouped else trace)
         return [r.outputs for r in reports]
 
-    def _admit(self) -> Admission:
-        """Check the batch against the pipeline: its record columns (``key``, and ``value``
-        and ``_t`` where used) and update; creates the state dir on first use."""
+    def _admit(self) -> tuple[dict[str, Column], Update, pa.Schema, pa.Schema]:
+        """Check the batch against the pipeline (creating the state dir on first use): its
+        record columns (``key``, and ``value`` and ``_t`` where used), its update, and its
+        tasks' shuffle and outputs schemas."""
         holder, schema, batch = self.holder, self.driver.schema, self.source.batch
         key_type, value_type = schema.batch_types(batch.schema)
         update = schema.update(holder.manifest, value_type)
@@ -254,7 +219,7 @@ class EpochRun:
                 raise TypeError(f"value column {schema.value!r} is {value_type.simpleString()} "
                                 f"but the pipeline's are {theirs.simpleString()}")
         shuffle, outputs = schema.task_schemas(key_type, update, batch.schema, state.manifest)
-        return Admission(columns, update, shuffle, outputs)
+        return columns, update, shuffle, outputs
 
     def _policy_inputs(self, lag_s: float) -> PolicyInputs:
         """What adaptive plans' policies see before the group (metadata only)."""
@@ -277,14 +242,14 @@ class EpochRun:
             traces=lambda: tuple(traces), homes=holder.commit.worker_homes(),
             host_slots=holder.commit.slots)
 
-    def _spec(self, admitted: Admission, layout: EpochLayout, labels: tuple[int, ...]
-              ) -> EpochSpec:
+    def _spec(self, update: Update, shuffle: pa.Schema, outputs: pa.Schema, layout: EpochLayout,
+              labels: tuple[int, ...]) -> EpochSpec:
         """The metadata every task of the group gets (built by
         :func:`~megaphone.migrator.epoch.routing_operator.epoch_spec`): for a group its labels
         and labelled shuffle; for an event-time operator each epoch's watermark, as one job per
         epoch would have it (docs/groups.md, "Event time"), and one processing time from
         :data:`processing_clock` (an operator with ``processing_time`` gets it as watermark)."""
-        holder, update = self.holder, admitted.update
+        holder = self.holder
         config, committed = holder.config, holder.commit
         fields: dict[str, Any] = {}
         if update.is_process:
@@ -303,15 +268,15 @@ class EpochRun:
                                 for w in np.unique(owners)},
                       "watermarks": tuple(marks)}
         if self.grouped:
-            fields.update(labels=tuple(labels), shuffle_schema=with_labels(admitted.shuffle))
+            fields["labels"], shuffle = tuple(labels), with_labels(shuffle)
         return epoch_spec(
             holder.state_dir, layout, committed, holder.routing,
             update=update,
-            output_schema=admitted.outputs,
+            output_schema=outputs,
             chunk_bytes=config.chunk_bytes,
             transfer=config.transfer,
             has_event_time=config.event_time is not None,
-            shuffle_schema=fields.pop("shuffle_schema", admitted.shuffle),
+            shuffle_schema=shuffle,
             local_dir=holder.local_dir,
             run_id=holder.run_id,
             **fields,

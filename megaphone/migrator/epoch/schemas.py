@@ -95,11 +95,8 @@ class PipelineSchema:
         if update.is_builtin:
             value = T.LongType() if update.output_arrow_type() == pa.int64() else T.DoubleType()
             name = update.kind
-        elif update.is_process:
-            value = from_arrow_type(update.output_type)
-            name = "output"
-        else:
-            value = self.output_type
+        else:  # an operator's output type is an Arrow type, a general f's a Spark type
+            value = from_arrow_type(update.output_type) if update.is_process else self.output_type
             name = "output"
         return T.StructType([T.StructField(self.key, key_spark), T.StructField(name, value)])
 

@@ -35,10 +35,6 @@ log = logging.getLogger("megaphone.pipeline")
 
 #: ``sink(outputs, epoch)``: what a stream does with each epoch's outputs.
 Sink = Callable[[DataFrame, int], None]
-#: ``run(batch, batch_id, location) -> (outputs, epoch)``: one micro-batch run as an epoch of
-#: a pipeline (the client's own, or on a Connect server the one opened there, whose metrics are
-#: in the checkpoint when it returns).
-ServeBatch = Callable[[DataFrame, int, str], tuple[DataFrame, int]]
 #: ``open(spark, state_dir, config) -> runner``: opens the pipeline of ``config`` in
 #: ``state_dir`` on the server; its stream runner serves the micro-batches.
 BatchOpener = Callable[[SparkSession, str, PipelineConfig], "StreamRunner"]
@@ -53,12 +49,13 @@ class ServerBatch:
     micro-batch as an epoch of the pipeline opened on the server by ``open``, then
     ``sink(outputs, epoch)`` there. ``config`` is the pipeline's configuration, ``epoch_column``
     start()'s; ``location`` is the query's checkpoint location (a batch id committed before is
-    not applied again)."""
+    not applied again). Plans the client posted to the checkpoint are taken before each batch,
+    and its metrics go into the checkpoint after it, since the client reads them there."""
 
     config: PipelineConfig
     epoch_column: str | None
     location: str
-    sink: Callable[[DataFrame, int], None]
+    sink: Sink
     open: BatchOpener
     run: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -68,7 +65,9 @@ class ServerBatch:
             state_dir = driver_state_path(default_local_dir(), self.config.pipeline_id or "",
                                           self.run)
             runner = _OPEN[self.run] = self.open(batch.sparkSession, str(state_dir), self.config)
-        outputs, epoch = runner.serve_batch(batch, batch_id, self.location, self.epoch_column)
+        runner.take_posted()
+        outputs, epoch = runner.run_batch(batch, batch_id, self.location, self.epoch_column)
+        runner.holder.flush_metrics()
         self.sink(outputs, epoch)
 
 
@@ -95,10 +94,12 @@ class StreamRunner:
 
     def start(self, stream: DataFrame, sink: Sink, trigger: dict[str, Any] | None,
               checkpoint_location: str | None, epoch_column: str | None, *,
-              run: ServeBatch | None = None, along: Sequence[StreamRunner] = ()) -> Any:
+              run: Callable[[DataFrame, int, str], tuple[DataFrame, int]] | None = None,
+              along: Sequence[StreamRunner] = ()) -> Any:
         """Start the query (:meth:`Pipeline.start`); returns the ``StreamingQuery``. A bad
         ``epoch_column`` for the stream's schema is refused now, before the query starts.
-        ``run`` does each micro-batch's work instead of this pipeline's epoch, and the runners
+        ``run(batch, batch_id, location) -> (outputs, epoch)`` does each micro-batch's work
+        instead of this pipeline's epoch (:meth:`run_batch`), and the runners
         ``along`` count as running while the query does: a chain's stream, run by its first
         stage's runner (:meth:`~megaphone.Chain.start`; not over Spark Connect)."""
         if epoch_column is not None:
@@ -219,16 +220,6 @@ class StreamRunner:
         self.holder.step_aside()  # the server opens the stores and writes the checkpoint
         self.on_server = True
         return dataclasses.replace(config, local_dir=None)
-
-    def serve_batch(self, batch: DataFrame, batch_id: int, location: str,
-                    epoch_column: str | None = None) -> tuple[DataFrame, int]:
-        """A stream's micro-batch on the Spark Connect server (as the epochs of its
-        ``epoch_column``'s labels if given); its metrics go into the checkpoint now, since the
-        client reads them there. Plans the client posted to the checkpoint are taken first."""
-        self.take_posted()
-        outputs, epoch = self.run_batch(batch, batch_id, location, epoch_column)
-        self.holder.flush_metrics()
-        return outputs, epoch
 
     def rejoin(self) -> None:
         """Bring the pipeline forward from the checkpoint after its stream ran on the server,

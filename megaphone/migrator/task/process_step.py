@@ -6,7 +6,6 @@ move with it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -24,6 +23,7 @@ from megaphone.operators.process import (
     plain_type,
     run_epoch,
 )
+from megaphone.records import WorkerMetrics
 from megaphone.state_backends.encoding import encode_keys
 from megaphone.state_backends.remote import RemoteStore
 from megaphone.state_backends.timer_keys import decode_timer_keys, encode_timer_keys
@@ -32,31 +32,23 @@ from megaphone.state_backends.timer_keys import decode_timer_keys, encode_timer_
 TIMER_VALUE = b""
 
 
-@dataclass
-class ProcessWrites:
-    """An operator's epoch at one worker: outputs, the writes to commit (state and timers;
-    ``None`` deletes) with their old values, and the records dropped as late."""
-
-    outputs: pa.Table
-    keys: list[bytes]
-    values: list[bytes | None]
-    old: list[bytes | None]
-    late: int
-    fired: int
-
-
-def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int
-                  ) -> ProcessWrites:
+def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int,
+                  metrics: WorkerMetrics
+                  ) -> tuple[pa.Table, list[bytes], list[bytes | None], list[bytes | None]]:
     """Run the operator over ``worker``'s keys of the epoch: those with due timers, then
-    those with records (``table``: ``key``, ``_bin``, ``_t`` and maybe ``value``)."""
+    those with records (``table``: ``key``, ``_bin``, ``_t`` and maybe ``value``). Returns
+    ``(outputs, keys, new, old)``, the writes to commit (state and timers; ``None`` deletes)
+    with their old values, and counts the late records and fired timers in ``metrics``."""
     fn = spec.update.fn
     assert isinstance(fn, ProcessFunction)
     due = store.due_timers(spec.owned.get(worker, ()), spec.watermark) \
         if spec.watermark is not None else []
     schema = spec.output_schema
     batch, bins, keys = _epoch_batch(spec, due, table)
+    metrics.timers_fired = len(due)
     if not batch.keys:
-        return ProcessWrites(schema.empty_table(), [], [], [], 0, 0)
+        metrics.late_records = 0
+        return schema.empty_table(), [], [], []
     state_keys = encode_keys(bins, keys, spec.key_type)
     old = store.read(state_keys)
     states = [None if raw is None else msgpack.unpackb(raw, strict_map_key=False)
@@ -77,9 +69,9 @@ def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: 
                                 key, exc, spec.epoch, worker) from exc
     t_keys, t_values, t_old = _timer_writes(spec, store, bins, batch.keys, result.fired,
                                             result.set)
+    metrics.late_records = result.late
     outputs = custom_outputs(result.out_keys, result.out_values, schema, spec.epoch, worker)
-    return ProcessWrites(outputs, list(state_keys) + t_keys, new + t_values,
-                         list(old) + t_old, result.late, len(due))
+    return outputs, list(state_keys) + t_keys, new + t_values, list(old) + t_old
 
 
 def _epoch_batch(spec: EpochSpec, due: list[bytes], table: pa.Table

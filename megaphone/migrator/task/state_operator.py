@@ -136,9 +136,7 @@ def apply_worker(
     store = open_store(spec, worker)
     group_start = spec.epoch if spec.grouped else None
     host = host_id(spec.local_dir)
-    metrics = _new_metrics(host, len(incoming), task_started)
-    marks = metrics.marks
-    assert marks is not None
+    metrics, marks = _new_metrics(host, len(incoming), task_started)
     t0 = time.perf_counter()
     apply, stored = store.begin(spec.epoch, spec.required_epoch(worker), spec.run_id,
                                 group_start=group_start)
@@ -163,7 +161,7 @@ def apply_worker(
     table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
     for i, (sub, part) in enumerate(_epochs(spec, table)):
         if i:  # a group's later epoch: its own metrics, its store's own begin
-            metrics, started = _new_metrics(host), time.perf_counter()
+            (metrics, marks), started = _new_metrics(host), time.perf_counter()
             t0 = time.perf_counter()
             apply, stored = store.begin(sub.epoch, sub.required_epoch(worker), spec.run_id,
                                         group_start=group_start)
@@ -171,8 +169,7 @@ def apply_worker(
         load = yield from _epoch_rows(sub, store, part, worker, metrics, schema, apply, stored,
                                       incoming if i == 0 else (), group_start)
         metrics.useful_s = time.perf_counter() - started - (timed.waiting if i == 0 else 0.0)
-        if metrics.marks is not None:
-            metrics.marks["end"] = time.time()
+        marks["end"] = time.time()
         own = WorkerReport(worker, metrics).to_json()
         extra = timed.export_reports if i == 0 else []
         yield _tagged(spec, report_rows(schema, [own, *extra], load), sub.epoch)
@@ -214,12 +211,13 @@ def _epoch_rows(spec: EpochSpec, store: RemoteStore, part: pa.Table, worker: int
     return load
 
 
-def _new_metrics(host: str, bins_in: int = 0, task: float | None = None) -> WorkerMetrics:
-    """An epoch's empty metrics; its ``task`` mark is when its useful time starts (the trace and
-    ``useful_s`` measure the same span)."""
+def _new_metrics(host: str, bins_in: int = 0, task: float | None = None
+                 ) -> tuple[WorkerMetrics, dict[str, float]]:
+    """An epoch's empty metrics and their marks; its ``task`` mark is when its useful time
+    starts (the trace and ``useful_s`` measure the same span)."""
+    marks = {"task": time.time() if task is None else task}
     return WorkerMetrics(records_in=0, records_out=0, bins_in=bins_in, keys_in=0, bytes_in=0,
-                         replayed=False, marks={"task": time.time() if task is None else task},
-                         host=host)
+                         replayed=False, marks=marks, host=host), marks
 
 
 def _tagged(spec: EpochSpec, batch: pa.RecordBatch, epoch: int) -> pa.RecordBatch:
@@ -250,10 +248,7 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     if spec.sketch_capacity:
         metrics.hot = sketch(table, partials, spec.sketch_capacity)
     if spec.update.is_process:  # an event-time operator: its due timers, then records
-        step = apply_process(spec, store, table, worker)
-        outputs, keys, values, old = step.outputs, step.keys, step.values, step.old
-        metrics.late_records = step.late
-        metrics.timers_fired = step.fired
+        outputs, keys, values, old = apply_process(spec, store, table, worker, metrics)
     else:
         outputs, keys, values, old = _apply_records(spec, store, table, worker, partials)
     metrics.apply_s = time.perf_counter() - t0
