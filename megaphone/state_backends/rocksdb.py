@@ -44,6 +44,7 @@ from megaphone.state_backends.encoding import (
 from megaphone.state_backends.fresh_keys import FreshTracker
 from megaphone.state_backends.kv_batches import kv_columns, sorted_unique
 from megaphone.state_backends.memory import STATE_FILE
+from megaphone.state_backends.page_cache import PageCacheWarmer
 from megaphone.state_backends.rocksdb_tuning import (
     db_options,
     flush_in_background,
@@ -98,6 +99,14 @@ class RocksDBBackend(BackendBase):
         except BaseException:
             self._db.close()
             raise
+        # A writer's point reads go to its table files: read them ahead while they fit in
+        # memory (an exporter scans each bin once and needs no warming).
+        self._warmer = None if read_only else PageCacheWarmer(self.path)
+        self._warm()
+
+    def _warm(self) -> None:
+        if self._warmer is not None:
+            self._warmer.warm()
 
     def _load_header(self) -> BinCounters:
         info = self._db.get(meta_key(INFO_META))
@@ -242,6 +251,7 @@ class RocksDBBackend(BackendBase):
         writer.finish()
         self._db.ingest_external_file([*files, meta_file], _MOVED)
         self._counters = counters
+        self._warm()  # the writer dropped the new files' pages
 
     # ------------------------------------------------------------------ whole-bin files
 
@@ -306,6 +316,7 @@ class RocksDBBackend(BackendBase):
         except Exception:
             self.drop_bins(bins.tolist())  # back to empty bins and matching counters
             raise
+        self._warm()  # files a writer made on this host come without their pages
         return ImportStats("files", sum(f.keys for f in files), sum(f.bytes for f in files))
 
     # ------------------------------------------------------------------ lifecycle
