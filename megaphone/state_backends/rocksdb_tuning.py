@@ -47,8 +47,8 @@ def db_options() -> Options:
     Point lookups dominate the per-epoch merge, so tables use 4 KiB blocks and 10-bit bloom
     filters (kept by the table readers, outside the shared data-block cache, so scans cannot
     evict them), and every level uses LZ4: a point read that misses the block cache
-    decompresses a block, which took 18-20 us a key with ZSTD against 10-11 us with LZ4, for
-    1.4x the bytes on disk (``docs/worker-store.md``).
+    decompresses a block, which took 14-19 us a key with ZSTD against 7.6-7.7 us with LZ4,
+    for 1.4x the bytes on disk (``docs/worker-store.md``).
     """
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
