@@ -29,10 +29,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from pyspark.sql import SparkSession
 from rocksdict import DBCompressionType
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from load import create_loaded
 
 import megaphone.state_backends.rocksdb as rocksdb_backend
 from megaphone.paths import StateDirPaths
@@ -61,9 +64,6 @@ def use_compression(name: str) -> None:
 
 def load_store(root: Path, keys: int, compression: str) -> Path:
     """The one worker store of ``keys`` keys compressed with ``compression``, loaded once."""
-    from load import create_loaded
-    from pyspark.sql import SparkSession
-
     state = root / f"{compression}-{keys}"
     store = StateDirPaths(state).worker(0)
     if not (state / "loaded").exists():
@@ -115,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the loaded stores are kept (reused)")
     p.add_argument("--out", type=Path, default=Path("bench/out/store-reads"))
     args = p.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     rng = np.random.default_rng(7)
     results = []
     names = args.compressions.split(",")

@@ -1,8 +1,8 @@
 """Reading a store's table files into the OS page cache ahead of its point reads.
 
 A point read that misses RocksDB's block cache reads a block of a table file. When that page is
-not in the OS page cache, the read goes to the disk: about 80 us a key against 20 us from the
-page cache, measured on a 250-million-key store (``docs/worker-store.md``). Stores start cold
+not in the OS page cache, the read goes to the disk: 82 us a key against 16 us from the page
+cache, measured on a 250-million-key store (``docs/worker-store.md``). Stores start cold
 more often than it seems: RocksDB's ``SstFileWriter`` drops the pages of every file it writes
 (bulk loads, imports), and a reopened or recovered store has nothing cached. Warming up through
 the reads themselves takes hundreds of epochs at a billion keys.
