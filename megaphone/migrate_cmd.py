@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from megaphone.migrator.pipeline.facade import Pipeline
     from megaphone.migrator.statedir.directory import StateDir
     from megaphone.plans.plan import MigrationPlan
+    from megaphone.plans.plan_queue import MigrationHandle
     from megaphone.routing.table import Move
 
 
@@ -104,8 +105,6 @@ def _offline(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> 
 
 
 def _live(pipeline: Pipeline, plan: MigrationPlan, args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     handle = pipeline.migrate(plan)  # validates now; a bad plan raises and changes nothing
     if plan.empty:
         return _nothing_to_move(plan)
@@ -114,6 +113,27 @@ def _live(pipeline: Pipeline, plan: MigrationPlan, args: argparse.Namespace) -> 
     if args.no_wait or not pipeline.streaming:
         print("the pipeline applies the steps at its next epochs")
         return 0
+    return _follow(handle, args)
+
+
+def _remote(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> int:
+    from megaphone.migrator.statedir.inbox import PlanInbox, PostedHandle, dir_committed
+
+    # checked against the pipeline's last commit first: a bad plan is not posted
+    handle = PlanInbox.of_state_dir(state).post(plan, lambda: dir_committed(state))
+    if not isinstance(handle, PostedHandle):  # an empty plan: done at once, not posted
+        return _nothing_to_move(plan)
+    handle.answered(args.timeout)
+    print(f"submitted {len(plan.moves)} bins in {len(plan.steps)} steps to the pipeline running "
+          f"on {state.path} (another process)")
+    return 0 if args.no_wait else _follow(handle, args)
+
+
+def _follow(handle: MigrationHandle, args: argparse.Namespace) -> int:
+    """Show a submitted plan's progress until it is done; exit 0."""
+    from tqdm import tqdm
+
+    plan = handle.plan
     with tqdm(total=len(plan.steps), unit="step", desc="migrating", disable=args.no_progress,
               dynamic_ncols=True) as bar:
         while not handle.wait(0.2):
@@ -122,39 +142,9 @@ def _live(pipeline: Pipeline, plan: MigrationPlan, args: argparse.Namespace) -> 
             bar.update(p.steps_done - bar.n)
         p = handle.progress
         bar.update(p.steps_done - bar.n)
-    print(f"migrated {p.bins_done} bins ({human_bytes(p.bytes_moved)}) in {p.steps_done} steps "
-          f"at epochs {p.epochs[0]}..{p.epochs[-1]}")
-    return 0
-
-
-def _remote(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from megaphone.migrator.statedir.inbox import post_plan, wait_status
-    from megaphone.plans.plan import MigrationPlan, PlanError
-
-    if plan.empty:  # nothing for the pipeline to do: checked against its commit, not posted
-        commit = state.read_commit()
-        last = max([commit.state_version] + [MigrationPlan.from_dict(p["plan"]).end_version
-                                              for p in commit.plans])
-        if not commit.state_version <= plan.base_version <= last:
-            raise PlanError(f"stale plan: it starts from routing version {plan.base_version}, "
-                            f"but the pipeline is at version {commit.state_version}")
-        return _nothing_to_move(plan)
-    status = wait_status(post_plan(state, plan), args.timeout)
-    if status["status"] != "accepted":
-        raise PlanError(status.get("error", "the running pipeline rejected the plan"))
-    print(f"submitted {len(plan.moves)} bins in {len(plan.steps)} steps to the pipeline running "
-          f"on {state.path} (another process)")
-    if args.no_wait:
-        return 0
-    with tqdm(total=len(plan.steps), unit="step", desc="migrating", disable=args.no_progress,
-              dynamic_ncols=True) as bar:
-        while (done := state.read_commit().state_version - plan.base_version) < len(plan.steps):
-            bar.update(max(0, done) - bar.n)
-            time.sleep(0.2)
-        bar.update(len(plan.steps) - bar.n)
-    print(f"migrated {len(plan.moves)} bins; routing version {plan.base_version} -> "
+    moved = f" ({human_bytes(p.bytes_moved)})" if p.bytes_moved else ""
+    print(f"migrated {p.bins_done} bins{moved} in {p.steps_done} steps at epochs "
+          f"{p.epochs[0]}..{p.epochs[-1]}; routing version {plan.base_version} -> "
           f"{plan.end_version}")
     return 0
 

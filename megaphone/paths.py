@@ -182,24 +182,10 @@ class StateDirPaths:
         """The folder of plans handed over by another process."""
         return self.root / INBOX
 
-    def inbox_plan(self, name: str) -> Path:
-        """The file of the plan ``name`` handed over through the inbox."""
-        return self.inbox / f"{name}{PLAN_SUFFIX}"
-
     @property
     def stream_checkpoint(self) -> Path:
         """The checkpoint location of ``Pipeline.start``'s query when it is given none."""
         return self.root / STREAM_CHECKPOINT
-
-
-def plan_status_path(plan: Path) -> Path:
-    """The status file that answers the inbox plan file ``plan``."""
-    return plan.with_name(plan.name.removesuffix(PLAN_SUFFIX) + STATUS_SUFFIX)
-
-
-def status_plan_path(status: Path) -> Path:
-    """The inbox plan file the status file ``status`` answers."""
-    return status.with_name(status.name.removesuffix(STATUS_SUFFIX) + PLAN_SUFFIX)
 
 
 def local_worker_path(local_dir: str | os.PathLike[str], pipeline_id: str, worker: int) -> Path:

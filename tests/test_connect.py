@@ -115,9 +115,9 @@ def test_a_plan_posted_through_the_checkpoint_is_answered_once_and_followed(tmp_
     """The inbox of the checkpoint's driver copy, without a server: a plan taken is followed
     to its commit; one the pipeline already holds (taken before a restart) is answered, not
     submitted again; one the pipeline rejects fails its handle with the pipeline's error."""
-    from megaphone.migrator.statedir import posted
     from megaphone.migrator.statedir.commit import Commit
     from megaphone.migrator.statedir.driver_copy import DriverCopy
+    from megaphone.migrator.statedir.inbox import PlanInbox, copy_committed
     from megaphone.plans.plan import MigrationPlan, PlanError
     from megaphone.routing.fingerprint import Fingerprint
     from megaphone.routing.table import Move, RoutingTable
@@ -133,21 +133,26 @@ def test_a_plan_posted_through_the_checkpoint_is_answered_once_and_followed(tmp_
     DriverCopy(uri).write_manifest({})
     commit(2, 1)
     submitted: list[MigrationPlan] = []
-    handle = posted.post(uri, MigrationPlan.from_moves(table, [[Move(1, 1, 2)]]))
-    posted.take(DriverCopy(uri), [], submitted.append)
+    inbox = PlanInbox(DriverCopy(uri))
+
+    def post(plan: MigrationPlan):
+        return inbox.post(plan, lambda: copy_committed(DriverCopy(uri)))
+
+    handle = post(MigrationPlan.from_moves(table, [[Move(1, 1, 2)]]))
+    inbox.take([], submitted.append)
     assert [p.moves for p in submitted] == [[Move(1, 1, 2)]] and not handle.done
     table.apply_step([Move(1, 1, 2)], 3)
     commit(3, 2)
     assert handle.wait(5) and handle.progress.epochs == [3] and handle.progress.bins_done == 1
-    again = posted.post(uri, MigrationPlan.from_moves(table, [[Move(3, 1, 2)]]))
-    posted.take(DriverCopy(uri), [{"plan": again.plan.to_dict()}], submitted.append)
-    assert len(submitted) == 1 and not again.done and again._accepted
-    refused = posted.post(uri, MigrationPlan.from_moves(table, [[Move(5, 1, 2)]]))
+    again = post(MigrationPlan.from_moves(table, [[Move(3, 1, 2)]]))
+    inbox.take([{"plan": again.plan.to_dict()}], submitted.append)
+    assert len(submitted) == 1 and not again.done and again.accepted
+    refused = post(MigrationPlan.from_moves(table, [[Move(5, 1, 2)]]))
 
     def refuse(plan: MigrationPlan) -> None:
         raise PlanError("refused by the pipeline")
 
-    posted.take(DriverCopy(uri), [], refuse)
+    inbox.take([], refuse)
     with pytest.raises(PlanError, match="refused by the pipeline"):
         refused.wait(5)
     assert DriverCopy(uri).names("inbox") == []

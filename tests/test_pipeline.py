@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -315,18 +316,27 @@ def test_reopening_a_state_dir_resumes_and_checks_settings(spark, tmp_path):
 
 
 def test_a_plan_posted_to_the_inbox_is_taken_between_epochs(spark, tmp_path):
-    from megaphone.migrator.statedir.inbox import post_plan, wait_status
+    from megaphone.migrator.statedir.inbox import PlanInbox, dir_committed
 
     pipe = make(spark, tmp_path)
-    good = MigrationPlan.from_moves(pipe.routing, [[Move(1, 1, 2)]])
-    bad = MigrationPlan(pipe.fingerprint, 1,
-                        MigrationPlan.from_moves(pipe.routing, [[Move(3, 0, 2)]]).steps)
-    good_status, bad_status = post_plan(pipe.state_dir, good), post_plan(pipe.state_dir, bad)
+    inbox = PlanInbox.of_state_dir(pipe.state_dir)
+
+    def committed():
+        return dir_committed(pipe.state_dir)
+
+    good = inbox.post(MigrationPlan.from_moves(pipe.routing, [[Move(1, 1, 2)]]), committed)
+    late = inbox.post(MigrationPlan.from_moves(pipe.routing, [[Move(1, 1, 3)]]), committed)
     pipe.process(spark.createDataFrame([(1,)], "k long"))
-    assert wait_status(good_status, 1)["status"] == "accepted"
-    rejected = wait_status(bad_status, 1)
-    assert rejected["status"] == "rejected" and "not the owner" in rejected["error"]
+    assert good.wait(5) and good.progress.epochs == [0]
+    with pytest.raises(PlanError, match="version"):  # the first plan took bin 1 meanwhile
+        late.wait(5)
     assert pipe.routing.owner(1) == 2 and pipe.state_dir.read_commit().state_version == 1
+    assert os.listdir(pipe.state_dir.paths.inbox) == []  # taken, answered and read
+    unread = inbox.post(MigrationPlan.from_moves(pipe.routing, [[Move(2, 0, 3)]]), committed)
+    with pytest.raises(PlanError, match="did not take the plan"):  # no epoch ran to take it
+        unread.answered(0.3)
+    pipe.process(spark.createDataFrame([(1,)], "k long"))
+    assert pipe.routing.owner(2) == 0 and pipe.in_flight == []  # withdrawn: never submitted
 
 
 def test_cli_migrate_hands_a_plan_to_a_pipeline_running_in_another_process(spark, tmp_path):

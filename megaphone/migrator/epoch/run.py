@@ -34,7 +34,7 @@ from megaphone.migrator.epoch.spark_job import EpochReport, collect_epochs, epoc
 from megaphone.migrator.epoch.state_holder import POLICY_HISTORY
 from megaphone.migrator.statedir.commit import StreamPosition
 from megaphone.migrator.statedir.faults import crash_point
-from megaphone.migrator.statedir.inbox import take_plans
+from megaphone.migrator.statedir.inbox import PlanInbox
 from megaphone.migrator.task.columns import LABEL
 from megaphone.migrator.task.spec import EpochSpec, with_labels
 from megaphone.migrator.task.updates import Update
@@ -170,7 +170,8 @@ class EpochRun:
         with self.phase("admit"):
             columns, update, shuffle, outputs = self._admit()  # creates the state dir at first
             state, queue = holder.state_dir, holder.plans
-            take_plans(state, holder.submit_plan)  # plans posted by `megaphone migrate`
+            inbox = PlanInbox.of_state_dir(state)  # plans posted by `megaphone migrate`
+            inbox.take(queue.to_list(), holder.submit_plan)
             lag = max(0.0, started - self.input_end) if self.input_end is not None else 0.0
             with queue.lock:
                 # saved before the job, so a re-run routes alike

@@ -300,7 +300,7 @@ class Pipeline:
         :mod:`megaphone.plans.policy`) starts its moves when its policy says so, every epoch.
         While a stream runs the pipeline on a Spark Connect server, a fixed plan without
         ``policy`` is posted to it through the checkpoint
-        (:mod:`megaphone.migrator.statedir.posted`).
+        (:mod:`megaphone.migrator.statedir.inbox`).
         """
         posted = self._runner.post_plan(plan, policy)
         if posted is not None:  # the stream runs this pipeline on a Spark Connect server

@@ -20,9 +20,9 @@ from pyspark.sql import DataFrame, SparkSession
 from megaphone.migrator.epoch.config import PipelineConfig
 from megaphone.migrator.epoch.driver import EpochDriver
 from megaphone.migrator.epoch.state_holder import StateHolder
-from megaphone.migrator.statedir import posted
 from megaphone.migrator.statedir.commit import StreamPosition
 from megaphone.migrator.statedir.driver_copy import DriverCopy
+from megaphone.migrator.statedir.inbox import PlanInbox, copy_committed
 from megaphone.paths import driver_state_path
 from megaphone.plans.plan import MigrationPlan, PlanError
 from megaphone.plans.plan_queue import MigrationHandle
@@ -232,22 +232,24 @@ class StreamRunner:
     def post_plan(self, plan: MigrationPlan, policy: MigrationPolicy | None
                   ) -> MigrationHandle | None:
         """While the stream runs this pipeline on the server, post ``plan`` to it through the
-        checkpoint (:mod:`~megaphone.migrator.statedir.posted`) and return its handle;
+        checkpoint (:mod:`~megaphone.migrator.statedir.inbox`) and return its handle;
         ``None`` when this side runs the pipeline (submit it here)."""
         with self.holder.lock:
             if not self.on_server:
                 return None
-            if policy is not None:
-                raise PlanError("a policy callable cannot reach the Spark Connect server: "
-                                "submit the plan before start(), or stop() the stream first")
+            if policy is not None or plan.adaptive:
+                raise PlanError("an adaptive plan cannot be posted to a pipeline running on a "
+                                "Spark Connect server: submit it before start(), or stop() the "
+                                "stream first")
             assert self.holder.config.checkpoint is not None
-            return posted.post(self.holder.config.checkpoint, plan)
+            copy = DriverCopy(self.holder.config.checkpoint)
+            return PlanInbox(copy).post(plan, lambda: copy_committed(copy))
 
     def committed_routing(self) -> RoutingTable:
         """The routing table as of the last commit in the checkpoint (the server's, while the
         stream runs this pipeline there)."""
         assert self.holder.config.checkpoint is not None
-        return posted.committed(DriverCopy(self.holder.config.checkpoint))[1]
+        return copy_committed(DriverCopy(self.holder.config.checkpoint))[1]
 
     def take_posted(self) -> None:
         """Submit the plans posted to the checkpoint's inbox, between two epochs."""
@@ -255,4 +257,5 @@ class StreamRunner:
         with holder.lock:
             state = holder.state
             if state is not None and state.durable is not None and holder.queue is not None:
-                posted.take(state.durable, holder.queue.to_list(), holder.submit_plan)
+                PlanInbox(state.durable).take(holder.queue.to_list(),
+                                                     holder.submit_plan)

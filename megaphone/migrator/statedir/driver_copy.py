@@ -45,28 +45,19 @@ class DriverCopyError(MegaphoneError, ValueError):
     """A checkpoint's driver copy that is corrupt, or does not fit the state directory."""
 
 
-class DriverCopy:
-    """The driver's files under ``CHECKPOINT/driver/``, through ``pyarrow.fs``."""
+class Files:
+    """Whole files under ``root`` on ``fs`` (``pyarrow.fs``: local, or a checkpoint location's
+    store), at ``uri``: each written aside and renamed, so readers never see a torn one."""
 
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
-        self.fs, root = filesystem(uri)
-        self.root = checkpoint_driver_root(root)
-        self._routing: bytes | None = None  # the routing table's bytes last written here
-        #: Epochs' metrics for the next commit file (recorded after their commit point: a driver
-        #: lost before the next commit loses those lines, not the epochs).
-        self.pending_metrics: list[dict[str, Any]] = []
-        self._commits: list[int] | None = None  # commit files present (listed once)
-        self._folded_left: list[int] = []  # commit files a lost driver folded, not deleted
+    def __init__(self, fs: pafs.FileSystem, root: str, uri: str) -> None:
+        self.fs, self.root, self.uri = fs, root, uri
         self._folders: set[str] = set()  # folders known to exist
-
-    # -- writing -----------------------------------------------------------------------------
 
     def _path(self, *parts: str) -> str:
         return "/".join((self.root, *parts))
 
     def put(self, data: bytes, *parts: str) -> None:
-        """Write the file ``parts`` of the copy whole (``"inbox", "x.plan.json"``)."""
+        """Write the file ``parts`` whole (``"inbox", "x.plan.json"``)."""
         path = self._path(*parts)
         folder = path.rsplit("/", 1)[0]
         if folder not in self._folders:
@@ -78,16 +69,42 @@ class DriverCopy:
         _sync_if_local(self.fs, tmp)
         self.fs.move(tmp, path)  # readers never see a torn file (on S3 a copy: still whole)
 
+    def read(self, *parts: str) -> bytes:
+        """The bytes of the file ``parts`` (``"outputs", "e000000007.arrow"``)."""
+        path = self._path(*parts)
+        try:
+            with self.fs.open_input_stream(path) as src:
+                return src.read()
+        except (FileNotFoundError, OSError) as exc:
+            raise DriverCopyError(f"driver copy file {self.uri} {path} is unreadable: {exc}"
+                                  ) from None
+
     def names(self, folder: str) -> list[str]:
-        """The names of the files in ``folder`` of the copy, sorted (none if it is missing)."""
+        """The names of the files in ``folder``, sorted (none if it is missing)."""
         infos = self.fs.get_file_info(pafs.FileSelector(self._path(folder), allow_not_found=True))
         return sorted(i.base_name for i in infos)
 
     def delete(self, *parts: str) -> None:
-        """Delete the file ``parts`` of the copy if it is there."""
+        """Delete the file ``parts`` if it is there."""
         path = self._path(*parts)
         if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
             self.fs.delete_file(path)
+
+
+class DriverCopy(Files):
+    """The driver's files under ``CHECKPOINT/driver/``."""
+
+    def __init__(self, uri: str) -> None:
+        fs, root = filesystem(uri)
+        super().__init__(fs, checkpoint_driver_root(root), uri)
+        self._routing: bytes | None = None  # the routing table's bytes last written here
+        #: Epochs' metrics for the next commit file (recorded after their commit point: a driver
+        #: lost before the next commit loses those lines, not the epochs).
+        self.pending_metrics: list[dict[str, Any]] = []
+        self._commits: list[int] | None = None  # commit files present (listed once)
+        self._folded_left: list[int] = []  # commit files a lost driver folded, not deleted
+
+    # -- writing -----------------------------------------------------------------------------
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Keep the state directory's manifest."""
@@ -139,16 +156,6 @@ class DriverCopy:
 
     def _list(self, folder: str, suffix: str) -> list[int]:
         return sorted(s for n in self.names(folder) if (s := seq_of(n, suffix)) is not None)
-
-    def read(self, *parts: str) -> bytes:
-        """The bytes of a file of the copy (``"outputs", "e000000007.arrow"``)."""
-        path = self._path(*parts)
-        try:
-            with self.fs.open_input_stream(path) as src:
-                return src.read()
-        except (FileNotFoundError, OSError) as exc:
-            raise DriverCopyError(f"driver copy file {self.uri} {path} is unreadable: {exc}"
-                                  ) from None
 
     def _json(self, *parts: str) -> Any:
         try:
