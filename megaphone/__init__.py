@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from megaphone.migrator.pipeline.api import migrate, rescale
     from megaphone.migrator.pipeline.chain import Chain
     from megaphone.migrator.pipeline.facade import Pipeline
-    from megaphone.migrator.pipeline.join_input import join_input
     from megaphone.migrator.task.updates import UpdateError
     from megaphone.operators import (
         Combiner,
@@ -32,6 +31,7 @@ if TYPE_CHECKING:
         WindowAggregate,
         duration_us,
     )
+    from megaphone.operators.join_input import join_input
     from megaphone.plans.hot_keys import HotSplit, ShareThreshold
     from megaphone.plans.plan import MigrationPlan, PlanError, PlanStep
     from megaphone.plans.plan_queue import MigrationHandle
@@ -47,7 +47,7 @@ _HOMES = {
     "rescale": "megaphone.migrator.pipeline.api",
     "Chain": "megaphone.migrator.pipeline.chain",
     "Pipeline": "megaphone.migrator.pipeline.facade",
-    "join_input": "megaphone.migrator.pipeline.join_input",
+    "join_input": "megaphone.operators.join_input",
     "UpdateError": "megaphone.migrator.task.updates",
     "Combiner": "megaphone.operators",
     "Context": "megaphone.operators",

@@ -29,7 +29,6 @@ from pyspark.sql import functions as F
 
 from megaphone.migrator.pipeline.chain import Chain, Link
 from megaphone.migrator.pipeline.facade import Pipeline
-from megaphone.migrator.pipeline.join_input import join_input
 from megaphone.nexmark import definitions as D
 from megaphone.nexmark.functions import (
     RUNNING_AVERAGE_TYPE,
@@ -39,6 +38,7 @@ from megaphone.nexmark.functions import (
 )
 from megaphone.nexmark.generator import Events, NexmarkConfig, generate, max_auction_duration_ms
 from megaphone.operators import Join, WindowAggregate
+from megaphone.operators.join_input import join_input
 
 
 class NexmarkQuery(ABC):

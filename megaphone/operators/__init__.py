@@ -1,6 +1,7 @@
 """Stateful operators beyond one keyed aggregate, engine-agnostic: keyed process functions
 with event-time timers (:mod:`~megaphone.operators.process`), event-time windows
-(:mod:`~megaphone.operators.window`), stream-stream joins (:mod:`~megaphone.operators.join`),
+(:mod:`~megaphone.operators.window`), stream-stream joins (:mod:`~megaphone.operators.join`;
+their input from two streams: :mod:`~megaphone.operators.join_input`),
 Spark's ``StatefulProcessor`` (:mod:`~megaphone.operators.stateful_processor`),
 and combinable updates whose hot keys can be split (:mod:`~megaphone.operators.combiner`).
 
