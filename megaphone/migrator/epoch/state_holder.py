@@ -253,9 +253,7 @@ class StateHolder:
     def durable_read(self) -> DurableRead:
         """How a task reads the committed working copies with a checkpoint location."""
         assert self.config.checkpoint is not None
-        return DurableRead(self.local_dir, self.config.checkpoint, self.config.snapshot_every,
-                           self.epoch, self.state_dir.fingerprint.pipeline_id, self.run_id,
-                           self.commit.worker_tokens())
+        return DurableRead.at(self.state_dir, self.commit, self.local_dir, self.run_id)
 
     def bin_sizes(self, owners: np.ndarray | None = None) -> BinSizes:
         """As :meth:`Pipeline.bin_sizes <megaphone.Pipeline.bin_sizes>`."""
@@ -264,8 +262,7 @@ class StateHolder:
             return bin_sizes(self.state_dir, owners)
         with self.lock:  # nothing committed yet: every bin is empty
             stats: Any = {} if self.epoch < 0 else read_bin_stats(
-                self.spark, self.durable_read(), self.config.backend, self.key_type,
-                self.routing.owners(self.epoch))
+                self.spark, self.durable_read(), self.routing.owners(self.epoch))
         return BinSizes.at(stats, owners)
 
 

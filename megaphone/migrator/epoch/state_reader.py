@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from megaphone.migrator.epoch.schemas import arrow_type
+from megaphone.migrator.statedir.commit import Commit
 from megaphone.migrator.statedir.directory import StateDir, StateDirLocked
 from megaphone.paths import StateDirPaths, local_stores_path, local_worker_path
 from megaphone.plans.planner import BinSizes
@@ -41,6 +42,11 @@ def _per_worker(spark: SparkSession, workers: list[int],
     return ids.repartition(max(1, len(workers))).mapInArrow(task, schema)
 
 
+def bins_by_owner(owners: np.ndarray) -> dict[int, list[int]]:
+    """The bins each worker of ``owners`` owns, by worker in increasing order."""
+    return {int(w): np.flatnonzero(owners == w).tolist() for w in np.unique(owners)}
+
+
 def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, owners: np.ndarray,
                schema: T.StructType, decoded: bool, durable: DurableRead | None = None
                ) -> DataFrame:
@@ -51,33 +57,31 @@ def read_state(spark: SparkSession, root: Path, backend: str, key_type: str, own
     ``durable`` copy, each owner's state is read through its host's store service, which
     first restores a working copy that is missing or behind the committed epoch.
     """
-    num_bins = len(owners)
-    workers = sorted({int(w) for w in owners})
-    bins_of = {w: np.flatnonzero(owners == w).tolist() for w in workers}
+    bins_of = bins_by_owner(owners)
     arrow_schema = pa.schema([(f.name, arrow_type(f.dataType)) for f in schema])
     paths = StateDirPaths(root)
 
     def read(w: int) -> Iterator[pa.RecordBatch]:
         if durable is not None:
-            store = durable.store(w, backend, key_type, num_bins)
-            for chunk in store.export(bins_of[w], DEFAULT_CHUNK_BYTES, durable.epoch,
-                                      durable.epoch + 1, durable.run):
+            for chunk in durable.store(w).export(bins_of[w], DEFAULT_CHUNK_BYTES, durable.epoch,
+                                                 durable.epoch + 1, durable.run):
                 yield state_rows(arrow_schema, key_type, *kv_columns(chunk), decoded)
         elif paths.worker(w).exists():
-            with open_backend(backend, paths.worker(w), key_type, num_bins,
+            with open_backend(backend, paths.worker(w), key_type, len(owners),
                               read_only=True) as state:
                 for chunk in state.export_bins(bins_of[w]):
                     yield state_rows(arrow_schema, key_type, *kv_columns(chunk), decoded)
 
-    return _per_worker(spark, workers, read, schema)
+    return _per_worker(spark, sorted(bins_of), read, schema)
 
 
 @dataclass(frozen=True)
 class DurableRead:
     """How a read reaches a pipeline with a checkpoint location: its store services'
     directory, the checkpoint, its snapshot interval, the committed epoch to read, the
-    pipeline, the driver's run (what another run applied past the commit is rolled back)
-    and the tokens of the workers' attempts the commit took."""
+    pipeline, the driver's run (what another run applied past the commit is rolled back),
+    the tokens of the workers' attempts the commit took, and the stores' backend, key type
+    and bins."""
 
     local_dir: str
     uri: str
@@ -86,38 +90,46 @@ class DurableRead:
     pipeline_id: str
     run: str
     committed_tokens: dict[int, str]
+    backend: str
+    key_type: str
+    num_bins: int
 
-    def store(self, worker: int, backend: str, key_type: str, num_bins: int) -> RemoteStore:
+    @classmethod
+    def at(cls, state: StateDir, commit: Commit, local_dir: str, run: str) -> DurableRead:
+        """How run ``run`` reads ``state``'s working copies as of ``commit``."""
+        fp, manifest = state.fingerprint, state.manifest
+        return cls(local_dir, manifest["checkpoint"],
+                   manifest.get("snapshot_every", SNAPSHOT_EVERY), commit.epoch,
+                   fp.pipeline_id, run, commit.worker_tokens(),
+                   manifest.get("backend", "rocksdb"), fp.key_type, fp.num_bins)
+
+    def store(self, worker: int) -> RemoteStore:
         """Worker ``worker``'s working copy on this host, through its store service."""
         path = local_worker_path(self.local_dir, self.pipeline_id, worker)
-        return RemoteStore(self.local_dir, str(path), backend, key_type, num_bins, worker,
-                           DurableSpec(self.uri, worker, self.snapshot_every,
-                                       self.committed_tokens.get(worker, "")))
+        return RemoteStore(self.local_dir, str(path), self.backend, self.key_type, self.num_bins,
+                           worker, DurableSpec(self.uri, worker, self.snapshot_every,
+                                               self.committed_tokens.get(worker, "")))
 
-    def stats(self, worker: int, backend: str, key_type: str, num_bins: int
-              ) -> dict[int, tuple[int, int]]:
+    def stats(self, worker: int) -> dict[int, tuple[int, int]]:
         """``{bin: (keys, bytes)}`` of worker ``worker``'s working copy as of :attr:`epoch`."""
-        store = self.store(worker, backend, key_type, num_bins)
-        return {b: (k, n) for b, k, n in store.stats(self.epoch, self.epoch + 1, self.run)}
+        stats = self.store(worker).stats(self.epoch, self.epoch + 1, self.run)
+        return {b: (k, n) for b, k, n in stats}
 
 
-def read_bin_stats(spark: SparkSession, durable: DurableRead, backend: str, key_type: str,
-                   owners: np.ndarray) -> dict[int, dict[int, tuple[int, int]]]:
+def read_bin_stats(spark: SparkSession, durable: DurableRead, owners: np.ndarray
+                   ) -> dict[int, dict[int, tuple[int, int]]]:
     """Per worker, ``{bin: (keys, bytes)}`` of the non-empty bins it owns in ``owners``, read
     from the working copies on the executors (restored first where missing or behind)."""
-    num_bins = len(owners)
-    workers = sorted({int(w) for w in owners})
-    owned = {w: set(np.flatnonzero(owners == w).tolist()) for w in workers}
+    owned = {w: set(bins) for w, bins in bins_by_owner(owners).items()}
 
     def read(w: int) -> Iterator[pa.RecordBatch]:
-        stats = durable.stats(w, backend, key_type, num_bins)
         yield pa.RecordBatch.from_pylist(
             [{"worker": w, "bin": b, "keys": k, "bytes": n}
-             for b, (k, n) in stats.items() if b in owned[w]],
+             for b, (k, n) in durable.stats(w).items() if b in owned[w]],
             schema=pa.schema([(name, pa.int64()) for name in ("worker", "bin", "keys", "bytes")]))
 
     out: dict[int, dict[int, tuple[int, int]]] = {}
-    rows = _per_worker(spark, workers, read, "worker long, bin long, keys long, bytes long")
+    rows = _per_worker(spark, sorted(owned), read, "worker long, bin long, keys long, bytes long")
     for row in rows.toArrow().to_pylist():
         out.setdefault(row["worker"], {})[row["bin"]] = (row["keys"], row["bytes"])
     return out
@@ -125,11 +137,8 @@ def read_bin_stats(spark: SparkSession, durable: DurableRead, backend: str, key_
 
 def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
     """Per-bin keys and bytes of ``state`` (:meth:`BinSizes.at` ``owners``), read read-only from
-    every worker's backend. Reading changes no file of the state directory. With a checkpoint
-    location the pipeline must be stopped: each worker is read in this process through this
-    host's store service, from its working copy here or one restored from the durable copy
-    (:func:`durable_bin_stats`).
-    """
+    every worker's backend, changing no file of the state directory; with a checkpoint location,
+    of a stopped pipeline (:func:`durable_bin_stats`)."""
     if state.manifest.get("checkpoint") is not None:
         return BinSizes.at(durable_bin_stats(state), owners)
     fp = state.fingerprint
@@ -151,7 +160,6 @@ def durable_bin_stats(state: StateDir) -> dict[int, dict[int, tuple[int, int]]]:
     commit = state.read_commit()
     if commit.epoch < 0:
         return {}  # nothing committed yet: every bin is empty
-    fp = state.fingerprint
     held = state.locked
     try:
         state.lock()
@@ -161,15 +169,12 @@ def durable_bin_stats(state: StateDir) -> dict[int, dict[int, tuple[int, int]]]:
             "hosts: read its bin sizes from it (Pipeline.bin_sizes, or rescale(pipeline, ...)) "
             "or stop it first") from None
     local_dir = default_local_dir()
-    read = DurableRead(local_dir, state.manifest["checkpoint"],
-                       state.manifest.get("snapshot_every", SNAPSHOT_EVERY), commit.epoch,
-                       fp.pipeline_id, uuid.uuid4().hex, commit.worker_tokens())
+    read = DurableRead.at(state, commit, local_dir, uuid.uuid4().hex)
     release_local_stores(state, local_dir)  # a crashed pipeline's, if still open
     try:
         # the workers the commit knows: one that gave away its last bins has left it (its
         # durable copy is gone), and one a plan adds holds nothing until an epoch gives it bins
-        return {w: read.stats(w, state.manifest.get("backend", "rocksdb"), fp.key_type,
-                              fp.num_bins) for w in sorted(commit.worker_tokens())}
+        return {w: read.stats(w) for w in sorted(commit.worker_tokens())}
     finally:
         release_local_stores(state, local_dir)
         if not held:
