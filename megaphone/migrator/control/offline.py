@@ -22,10 +22,9 @@ from megaphone.migrator.epoch.routing_operator import (
     commit_record,
     epoch_layout,
     epoch_spec,
-    state_workers,
 )
 from megaphone.migrator.epoch.state_reader import release_local_stores
-from megaphone.migrator.statedir.commit import Commit, StreamPosition
+from megaphone.migrator.statedir.commit import Commit
 from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.statedir.recovery import check_and_recover
 from megaphone.migrator.task.local_epoch import run_epoch_tasks
@@ -106,7 +105,7 @@ def _run_epoch(state: StateDir, table: RoutingTable, local_dir: str, run_id: str
                commit: Commit) -> tuple[Commit, int]:
     """Run the epoch without records after ``commit`` on the locked ``state`` and commit it;
     return its commit and bytes moved."""
-    layout = epoch_layout(table, commit, commit.epoch + 1, state_workers(state, table))
+    layout = epoch_layout(table, commit, commit.epoch + 1, state)
     key = KEY_ARROW_TYPES[state.fingerprint.key_type]
     spec = epoch_spec(state, layout, commit, table, update=_NO_RECORDS,
                       output_schema=pa.schema([("key", key)]), chunk_bytes=DEFAULT_CHUNK_BYTES,
@@ -114,16 +113,11 @@ def _run_epoch(state: StateDir, table: RoutingTable, local_dir: str, run_id: str
                       run_id=run_id)
     with tempfile.TemporaryDirectory(prefix="megaphone-offline-") as spill:
         reports = run_epoch_tasks(spec, layout.partitions, spill)
-    done = commit_record(layout, _stream_after(commit), [],
+    stream = commit.stream  # the last batch stays mapped to the epoch that ran it (a replay)
+    if stream.batch_id is not None and stream.epoch is None:
+        stream = dataclasses.replace(stream, epoch=commit.epoch)
+    done = commit_record(layout, stream, [],
                          {r.worker: r.metrics for r in reports if r.metrics.token}, commit)
     state.write_commit(done)  # the epoch's commit point
     return done, sum(r.metrics.bytes_out or 0 for r in reports)
 
-
-def _stream_after(commit: Commit) -> StreamPosition:
-    """The stream position an epoch without a batch keeps: the last batch stays mapped to the
-    epoch that ran it (``epoch``), so a stream that re-executes it replays that epoch."""
-    stream = commit.stream
-    if stream.batch_id is not None and stream.epoch is None:
-        return dataclasses.replace(stream, epoch=commit.epoch)
-    return stream

@@ -7,7 +7,7 @@ by the previous epoch's moves that their old owners now delete, and the workers 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,13 +42,13 @@ class EpochLayout:
     partitions: int
 
 
-def epoch_layout(
-    table: RoutingTable, commit: Commit, epoch: int, existing_workers: Iterable[int]
-) -> EpochLayout:
+def epoch_layout(table: RoutingTable, commit: Commit, epoch: int, state: StateDir
+                 ) -> EpochLayout:
     """The layout of ``epoch``: moves from the committed state version to the one in force.
 
-    ``existing_workers`` are the workers that have state on disk: they get a partition too, so
-    a worker left without bins can release its storage.
+    The workers that may hold state get a partition too, so a worker left without bins can
+    release its storage: those with a folder in ``state``, or with a checkpoint location
+    (working copies on the hosts) every worker that ever owned a bin.
     """
     version = table.version_at(epoch)
     moves = tuple(table.moves_between(commit.state_version, version))
@@ -61,7 +61,9 @@ def epoch_layout(
     drops: dict[int, list[int]] = {}
     for b, w in commit.pending_drops:
         drops.setdefault(w, []).append(b)
-    involved = set(live) | set(incoming) | set(outgoing) | set(drops) | set(existing_workers)
+    existing = table.all_workers() if state.manifest.get("checkpoint") is not None \
+        else state.worker_ids()
+    involved = set(live) | set(incoming) | set(outgoing) | set(drops) | set(existing)
     return EpochLayout(
         epoch=epoch,
         version=version,
@@ -72,15 +74,6 @@ def epoch_layout(
         drops={w: tuple(b) for w, b in drops.items()},
         partitions=max(involved) + 1,
     )
-
-
-def state_workers(state: StateDir, table: RoutingTable) -> list[int]:
-    """The workers that may hold state (:func:`epoch_layout`'s ``existing_workers``): those
-    with a folder in the state directory, or with a checkpoint location (working copies on
-    the hosts) every worker that ever owned a bin."""
-    if state.manifest.get("checkpoint") is None:
-        return state.worker_ids()
-    return table.all_workers()
 
 
 def epoch_spec(state: StateDir, layout: EpochLayout, commit: Commit, table: RoutingTable,

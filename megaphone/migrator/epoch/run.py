@@ -28,10 +28,10 @@ from megaphone.migrator.epoch.routing_operator import (
     epoch_layout,
     epoch_spec,
     ran_on,
-    state_workers,
 )
 from megaphone.migrator.epoch.spark_job import EpochReport, collect_epochs, epoch_job
 from megaphone.migrator.epoch.state_holder import POLICY_HISTORY
+from megaphone.migrator.epoch.state_reader import bins_by_owner
 from megaphone.migrator.statedir.commit import StreamPosition
 from megaphone.migrator.statedir.faults import crash_point
 from megaphone.migrator.statedir.inbox import PlanInbox
@@ -154,9 +154,8 @@ class EpochRun:
         """Run the group end to end; each epoch's outputs, in order. ``before_commit(outputs)``
         is called with the first epoch's outputs before any commit point (where a JVM call
         may still fail and leave nothing committed). A failure before the group's last commit
-        point leaves the holder to roll its workers back. Before the pipeline's first epoch, the
-        session's Python workers are checked once (:func:`~megaphone.spark.check_python_workers`):
-        workers that cannot run megaphone fail the run before it changes anything."""
+        point leaves the holder to roll its workers back. The session's Python workers are
+        checked first (:func:`~megaphone.spark.check_python_workers`)."""
         check_python_workers(self.driver.spark)
         try:
             return self._run(before_commit)
@@ -182,12 +181,11 @@ class EpochRun:
         labels = self.source.labels[:self.size]
         with self.phase("layout"):
             with queue.lock:
-                layout = epoch_layout(queue.table, holder.commit, epoch,
-                                      state_workers(state, queue.table))
+                layout = epoch_layout(queue.table, holder.commit, epoch, state)
             spec = self._spec(update, shuffle, outputs, layout, labels)
         with self.phase("submit"):
             rows = self.source.batch
-            if self.source.column is not None:
+            if self.grouped:
                 label = F.col(self.source.column)
                 columns = {**columns, LABEL: label.cast("long")}
                 rows = rows.where(label.between(labels[0], labels[-1]))
@@ -290,8 +288,7 @@ class EpochRun:
             if getattr(update.fn, "processing_time", False):  # its timers are due by the clock
                 first, marks = now, [now] * len(marks)
             fields = {"watermark": first, "processing_time_us": now,
-                      "owned": {int(w): tuple(np.flatnonzero(owners == w).tolist())
-                                for w in np.unique(owners)},
+                      "owned": {w: tuple(b) for w, b in bins_by_owner(owners).items()},
                       "watermarks": tuple(marks)}
         if self.grouped:
             fields["labels"], shuffle = tuple(labels), with_labels(shuffle)
