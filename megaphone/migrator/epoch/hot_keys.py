@@ -44,8 +44,9 @@ class HotKeys:
         """As :meth:`Pipeline.split_hot_keys <megaphone.Pipeline.split_hot_keys>`."""
         update = self._schema.update_arg
         if not (update in AGGREGATIONS or isinstance(update, Combiner)):
+            name = getattr(update, "__name__", type(update).__name__)
             raise ValueError(
-                f"cannot split the hot keys of update {_name(update)}: it may depend on the "
+                f"cannot split the hot keys of update {name}: it may depend on the "
                 "order of its records (sequential mode keeps a key at its owner). Give a "
                 "megaphone.Combiner (fold, combine, outputs) to split, or use "
                 "watch_hot_keys() to only detect them")
@@ -74,11 +75,6 @@ def _capacity(capacity: int) -> int:
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
     return capacity
-
-
-def _name(update: Any) -> str:
-    return repr(update) if isinstance(update, str) else getattr(
-        update, "__name__", type(update).__name__)
 
 
 __all__ = ["HotKeys"]
