@@ -121,8 +121,6 @@ def pass_and_fold(spec: EpochSpec, batches: Iterator[pa.RecordBatch]
 def _builtin_fold(spec: EpochSpec, table: pa.Table) -> dict[Any, Any]:
     """Each key's aggregate over the task's records (``None`` when its values are all null);
     an int64 sum that overflows here fails as it would at the owner."""
-    if VALUE not in table.column_names:
-        table = table.append_column(VALUE, pa.nulls(table.num_rows))
     grouped = partial_aggregates(spec.update, table)
     keys = grouped.column(KEY).to_pylist()
     if "partial_f" in grouped.column_names:

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from megaphone.migrator.task.columns import BIN, EVENT_TIME, KEY, VALUE
 from megaphone.migrator.task.spec import EpochSpec
-from megaphone.migrator.task.updates import custom_outputs, update_failed
+from megaphone.migrator.task.updates import custom_outputs, pack_state, update_failed
 from megaphone.operators.process import (
     Context,
     EpochBatch,
@@ -60,13 +60,8 @@ def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: 
 
     result = run_epoch(fn, batch, states, ctx, failed)
     packb = msgpack.Packer().pack
-    new: list[bytes | None] = []
-    for key, state in zip(batch.keys, result.states, strict=True):
-        try:
-            new.append(None if state is None else packb(state))
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise update_failed(f"msgpack cannot encode its new state (a {type(state).__name__})",
-                                key, exc, spec.epoch, worker) from exc
+    new = [None if state is None else pack_state(packb, state, key, spec.epoch, worker)
+           for key, state in zip(batch.keys, result.states, strict=True)]
     t_keys, t_values, t_old = _timer_writes(spec, store, bins, batch.keys, result.fired,
                                             result.set)
     metrics.late_records = result.late

@@ -91,6 +91,16 @@ def update_failed(what: str, key: Any, exc: BaseException, epoch: int | None,
     return UpdateError(f"{where}: {what}: {cause}{line}", key, epoch, worker)
 
 
+def pack_state(packb: Callable[[Any], bytes], state: Any, key: Any, epoch: int | None,
+               worker: int | None) -> bytes:
+    """``key``'s new ``state`` as msgpack bytes, or the :class:`UpdateError` saying it cannot be."""
+    try:
+        return packb(state)
+    except _PACK_ERRORS as exc:
+        raise update_failed(f"msgpack cannot encode its new state (a {type(state).__name__})",
+                            key, exc, epoch, worker) from exc
+
+
 def _short(text: str, limit: int) -> str:
     """``text`` on one line, cut to ``limit`` characters."""
     text = " ".join(text.split())
@@ -188,8 +198,10 @@ def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
     """Group an epoch's records by key (the null key too): one row per key with its ``partial``
     aggregate, nulls and NaN as Spark treats them (README, "What it does"): ``count`` counts
     null values, the others skip them (a key whose values are all null keeps its row, with a
-    null partial).
+    null partial). Records without a value column count as all null.
     """
+    if VALUE not in records.column_names:
+        records = records.append_column(VALUE, pa.nulls(records.num_rows))
     if update.kind == "sum" and pa.types.is_integer(records.column(VALUE).type):
         # The same sum in float64 beside it tells an int64 sum that wrapped around.
         values = records.column(VALUE).cast(pa.float64(), safe=False)
@@ -257,11 +269,7 @@ def apply_custom(
         except Exception as exc:
             raise update_failed("it must return (new_state, an iterable of outputs)", key, exc,
                                 epoch, worker) from exc
-        try:
-            new_raw.append(packb(state))
-        except _PACK_ERRORS as exc:
-            raise update_failed(f"msgpack cannot encode its new state (a {type(state).__name__})",
-                                key, exc, epoch, worker) from exc
+        new_raw.append(pack_state(packb, state, key, epoch, worker))
         out_keys += [key] * len(outputs)
         out_values += outputs
     return new_raw, out_keys, out_values
