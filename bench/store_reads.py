@@ -5,7 +5,7 @@ larger than RocksDB's block cache almost every key is a block-cache miss, so wha
 costs is the table file's page (in the OS page cache or on the disk) and the block's
 decompression. This benchmark loads a one-worker count store (every key ``0 .. keys-1`` with
 the count 1, as ``bench/load.py`` does) once per block compression, then times rounds of
-multi-gets of ``--per`` random keys in three states of the page cache:
+multi-gets of ``--per`` random keys in two states of the page cache:
 
 - ``cold``: the store's pages dropped before every round (a store just written by RocksDB's
   ``SstFileWriter``, or just reopened, at a size where reads rarely meet a cached page);

@@ -76,8 +76,7 @@ class Files:
             with self.fs.open_input_stream(path) as src:
                 return src.read()
         except (FileNotFoundError, OSError) as exc:
-            raise DriverCopyError(f"driver copy file {self.uri} {path} is unreadable: {exc}"
-                                  ) from None
+            raise DriverCopyError(f"file {path} under {self.uri} is unreadable: {exc}") from None
 
     def names(self, folder: str) -> list[str]:
         """The names of the files in ``folder``, sorted (none if it is missing)."""
