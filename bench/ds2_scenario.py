@@ -62,7 +62,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from megaphone import Pipeline
-from megaphone.migrator.control.ds2_controller import Autoscaler
+from megaphone.migrator.control.ds2_controller import DS2Controller
 from megaphone.plans.autoscale import Policy, Proposal, Window, input_span
 from megaphone.plans.scale_decision import ScaleDecision
 from megaphone.spark import spark_session
@@ -220,7 +220,7 @@ def batch(spark: SparkSession, offset: int, n: int, start: float, interval: floa
 # -- the threshold baseline ------------------------------------------------------------------
 
 
-class ThresholdController(Autoscaler):
+class ThresholdController(DS2Controller):
     """One worker more when latency is high and growing, one fewer when the workers idle.
 
     The classic rule DS2 is compared with (as Dhalion-style policies): it only knows that the
@@ -304,7 +304,7 @@ def run_policy(spark: SparkSession, cfg: Config, name: str) -> RunResult:
                            cfg.keys))
         offset += n
     policy = cfg.policy(name)
-    controller: Autoscaler | None = None
+    controller: DS2Controller | None = None
     rows: list[EpochRow] = []
     t0 = time.time()
     try:

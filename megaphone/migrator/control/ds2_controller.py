@@ -52,13 +52,16 @@ _NO_DECISION = ("in-flight", "warmup", "no-data")
 Planner = Callable[[Any, int], MigrationPlan]
 
 
-class Autoscaler:
-    """The policy loop around a decision rule; subclasses implement :meth:`propose`.
+class DS2Controller:
+    """Autoscaling by DS2: workers = ceil(demand / true rate of one worker), in a policy loop.
 
-    ``pipe`` is a :class:`~megaphone.Pipeline`; ``planner(pipe, workers)`` builds the plan
-    (default: :func:`~megaphone.plans.planner.plan_from` the pipeline's planning
-    source, with the policy's strategy and balance); ``clock`` gives the time when
-    :meth:`step` is called without ``now``.
+    ``pipe`` is a :class:`~megaphone.Pipeline`; ``source_rate`` overrides the measured input
+    rate: a number or a callable given the window's epochs as
+    :class:`~megaphone.records.EpochMetrics` records (e.g. the producer rate of the topic the
+    stream reads). ``planner(pipe, workers)`` builds the plan (default:
+    :func:`~megaphone.plans.planner.plan_from` the pipeline's planning source, with the
+    policy's strategy and balance); ``clock`` gives the time when :meth:`step` is called
+    without ``now``. Another decision rule overrides :meth:`propose`.
     """
 
     def __init__(
@@ -66,11 +69,13 @@ class Autoscaler:
         pipe: Any,
         policy: Policy | None = None,
         *,
+        source_rate: float | SourceRate | None = None,
         planner: Planner | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.pipe = pipe
         self.policy = policy or Policy()
+        self.source_rate = source_rate
         self.decisions: list[ScaleDecision] = []
         self.handles: list[MigrationHandle] = []
         self._planner = planner or self._rescale
@@ -83,8 +88,9 @@ class Autoscaler:
         self._thread: threading.Thread | None = None
 
     def propose(self, window: Window, current: int) -> Proposal:
-        """The worker count the rule wants for ``window`` (raise ``ValueError`` if it can't)."""
-        raise NotImplementedError
+        """The worker count DS2 wants for ``window`` (:func:`ds2_proposal`; a ``ValueError``
+        if it can't say)."""
+        return ds2_proposal(window, self.policy, self.source_rate)
 
     # -- one evaluation --------------------------------------------------------------------
 
@@ -153,7 +159,7 @@ class Autoscaler:
         """True while the policy thread runs."""
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self) -> Autoscaler:
+    def start(self) -> DS2Controller:
         """Evaluate every ``policy.interval_s`` seconds in a daemon thread; returns ``self``."""
         if self.running:
             return self
@@ -180,24 +186,4 @@ class Autoscaler:
                 log.exception("%s: evaluation failed", type(self).__name__)
 
 
-class DS2Controller(Autoscaler):
-    """Autoscaling by DS2: workers = ceil(demand / true rate of one worker).
-
-    ``source_rate`` overrides the measured input rate: a number or a callable given the
-    window's epochs as :class:`~megaphone.records.EpochMetrics` records (e.g. the producer
-    rate of the topic the stream reads).
-    """
-
-    def __init__(self, pipe: Any, policy: Policy | None = None, *,
-                 source_rate: float | SourceRate | None = None,
-                 planner: Planner | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
-        super().__init__(pipe, policy, planner=planner, clock=clock)
-        self.source_rate = source_rate
-
-    def propose(self, window: Window, current: int) -> Proposal:
-        """DS2 over the window (see :func:`ds2_proposal`)."""
-        return ds2_proposal(window, self.policy, self.source_rate)
-
-
-__all__ = ["MAX_DECISIONS", "Autoscaler", "DS2Controller", "Planner"]
+__all__ = ["MAX_DECISIONS", "DS2Controller", "Planner"]

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from megaphone.migrator.epoch.state_reader import bin_sizes
-from megaphone.migrator.statedir.directory import StateDir
+from megaphone.migrator.statedir.directory import StateDir, committed_routing
 from megaphone.plans.plan import PlanError
 from megaphone.plans.planner import BinSizes, PlanningSource
 from megaphone.records import EpochMetrics, epoch_records
@@ -36,22 +36,6 @@ class LivePipeline(Protocol):
     def host_slots(self) -> dict[str, int | None]: ...
 
 
-def committed_table(state: StateDir, state_version: int) -> RoutingTable:
-    """``state``'s routing table as of its last commit (``state_version``).
-
-    Versions past the commit are what a crash left behind; the pipeline discards them when it
-    next opens the directory (and offline migration before it starts), so plans must start
-    from the committed version. A table *behind* the commit is damage, reported as an error.
-    """
-    table = state.load_routing()
-    if table.version < state_version:
-        raise PlanError(
-            f"{state.paths.routing} holds routing version {table.version}, but the last commit "
-            f"says the state is at version {state_version}"
-        )
-    return table.truncated(state_version) if table.version > state_version else table
-
-
 def pipeline_source(pipeline: LivePipeline) -> PlanningSource:
     """What a live pipeline offers for planning: its live routing table, its metrics and its
     smoothed per-bin load."""
@@ -71,7 +55,8 @@ def state_dir_source(state: StateDir | str | os.PathLike[str]) -> PlanningSource
     workers' backends (no measured load)."""
     state = state if isinstance(state, StateDir) else StateDir.open(state)
     commit = state.read_commit()
-    return PlanningSource(committed_table(state, commit.state_version), len(commit.plans),
+    table = committed_routing(state.load_routing(), commit.state_version, state.paths.routing)
+    return PlanningSource(table, len(commit.plans),
                           epoch_records(state.read_metrics()),
                           lambda owners: bin_sizes(state, owners), lambda: None,
                           tuple(state.traces.read()), commit.host_slots())
@@ -79,7 +64,6 @@ def state_dir_source(state: StateDir | str | os.PathLike[str]) -> PlanningSource
 
 __all__ = [
     "LivePipeline",
-    "committed_table",
     "pipeline_source",
     "state_dir_source",
 ]

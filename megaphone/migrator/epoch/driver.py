@@ -109,11 +109,7 @@ class EpochDriver:
         others' kept outputs (docs/groups.md)."""
         if column is None:
             frames: list[DataFrame] = []
-
-            def keep(outputs: pa.Table) -> None:
-                if want_frame:
-                    frames.append(self.outputs_frame(outputs))
-
+            keep = (lambda out: frames.append(self.outputs_frame(out))) if want_frame else None
             outputs = self.run_groups(EpochSource(batch, stream=stream), input_end, keep)
             return outputs[0], (frames[0] if frames else None)
         schema = self.labelled_schema(batch.schema, column)

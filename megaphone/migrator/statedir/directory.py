@@ -49,6 +49,23 @@ class StateDirLocked(MegaphoneError, ValueError):
     """Raised when another process (or pipeline) already has the state directory open."""
 
 
+class StateMismatch(MegaphoneError, ValueError):
+    """The state directory does not match its commit record (not something a crash leaves)."""
+
+
+def committed_routing(table: RoutingTable, state_version: int, where: object) -> RoutingTable:
+    """``table`` (saved at ``where``) as of the commit whose state is at ``state_version``.
+
+    Versions past the commit are what a crash left behind, discarded when the pipeline next
+    opens the directory, so they are cut off here; a table *behind* the commit is damage, a
+    :class:`StateMismatch`.
+    """
+    if table.version < state_version:
+        raise StateMismatch(f"{where} holds routing version {table.version}, but the last "
+                            f"commit says the state is at version {state_version}")
+    return table.truncated(state_version) if table.version > state_version else table
+
+
 #: Epochs per metrics file; the state directory keeps the current file and the one before.
 METRICS_CHUNK = 250
 

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from megaphone.migrator.statedir.commit import Commit
-from megaphone.migrator.statedir.directory import StateDir
+from megaphone.migrator.statedir.directory import StateDir, committed_routing
 from megaphone.migrator.statedir.driver_copy import DriverCopy, Files
 from megaphone.paths import INBOX, PLAN_SUFFIX, ROUTING, STATUS_SUFFIX
 from megaphone.plans.plan import MigrationPlan, PlanError
@@ -41,7 +41,8 @@ def copy_committed(copy: DriverCopy) -> tuple[Commit, RoutingTable]:
         commit = copy.latest_commit()
         table = RoutingTable.from_dict(json.loads(copy.read(ROUTING)))
         if DriverCopy(copy.uri).latest_commit()["seq"] == commit["seq"]:
-            return _as_of(Commit.from_dict(commit), table)
+            done = Commit.from_dict(commit)
+            return done, committed_routing(table, done.state_version, f"{copy.uri} ({ROUTING})")
         copy = DriverCopy(copy.uri)
 
 
@@ -50,12 +51,8 @@ def dir_committed(state: StateDir) -> tuple[Commit, RoutingTable]:
     is saved before an epoch's commit: read after the commit, it holds every version it
     names)."""
     commit = state.read_commit()
-    return _as_of(commit, state.load_routing())
-
-
-def _as_of(commit: Commit, table: RoutingTable) -> tuple[Commit, RoutingTable]:
-    version = commit.state_version
-    return commit, table.truncated(version) if table.version > version else table
+    return commit, committed_routing(state.load_routing(), commit.state_version,
+                                     state.paths.routing)
 
 
 class PlanInbox:

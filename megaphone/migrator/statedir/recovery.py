@@ -10,14 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from megaphone.errors import MegaphoneError
 from megaphone.migrator.statedir.commit import Commit
-from megaphone.migrator.statedir.directory import StateDir
+from megaphone.migrator.statedir.directory import StateDir, StateMismatch, committed_routing
 from megaphone.state_backends.worker_store import WorkerStore
-
-
-class StateMismatch(MegaphoneError, ValueError):
-    """The state directory does not match its commit record (not something a crash leaves)."""
 
 
 @dataclass
@@ -42,12 +37,7 @@ def check_and_recover(state: StateDir, commit: Commit) -> RecoveryReport:
     match its commit is reported and left exactly as it was.
     """
     table = state.load_routing()
-    if table.version < commit.state_version:
-        raise StateMismatch(
-            f"{state.paths.routing} holds routing version {table.version}, but the last commit "
-            f"says the state is at version {commit.state_version}"
-        )
-    committed = table.truncated(commit.state_version)
+    committed = committed_routing(table, commit.state_version, state.paths.routing)
     # With a checkpoint location the working copies live on the executors: each is checked
     # and brought to the commit by the store service of the host that runs its next task.
     ahead = [] if state.manifest.get("checkpoint") else _check_workers(state, commit, committed)
