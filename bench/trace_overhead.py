@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from megaphone.migrator import trace as trace_mod
 from megaphone.migrator.pipeline.facade import Pipeline
+from megaphone.migrator.statedir.directory import StateDir
 from megaphone.spark import spark_session
 
 #: The acceptance target: traced median epoch over untraced, at most.
@@ -39,7 +40,7 @@ class _Timed:
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        build, append = trace_mod.epoch_trace, trace_mod.TraceLog.append
+        build, append = trace_mod.epoch_trace, StateDir.append_trace
 
         def timed_build(*args: Any, **kw: Any) -> Any:
             t0 = time.perf_counter()
@@ -48,16 +49,16 @@ class _Timed:
             finally:
                 self.seconds += time.perf_counter() - t0
 
-        def timed_append(log: trace_mod.TraceLog, trace: Any) -> None:
+        def timed_append(state: StateDir, trace: Any) -> None:
             t0 = time.perf_counter()
             try:
-                append(log, trace)
+                append(state, trace)
             finally:
                 self.seconds += time.perf_counter() - t0
 
         import megaphone.migrator.epoch.run as epoch_mod
         epoch_mod.epoch_trace = timed_build  # the name the epoch calls
-        trace_mod.TraceLog.append = timed_append  # type: ignore[method-assign]
+        StateDir.append_trace = timed_append  # type: ignore[method-assign]
 
 
 def _p90(xs: list[float]) -> float:
@@ -88,7 +89,7 @@ def run(records: int, keys: int, workers: int, bins: int, warmup: int, epochs: i
                 times[mode].append(took)
             if e == warmup - 1:
                 timer.seconds = 0.0  # only measured epochs count
-        traced = len(pipe.state_dir.traces.read())
+        traced = len(pipe.state_dir.read_traces())
         pipe.close()
     os.environ.pop("MEGAPHONE_TRACE", None)
     on, off = statistics.median(times["on"]), statistics.median(times["off"])

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from megaphone.plans.report import table
@@ -76,16 +75,12 @@ def parse_epochs(text: str) -> tuple[int | None, int | None]:
 
 
 def load_traces(state_dir: str, epochs: str | None) -> list[EpochTrace]:
-    """The traces of the chosen epochs; ValueError for a missing directory, no traces, a bad
+    """The traces of the chosen epochs; ValueError for no state directory, no traces, a bad
     ``epochs`` or none in its range."""
-    from megaphone.migrator.trace import TraceLog
-    from megaphone.paths import StateDirPaths
+    from megaphone.migrator.statedir.directory import StateDir
 
-    if not Path(state_dir).is_dir():
-        raise ValueError(f"{state_dir} is not a directory")
-    paths = StateDirPaths(state_dir)
     bounds = parse_epochs(epochs) if epochs is not None else None
-    traces = TraceLog(paths.traces, paths.traces_old).read()
+    traces = StateDir.open(state_dir).read_traces()  # NotAStateDir (a ValueError) if not one
     if not traces:
         raise ValueError(f"{state_dir} holds no epoch traces (was tracing off, "
                          "MEGAPHONE_TRACE=0, or has no epoch run?)")

@@ -20,7 +20,7 @@ METRICS = "metrics.jsonl"
 #: The metrics file before the current one (see ``StateDir.append_metrics``).
 METRICS_OLD = "metrics.old.jsonl"
 #: The JSON-lines file of per-epoch SnailTrail traces, and the one before it (see
-#: ``megaphone.migrator.trace.TraceLog``).
+#: ``StateDir.append_trace``).
 TRACES = "traces.jsonl"
 TRACES_OLD = "traces.old.jsonl"
 LOCK = ".lock"

@@ -14,8 +14,11 @@ from pyspark import cloudpickle
 from megaphone.cli import main
 from megaphone.migrator import trace as trace_mod
 from megaphone.migrator.pipeline import Pipeline
+from megaphone.migrator.statedir import directory
+from megaphone.migrator.statedir.directory import StateDir
 from megaphone.plans.plan import MigrationPlan, Move
 from megaphone.routing.bins import bin_of
+from megaphone.routing.fingerprint import Fingerprint
 from megaphone.snailtrail import EpochTrace
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -48,7 +51,7 @@ def migrated(spark, tmp_path_factory):
 
 def test_each_epoch_has_a_valid_trace_with_the_expected_activities(migrated):
     pipe, moved = migrated
-    traces = pipe.state_dir.traces.read()
+    traces = pipe.state_dir.read_traces()
     assert [t.epoch for t in traces] == [0, 1, 2]
     for t in traces:
         assert EpochTrace.from_json(t.to_json()) == t  # valid, through every check
@@ -74,21 +77,23 @@ def test_each_epoch_has_a_valid_trace_with_the_expected_activities(migrated):
 
 
 def test_traces_are_kept_in_two_chunks_at_most(tmp_path, monkeypatch):
-    monkeypatch.setattr(trace_mod, "TRACE_CHUNK", 3)
-    log = trace_mod.TraceLog(tmp_path / "traces.jsonl", tmp_path / "traces.old.jsonl")
-    for epoch in range(10):
-        log.append(trace_mod.epoch_trace(epoch, {"admit": (epoch, epoch + 0.5)}, {}, {}, {}))
-    assert [t.epoch for t in log.read()] == [6, 7, 8, 9]
-    with open(tmp_path / "traces.jsonl", "a") as fh:
+    monkeypatch.setattr(directory, "TRACE_CHUNK", 3)
+    state = StateDir.create(tmp_path / "state", Fingerprint("traces", 4, "int64"), 1,
+                            {"backend": "memory"})
+    for epoch in [*range(8), 7, 8, 9]:  # epoch 7 again: rolled back and run again
+        state.append_trace(trace_mod.epoch_trace(epoch, {"admit": (epoch, epoch + 0.5)}, {}, {},
+                                                 {}))
+    assert [t.epoch for t in state.read_traces()] == [6, 7, 8, 9]
+    with open(state.paths.traces, "a") as fh:
         fh.write('{"torn')  # a torn last line is skipped
-    assert [t.epoch for t in log.read()] == [6, 7, 8, 9]
+    assert [t.epoch for t in state.read_traces()] == [6, 7, 8, 9]
 
 
 def test_tracing_can_be_switched_off(spark, tmp_path, monkeypatch):
     monkeypatch.setenv("MEGAPHONE_TRACE", "0")
     pipe = make(spark, tmp_path)
     pipe.process(spark.createDataFrame([(1,)], "k long"))
-    assert pipe.state_dir.traces.read() == []
+    assert pipe.state_dir.read_traces() == []
     assert main(["explain", "--state-dir", str(pipe.state_dir.path)]) == 2
 
 
@@ -110,7 +115,8 @@ def test_explain_prints_a_table_json_and_a_plot(migrated, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--state-dir", "/nonexistent/megaphone"], "not a directory"),
+    (["--state-dir", "/nonexistent/megaphone"], "not a megaphone state directory"),
+    (["--state-dir", "/"], "has no megaphone.json"),
     (["--epochs", "5:2"], "0 <= A <= B"),
     (["--epochs", "x"], "A:B"),
     (["--epochs", "100:"], "no traced epoch"),

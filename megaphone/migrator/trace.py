@@ -1,6 +1,7 @@
 """Each epoch's SnailTrail trace (:class:`~megaphone.snailtrail.activity.EpochTrace`), built on
-the driver from timings the epoch takes anyway, and kept in the state directory (README,
-"Explaining slow epochs").
+the driver from timings the epoch takes anyway, and kept in the state directory
+(:meth:`~megaphone.migrator.statedir.directory.StateDir.append_trace`; README, "Explaining slow
+epochs").
 
 Nothing is timed per record: the driver notes the wall clock at each of its phases, every
 apply task at its phase boundaries (:data:`~megaphone.migrator.task.state_operator.MARKS`) and
@@ -13,14 +14,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
-from megaphone._io import ChunkedLog
 from megaphone.records import EpochMetrics, WorkerMetrics
 from megaphone.snailtrail import Activity, Dependency, EpochTrace
 
-#: Epochs per traces file; the state directory keeps the current file and the one before.
-TRACE_CHUNK = 250
 #: The driver's phases and the activity kind each becomes.
 DRIVER_KINDS = {"admit": "admit", "layout": "layout", "submit": "submit", "collect": "wait",
                 "commit": "commit", "cleanup": "cleanup"}
@@ -130,24 +127,3 @@ def epoch_trace(epoch: int, driver: Mapping[str, tuple[float, float]],
             b.depend(export, installs.get(receiver.get(int(bin_), -1)), "shuffle")
     return EpochTrace(epoch, tuple(b.activities), tuple(b.dependencies))
 
-
-class TraceLog:
-    """The traces of a state directory: one JSON line per epoch in ``traces.jsonl``; a full
-    file (:data:`TRACE_CHUNK` lines) first replaces ``traces.old.jsonl``, so disk keeps one or
-    two chunks of epochs, as the metrics do."""
-
-    def __init__(self, current: Path, old: Path) -> None:
-        self._log = ChunkedLog(current, old, TRACE_CHUNK)
-
-    def append(self, trace: EpochTrace) -> None:
-        """Store one epoch's trace."""
-        self._log.append(trace.to_json())
-
-    def read(self) -> list[EpochTrace]:
-        """Every stored trace, oldest first; torn or malformed lines are skipped, and of an
-        epoch stored twice (an epoch rolled back and run again) the last is kept."""
-        traces: dict[int, EpochTrace] = {}
-        for trace in self._log.read(EpochTrace.from_json):
-            traces.pop(trace.epoch, None)
-            traces[trace.epoch] = trace
-        return sorted(traces.values(), key=lambda t: t.epoch)

@@ -59,7 +59,7 @@ def state_dir_source(state: StateDir | str | os.PathLike[str]) -> PlanningSource
     return PlanningSource(table, len(commit.plans),
                           epoch_records(state.read_metrics()),
                           lambda owners: bin_sizes(state, owners), lambda: None,
-                          tuple(state.traces.read()), commit.host_slots())
+                          tuple(state.read_traces()), commit.host_slots())
 
 
 __all__ = [

@@ -190,7 +190,7 @@ class EpochRun:
         trace = epoch_trace(epoch, self.spans, marks[0], layout.outgoing, layout.incoming) \
             if trace_enabled() else None  # the group's phases, its first epoch's workers
         if trace is not None:
-            state.traces.append(trace)  # a group's is for `megaphone explain`, not policies
+            state.append_trace(trace)  # a group's is for `megaphone explain`, not policies
         holder.recorded(self.records, None if self.grouped else trace)
         return [r.outputs for r in reports]
 

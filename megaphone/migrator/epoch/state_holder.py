@@ -148,7 +148,7 @@ class StateHolder:
         self.queue = PlanQueue(state.load_routing())
         self.queue.restore(commit.plans)
         self.metrics.extend(epoch_records(state.read_metrics(last=self.metrics.maxlen)))
-        self.traces.extend(state.traces.read())  # the deque keeps the newest
+        self.traces.extend(state.read_traces())  # the deque keeps the newest
         register(state.fingerprint.pipeline_id, self.owner)
 
     def create(self, key_type: str) -> None:

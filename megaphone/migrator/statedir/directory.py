@@ -29,10 +29,10 @@ from megaphone._io import (
 from megaphone.errors import MegaphoneError
 from megaphone.migrator.statedir.commit import Commit
 from megaphone.migrator.statedir.driver_copy import DriverCopy, DriverCopyError
-from megaphone.migrator.trace import TraceLog
 from megaphone.paths import MANIFEST, OUTPUTS, ROUTING, StateDirPaths, outputs_epoch_of, worker_of
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import RoutingTable
+from megaphone.snailtrail import EpochTrace
 from megaphone.state_backends.network import new_secret
 
 MANIFEST_FORMAT = "megaphone.statedir/1"
@@ -66,8 +66,9 @@ def committed_routing(table: RoutingTable, state_version: int, where: object) ->
     return table.truncated(state_version) if table.version > state_version else table
 
 
-#: Epochs per metrics file; the state directory keeps the current file and the one before.
-METRICS_CHUNK = 250
+#: Epochs per metrics (and traces) file; the state directory keeps the current file and the one
+#: before.
+METRICS_CHUNK = TRACE_CHUNK = 250
 
 
 class StateDir:
@@ -82,11 +83,7 @@ class StateDir:
         self._secret: str | None = None
         self._metrics_log = ChunkedLog(self.paths.metrics, self.paths.metrics_old,
                                        METRICS_CHUNK)
-
-    @cached_property
-    def traces(self) -> TraceLog:
-        """The epochs' SnailTrail traces (:mod:`~megaphone.migrator.trace`)."""
-        return TraceLog(self.paths.traces, self.paths.traces_old)
+        self._trace_log = ChunkedLog(self.paths.traces, self.paths.traces_old, TRACE_CHUNK)
 
     @cached_property
     def durable(self) -> DriverCopy | None:
@@ -366,3 +363,14 @@ class StateDir:
         :data:`METRICS_CHUNK` to twice that many newest epochs. Torn lines are skipped."""
         records = self._metrics_log.read(json.loads)
         return records[-last:] if last else records
+
+    def append_trace(self, trace: EpochTrace) -> None:
+        """Keep one epoch's SnailTrail trace (:mod:`~megaphone.migrator.trace`) as a JSON line,
+        in chunks as the metrics (:data:`TRACE_CHUNK`)."""
+        self._trace_log.append(trace.to_json())
+
+    def read_traces(self) -> list[EpochTrace]:
+        """The kept traces, oldest first; torn or malformed lines are skipped, and of an epoch
+        kept twice (rolled back and run again) the last."""
+        traces = {t.epoch: t for t in self._trace_log.read(EpochTrace.from_json)}
+        return sorted(traces.values(), key=lambda t: t.epoch)
