@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from megaphone.migrator.epoch.hot_keys import HotKeys
 from megaphone.migrator.epoch.spark_job import split_results
 from megaphone.migrator.task import columns as C
 from megaphone.migrator.task.hot_split import fold_partials, pass_and_fold, take_partials
@@ -206,3 +207,11 @@ def test_float_partials_keep_nan_and_null_semantics(tmp_path):
                 fold_partials(spec, iter([batch(vs)]))]
     results = split_results(pa.Table.from_batches(list(apply_worker(spec, 0, iter(partials)))))
     assert np.isnan(results.outputs.column("o")[0].as_py())  # NaN orders above every number
+
+
+@pytest.mark.parametrize("capacity", [0, -3, True, 2.5, "8"])
+def test_a_bad_sketch_capacity_is_refused_before_anything_is_watched(capacity):
+    hot = HotKeys(None, None)  # type: ignore[arg-type] -- the capacity is checked first
+    with pytest.raises(ValueError, match="capacity must be a positive int, got"):
+        hot.watch_hot_keys(capacity)
+    assert hot._hot_setting is None

@@ -66,11 +66,8 @@ class PipelineConfig:
         if not self.workers >= 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         check_group_size(self.group_size)
-        if self.slots_per_host is not None and (isinstance(self.slots_per_host, bool) or not
-                                                isinstance(self.slots_per_host, int) or
-                                                self.slots_per_host < 1):
-            raise ValueError(f"slots_per_host must be a positive int or None, got "
-                             f"{self.slots_per_host!r}")
+        if self.slots_per_host is not None:
+            check_positive("slots_per_host", self.slots_per_host, " or None")
         update_setting(update, self.event_time)  # an event-time operator needs its column
         if self.key in RESULT_COLUMNS:
             raise ValueError(f"the key column may not be called {self.key!r} (megaphone's "
@@ -83,13 +80,17 @@ class PipelineConfig:
                 "checkpoint": self.checkpoint, "snapshot_every": self.snapshot_every}
 
 
+def check_positive(name: str, value: Any, alternative: str = "") -> int:
+    """``value`` of the setting ``name`` if it is a positive ``int`` (not a bool); else a
+    ``ValueError`` that names the setting (and its ``alternative``, as ``" or None"``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int{alternative}, got {value!r}")
+    return value
+
+
 def check_group_size(group_size: Any) -> int | str:
     """``group_size`` if valid: a positive ``int`` or ``"auto"``; else a ``ValueError``."""
-    if group_size == AUTO:
-        return AUTO
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be a positive int or 'auto', got {group_size!r}")
-    return group_size
+    return AUTO if group_size == AUTO else check_positive("group_size", group_size, " or 'auto'")
 
 
 def update_setting(update: str | UpdateFn | ProcessFunction, event_time: str | None) -> str:

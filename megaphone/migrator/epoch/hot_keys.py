@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from megaphone.migrator.epoch.config import check_positive
 from megaphone.migrator.epoch.routing_operator import EpochLayout
 from megaphone.migrator.epoch.schemas import PipelineSchema
 from megaphone.migrator.epoch.state_holder import StateHolder
@@ -37,7 +38,7 @@ class HotKeys:
 
     def watch_hot_keys(self, capacity: int = DEFAULT_CAPACITY) -> None:
         """As :meth:`Pipeline.watch_hot_keys <megaphone.Pipeline.watch_hot_keys>`."""
-        self._hot_setting = (no_split, _capacity(capacity))
+        self._hot_setting = (no_split, check_positive("capacity", capacity))
 
     def split_hot_keys(self, policy: SplitPolicy | None = None,
                        capacity: int = DEFAULT_CAPACITY) -> None:
@@ -50,7 +51,7 @@ class HotKeys:
                 "order of its records (sequential mode keeps a key at its owner). Give a "
                 "megaphone.Combiner (fold, combine, outputs) to split, or use "
                 "watch_hot_keys() to only detect them")
-        self._hot_setting = (policy or ShareThreshold(), _capacity(capacity))
+        self._hot_setting = (policy or ShareThreshold(), check_positive("capacity", capacity))
 
     def hot_keys(self) -> HeavyHitters:
         """As :meth:`Pipeline.hot_keys <megaphone.Pipeline.hot_keys>`."""
@@ -69,12 +70,6 @@ class HotKeys:
         split = policy(view).checked(self._holder.key_type)
         return {"split_keys": split.keys, "lessees": split.lessees,
                 "sketch_capacity": capacity}
-
-
-def _capacity(capacity: int) -> int:
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
-    return capacity
 
 
 __all__ = ["HotKeys"]

@@ -5,6 +5,7 @@ collaborators"), and over Spark Connect the batch function that runs it on the s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -152,19 +153,16 @@ class StreamRunner:
             self._watcher = None
 
     def _watch(self, query: Any) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the query's error is the user's to see
             query.awaitTermination()
-        except Exception:  # the query's error is the user's to see; we only clear the flag
-            pass
+        try:
+            if self.on_server:
+                self.rejoin()
+        except Exception:
+            log.exception("the pipeline could not be brought forward from its checkpoint "
+                          "after its stream on the Spark Connect server ended")
         finally:
-            try:
-                if self.on_server:
-                    self.rejoin()
-            except Exception:
-                log.exception("the pipeline could not be brought forward from its checkpoint "
-                              "after its stream on the Spark Connect server ended")
-            finally:
-                self._mark(False)
+            self._mark(False)
 
     def _mark(self, running: bool) -> None:
         """Set :attr:`running` of this runner and of those running along with its query."""
@@ -257,5 +255,4 @@ class StreamRunner:
         with holder.lock:
             state = holder.state
             if state is not None and state.durable is not None and holder.queue is not None:
-                PlanInbox(state.durable).take(holder.queue.to_list(),
-                                                     holder.submit_plan)
+                PlanInbox(state.durable).take(holder.queue.to_list(), holder.submit_plan)
