@@ -31,7 +31,6 @@ from megaphone.migrator.task.spec import EpochSpec
 from megaphone.migrator.task.transfer import rows
 from megaphone.migrator.task.updates import (
     Update,
-    apply_custom,
     group_values,
     partial_aggregates,
     update_failed,
@@ -230,20 +229,6 @@ def combine_partials(update: Update, partials: Partials, old_raw: list[bytes | N
     return new_raw, out_keys, out_values
 
 
-def custom_with_partials(update: Update, grouped: pa.Table, partials: Partials | None,
-                         old_raw: list[bytes | None], epoch: int, worker: int
-                         ) -> tuple[list[bytes], list[Any], list[Any]]:
-    """:func:`~megaphone.migrator.task.updates.apply_custom` over ``grouped`` (the first
-    ``len(grouped)`` of ``old_raw``), then the split keys (the rest of ``old_raw``)."""
-    n = len(grouped)
-    new_raw, out_keys, out_values = apply_custom(update, grouped, old_raw[:n], epoch, worker)
-    if partials is not None:
-        more = combine_partials(update, partials, old_raw[n:], epoch, worker)
-        new_raw, out_keys, out_values = (a + b for a, b in
-                                         zip((new_raw, out_keys, out_values), more, strict=True))
-    return new_raw, out_keys, out_values
-
-
 def sketch(table: pa.Table, partials: Partials | None, capacity: int) -> dict[str, Any]:
     """The worker's heaviest keys of the epoch with exact counts (records and split keys'
     partials), bounded to ``capacity`` counters (the null key is never split, so not listed)."""
@@ -264,5 +249,5 @@ def sketch(table: pa.Table, partials: Partials | None, capacity: int) -> dict[st
                                     capacity).to_json()
 
 
-__all__ = ["Partials", "builtin_partials", "combine_partials", "custom_with_partials",
-           "fold_partials", "pass_and_fold", "sketch", "splittable", "take_partials"]
+__all__ = ["Partials", "builtin_partials", "combine_partials", "fold_partials", "pass_and_fold",
+           "sketch", "splittable", "take_partials"]
