@@ -31,7 +31,6 @@ from megaphone.migrator.task.spec import EpochSpec
 from megaphone.migrator.task.transfer import rows
 from megaphone.migrator.task.updates import (
     Update,
-    apply_custom,
     group_values,
     partial_aggregates,
     update_failed,
@@ -72,26 +71,25 @@ def fold_partials(spec: EpochSpec, batches: Iterator[pa.RecordBatch],
 def _fold(spec: EpochSpec, table: pa.Table, schema: pa.Schema, label: int | None
           ) -> pa.RecordBatch:
     """The partial rows of ``table``'s records (all of one epoch, of ``label`` in a group)."""
-    counts = table.group_by([KEY, BIN, WORKER], use_threads=False).aggregate(
-        [([], "count_all")])
-    where = {k: (b, w, n) for k, b, w, n in zip(*(counts.column(i).to_pylist()
-                                                  for i in range(4)), strict=True)}
+    aggregations = [([], "count_all")]
+    if spec.has_event_time:  # the latest event time of the key's records, for latency
+        aggregations.append((EVENT_TIME, "max"))
+    counts = table.group_by([KEY, BIN, WORKER], use_threads=False).aggregate(aggregations)
+    where = {row[KEY]: row for row in counts.to_pylist()}
     partials = _builtin_fold(spec, table) if spec.update.is_builtin else \
         _combiner_fold(spec, table)
     keys = list(partials)
     packb = msgpack.Packer().pack
     columns = {
         KEY: pa.array(keys, schema.field(KEY).type),
-        BIN: pa.array([where[k][0] for k in keys], pa.int32()),
-        WORKER: pa.array([where[k][1] for k in keys], pa.int32()),
-        PARTIAL: pa.array([packb([where[k][2], partials[k]]) for k in keys], pa.binary()),
+        BIN: pa.array([where[k][BIN] for k in keys], pa.int32()),
+        WORKER: pa.array([where[k][WORKER] for k in keys], pa.int32()),
+        PARTIAL: pa.array([packb([where[k]["count_all"], partials[k]]) for k in keys], pa.binary()),
     }
     if label is not None:
         columns[LABEL] = pa.array([label] * len(keys), pa.int64())
-    if spec.has_event_time:  # the latest event time of the key's records, for latency
-        latest = table.group_by([KEY], use_threads=False).aggregate([(EVENT_TIME, "max")])
-        by_key = dict(zip(*(latest.column(i).to_pylist() for i in range(2)), strict=True))
-        columns[EVENT_TIME] = pa.array([by_key[k] for k in keys], pa.int64())
+    if spec.has_event_time:
+        columns[EVENT_TIME] = pa.array([where[k][f"{EVENT_TIME}_max"] for k in keys], pa.int64())
     return rows(schema, len(keys), {name: column.cast(schema.field(name).type)
                                     for name, column in columns.items()}, RowKind.PARTIAL)
 
@@ -197,14 +195,12 @@ def builtin_partials(update: Update, partials: Partials, like: pa.Table) -> pa.T
 
     ``count`` adds the partial counts; ``sum``, ``min`` and ``max`` aggregate the partials as
     if they were the records' values (nulls skipped, NaN ordered as Spark orders it)."""
-    key_type = like.schema.field(KEY).type
-    base = {KEY: pa.array(partials.keys, key_type), BIN: pa.array(partials.bins, pa.int32())}
+    table = pa.table({KEY: pa.array(partials.keys, like.schema.field(KEY).type),
+                      BIN: pa.array(partials.bins, pa.int32()),
+                      VALUE: pa.array(partials.partials, update.output_arrow_type())})
     if update.kind == "count":
-        table = pa.table({**base, "n": pa.array(partials.partials, pa.int64())})
-        grouped = table.group_by([KEY, BIN], use_threads=False).aggregate([("n", "sum")])
+        grouped = table.group_by([KEY, BIN], use_threads=False).aggregate([(VALUE, "sum")])
         return grouped.rename_columns([KEY, BIN, "partial"]).cast(like.schema)
-    value_type = pa.int64() if update.value_kind == "int" else pa.float64()
-    table = pa.table({**base, VALUE: pa.array(partials.partials, value_type)})
     return partial_aggregates(update, table).cast(like.schema)
 
 
@@ -233,20 +229,6 @@ def combine_partials(update: Update, partials: Partials, old_raw: list[bytes | N
     return new_raw, out_keys, out_values
 
 
-def custom_with_partials(update: Update, grouped: pa.Table, partials: Partials | None,
-                         old_raw: list[bytes | None], epoch: int, worker: int
-                         ) -> tuple[list[bytes], list[Any], list[Any]]:
-    """:func:`~megaphone.migrator.task.updates.apply_custom` over ``grouped`` (the first
-    ``len(grouped)`` of ``old_raw``), then the split keys (the rest of ``old_raw``)."""
-    n = len(grouped)
-    new_raw, out_keys, out_values = apply_custom(update, grouped, old_raw[:n], epoch, worker)
-    if partials is not None:
-        more = combine_partials(update, partials, old_raw[n:], epoch, worker)
-        new_raw, out_keys, out_values = (a + b for a, b in
-                                         zip((new_raw, out_keys, out_values), more, strict=True))
-    return new_raw, out_keys, out_values
-
-
 def sketch(table: pa.Table, partials: Partials | None, capacity: int) -> dict[str, Any]:
     """The worker's heaviest keys of the epoch with exact counts (records and split keys'
     partials), bounded to ``capacity`` counters (the null key is never split, so not listed)."""
@@ -267,5 +249,5 @@ def sketch(table: pa.Table, partials: Partials | None, capacity: int) -> dict[st
                                     capacity).to_json()
 
 
-__all__ = ["Partials", "builtin_partials", "combine_partials", "custom_with_partials",
-           "fold_partials", "pass_and_fold", "sketch", "splittable", "take_partials"]
+__all__ = ["Partials", "builtin_partials", "combine_partials", "fold_partials", "pass_and_fold",
+           "sketch", "splittable", "take_partials"]

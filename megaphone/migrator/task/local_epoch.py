@@ -5,6 +5,7 @@ runs its steps through it, so the live epoch's task code is the one way state mo
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
@@ -26,8 +27,7 @@ def run_epoch_tasks(spec: EpochSpec, partitions: int, spill_dir: str) -> list[Wo
     reports: list[WorkerReport] = []
     for worker in range(partitions):
         for batch in apply_worker(spec, worker, _spilled(spill_dir, worker)):
-            texts = batch.column(REPORT).drop_null().to_pylist()
-            reports += [WorkerReport.from_json(text) for text in texts]
+            reports += map(WorkerReport.from_json, batch.column(REPORT).drop_null().to_pylist())
     return reports
 
 
@@ -38,18 +38,15 @@ def _spill_path(spill_dir: str, worker: int) -> str:
 def _spill_exports(spec: EpochSpec, spill_dir: str) -> None:
     """Every sender's shuffle rows, appended to the spill file of the worker they go to."""
     writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
-    try:
+    with contextlib.ExitStack() as closing:
         for sender in sorted(spec.outgoing):
             for batch in export_worker(spec, sender):
                 for worker in pc.unique(batch.column(WORKER)).to_pylist():
                     if worker not in writers:
-                        writers[worker] = pa.ipc.new_stream(_spill_path(spill_dir, worker),
-                                                            spec.shuffle_schema)
+                        writers[worker] = closing.enter_context(pa.ipc.new_stream(
+                            _spill_path(spill_dir, worker), spec.shuffle_schema))
                     writers[worker].write_batch(
                         batch.filter(pc.equal(batch.column(WORKER), worker)))
-    finally:
-        for writer in writers.values():
-            writer.close()
 
 
 def _spilled(spill_dir: str, worker: int) -> Iterator[pa.RecordBatch]:

@@ -6,6 +6,7 @@ move with it).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgpack
@@ -54,10 +55,7 @@ def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: 
     states = [None if raw is None else msgpack.unpackb(raw, strict_map_key=False)
               for raw in old]
     ctx = Context(spec.epoch, spec.watermark, worker, spec.processing_time_us)
-
-    def failed(what: str, key: Any, exc: BaseException) -> BaseException:
-        return update_failed(what, key, exc, spec.epoch, worker, located=True)
-
+    failed = functools.partial(update_failed, epoch=spec.epoch, worker=worker, located=True)
     result = run_epoch(fn, batch, states, ctx, failed)
     packb = msgpack.Packer().pack
     new = [None if state is None else pack_state(packb, state, key, spec.epoch, worker)

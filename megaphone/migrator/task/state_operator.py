@@ -35,7 +35,7 @@ from megaphone.migrator.task.host_duties import check_state_dir, prune_away_copi
 from megaphone.migrator.task.hot_split import (
     Partials,
     builtin_partials,
-    custom_with_partials,
+    combine_partials,
     sketch,
     take_partials,
 )
@@ -44,6 +44,7 @@ from megaphone.migrator.task.spec import EpochSpec
 from megaphone.migrator.task.transfer import Arrivals, TimedInput, export_rows, rows
 from megaphone.migrator.task.updates import (
     apply_builtin,
+    apply_custom,
     custom_outputs,
     group_values,
     partial_aggregates,
@@ -75,10 +76,14 @@ def result_schema(output_schema: pa.Schema, grouped: bool = False) -> pa.Schema:
                       pa.field(LOAD_BINS, _BINS), pa.field(LOAD_COUNTS, _BINS), *epoch])
 
 
-def bin_counts(bins: np.ndarray, weights: np.ndarray | None = None
+def bin_counts(bins: np.ndarray, partials: Partials | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
-    """The bins that had records among ``bins`` (the bin of each record, or of each partial
-    row standing for ``weights`` records) and how many each."""
+    """The bins that had records among ``bins`` (the bin of each record) and ``partials`` (each
+    partial row standing for its records), and how many each."""
+    weights = None
+    if partials is not None:
+        weights = np.concatenate([np.ones(len(bins)), np.asarray(partials.records, float)])
+        bins = np.concatenate([bins, np.asarray(partials.bins, np.int32)])
     counts = np.bincount(bins, weights=weights).astype(np.int64)
     hot = np.flatnonzero(counts)
     return hot.astype(np.int32), counts[hot].astype(np.int32)
@@ -148,8 +153,7 @@ def apply_worker(
     metrics.home_unreachable, metrics.pruned = store.home_unreachable or None, pruned or None
     if apply:
         store.drop_bins(sorted(set(spec.drops.get(worker, ())) | set(incoming)))
-        first = spec.for_epoch(0)
-        arrivals = Arrivals(first, worker, store.path, metrics)
+        arrivals = Arrivals(spec.for_epoch(0), worker, store.path, metrics)
         t0, waited = time.perf_counter(), timed.waiting
         metrics.install_method = arrivals.install(store, timed, incoming)
         metrics.install_s = time.perf_counter() - t0 - (timed.waiting - waited)
@@ -236,13 +240,11 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     the epoch runs in (its store keeps the group's undo records; docs/groups.md)."""
     marks = metrics.marks if metrics.marks is not None else {}
     t0 = time.perf_counter()
-    load = None
     table, partials = take_partials(table)  # hot keys' partials from lessees, if any
     # A null key is a key of its own, applied like any (bin 0); counted to stay visible.
     metrics.null_keys = table.column(KEY).null_count or None
     metrics.records_in = table.num_rows + (partials.total if partials else 0)
-    if metrics.records_in:
-        load = _load(table, partials)
+    load = bin_counts(table.column(BIN).to_numpy(), partials) if metrics.records_in else None
     if partials is not None:
         metrics.split_records, metrics.split_keys = partials.total, len(partials.by_key())
     if spec.sketch_capacity:
@@ -275,15 +277,6 @@ def report_rows(schema: pa.Schema, reports: list[str],
         columns[LOAD_BINS] = pa.array([load[0], *pad], _BINS)
         columns[LOAD_COUNTS] = pa.array([load[1], *pad], _BINS)
     return rows(schema, len(reports), columns)
-
-
-def _load(table: pa.Table, partials: Partials | None) -> tuple[np.ndarray, np.ndarray]:
-    """The records applied per bin: the records', and those the partial rows stand for."""
-    bins = table.column(BIN).to_numpy()
-    if partials is None:
-        return bin_counts(bins)
-    return bin_counts(np.concatenate([bins, np.asarray(partials.bins, np.int32)]),
-                      np.concatenate([np.ones(len(bins)), np.asarray(partials.records, float)]))
 
 
 def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int,
@@ -320,8 +313,12 @@ def _apply_records(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker:
         if new_values.null_count:  # keys with no aggregate yet (values all null): no state
             kept = np.flatnonzero(new_values.is_valid().to_numpy(zero_copy_only=False))
             raw_keys, new_raw, old = ([seq[i] for i in kept] for seq in (raw_keys, new_raw, old))
-    else:
-        new_raw, out_keys, out_values = custom_with_partials(update, grouped, partials, old,
-                                                             spec.epoch, worker)
+    else:  # f per key of the records, then the split keys' partials combined (the rest of old)
+        n = len(grouped)
+        new_raw, out_keys, out_values = apply_custom(update, grouped, old[:n], spec.epoch, worker)
+        if partials is not None:
+            more = combine_partials(update, partials, old[n:], spec.epoch, worker)
+            new_raw, out_keys, out_values = (a + b for a, b in zip(
+                (new_raw, out_keys, out_values), more, strict=True))
         outputs = custom_outputs(out_keys, out_values, schema, spec.epoch, worker)
     return outputs, list(raw_keys), list(new_raw), list(old)

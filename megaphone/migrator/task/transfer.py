@@ -61,40 +61,36 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None
     the worker that gets its first bin. The store is read, not changed."""
     started, schema = time.perf_counter(), spec.shuffle_schema
     moves = spec.outgoing.get(sender, ())
-    by_dst: dict[int, list[int]] = {}
-    for b, dst in moves:
-        by_dst.setdefault(dst, []).append(b)
     bytes_by_bin: dict[int, int] = {}
     keys_out = files = 0
     min_bytes = file_min_bytes(spec.transfer)
     spans: list[list[float]] = []  # [bin, start, end] on the wall clock, for the trace
     hosts = [] if store is None else [store_host(spec, sender, store), host_id(spec.local_dir)]
-    for dst, bins in sorted(by_dst.items()) if store is not None else ():
-        for b in sorted(bins):
-            spans.append([b, time.time(), 0.0])
-            for item in store.export([b], spec.chunk_bytes, spec.required_epoch(sender),
-                                     spec.epoch, spec.run_id, file_min_bytes=min_bytes,
-                                     keep=bool(spec.homes and spec.secret)):
-                if isinstance(item, BinFile | FileRef):
-                    f = item.file if isinstance(item, FileRef) else item
-                    yield from _file_rows(schema, dst, item, spec, hosts)
-                    keys_out += f.keys
-                    bytes_by_bin[b] = bytes_by_bin.get(b, 0) + f.bytes
-                    files += 1
-                    continue
-                keys_out += item.num_rows
-                bytes_by_bin[b] = bytes_by_bin.get(b, 0) + payload_bytes(item)
+    # By new owner, then by bin.
+    for b, dst in sorted(moves, key=lambda move: (move[1], move[0])) if store is not None else ():
+        spans.append([b, time.time(), 0.0])
+        for item in store.export([b], spec.chunk_bytes, spec.required_epoch(sender),
+                                 spec.epoch, spec.run_id, file_min_bytes=min_bytes,
+                                 keep=bool(spec.homes and spec.secret)):
+            if isinstance(item, BinFile | FileRef):
+                f = item.file if isinstance(item, FileRef) else item
+                yield from _file_rows(schema, dst, item, spec, hosts)
+                keys, size, files = f.keys, f.bytes, files + 1
+            else:
+                keys, size = item.num_rows, payload_bytes(item)
                 yield _bound(schema, dst, b, RowKind.STATE, {
                     STATE_KEY: item.column(0), STATE_VALUE: item.column(1)}, item.num_rows)
                 crash_point("export", spec.epoch, spec.local_dir)
-            spans[-1][2] = time.time()
-    if by_dst:
+            keys_out += keys
+            bytes_by_bin[b] = bytes_by_bin.get(b, 0) + size
+        spans[-1][2] = time.time()
+    if moves:
         metrics = WorkerMetrics(bins_out=len(moves), keys_out=keys_out, files_out=files,
                                 bytes_out=sum(bytes_by_bin.values()),
                                 export_s=time.perf_counter() - started,
                                 export_spans=spans or None)
         report = WorkerReport(sender, metrics, bytes_by_bin).to_json()
-        yield rows(schema, 1, {WORKER: pa.array([min(by_dst)], pa.int32()),
+        yield rows(schema, 1, {WORKER: pa.array([min(dst for _, dst in moves)], pa.int32()),
                                EXPORT_REPORT: pa.array([report])}, RowKind.EXPORT_REPORT)
 
 
@@ -190,11 +186,10 @@ class Arrivals:
             crash_point("receive", self.spec.epoch, self.spec.local_dir)
 
     def install(self, store: RemoteStore, batches: Iterable[pa.RecordBatch],
-                incoming: Iterable[int]) -> str | None:
+                incoming: tuple[int, ...]) -> str | None:
         """Install every bin that arrives among ``batches`` (rows as they stream in, files once
         whole) and keep the records; the install path taken (``"chunk"``, ``"sst"``,
         ``"files"``, or two of them joined by ``+``), ``None`` when nothing was to arrive."""
-        incoming = tuple(incoming)
         try:
             if not incoming:  # read the records without a round trip to the store
                 for _ in self.chunks(batches):
@@ -206,10 +201,8 @@ class Arrivals:
                 return None
             by_rows = store.install(self.chunks(batches))
             by_files = self._ingest(store, incoming)
-            taken = [by_rows["method"]] if by_rows["keys"] else []
-            if by_files:
-                taken.append(by_files)
-            return "+".join(taken) or by_rows["method"]
+            taken = [by_rows["method"] if by_rows["keys"] else None, by_files]
+            return "+".join(filter(None, taken)) or by_rows["method"]
         finally:
             self.files.discard()
 

@@ -35,8 +35,7 @@ _STRING = pa.string()
 #: How an :class:`UpdateError`'s message starts (the driver finds it in a failed job's error).
 _FAILED = "update function failed on key "
 _WHERE = re.compile(r"(?P<key>.*?) at epoch (?P<epoch>\d+)(?: on worker (?P<worker>\d+))?: ")
-#: Errors msgpack raises for a value it cannot encode, and pyarrow for a value of another type.
-_PACK_ERRORS = (TypeError, ValueError, OverflowError)
+#: Errors pyarrow raises for a value of another type.
 _CONVERT_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
 
 
@@ -54,9 +53,7 @@ class UpdateError(MegaphoneError, RuntimeError):
     def __init__(self, message: str, key: Any = None, epoch: int | None = None,
                  worker: int | None = None) -> None:
         super().__init__(message)
-        self.key = key
-        self.epoch = epoch
-        self.worker = worker
+        self.key, self.epoch, self.worker = key, epoch, worker
 
     @classmethod
     def from_text(cls, text: str) -> UpdateError | None:
@@ -96,7 +93,7 @@ def pack_state(packb: Callable[[Any], bytes], state: Any, key: Any, epoch: int |
     """``key``'s new ``state`` as msgpack bytes, or the :class:`UpdateError` saying it cannot be."""
     try:
         return packb(state)
-    except _PACK_ERRORS as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # msgpack's for what it cannot encode
         raise update_failed(f"msgpack cannot encode its new state (a {type(state).__name__})",
                             key, exc, epoch, worker) from exc
 
@@ -202,23 +199,20 @@ def partial_aggregates(update: Update, records: pa.Table) -> pa.Table:
     """
     if VALUE not in records.column_names:
         records = records.append_column(VALUE, pa.nulls(records.num_rows))
-    if update.kind == "sum" and pa.types.is_integer(records.column(VALUE).type):
+    values = records.column(VALUE)
+    if update.kind == "sum" and pa.types.is_integer(values.type):
         # The same sum in float64 beside it tells an int64 sum that wrapped around.
-        values = records.column(VALUE).cast(pa.float64(), safe=False)
-        floats = records.append_column("_vf", values)
+        floats = records.append_column("_vf", values.cast(pa.float64(), safe=False))
         grouped = floats.group_by([KEY, BIN], use_threads=False).aggregate(
-            [(VALUE, "sum"), ("_vf", "sum")]
-        )
+            [(VALUE, "sum"), ("_vf", "sum")])
         return grouped.rename_columns([KEY, BIN, "partial", "partial_f"])
-    if update.kind == "max" and pa.types.is_floating(records.column(VALUE).type):
+    if update.kind == "max" and pa.types.is_floating(values.type):
         # Arrow's max skips NaN; Spark orders NaN above every number, so a NaN is the max.
-        nan = pc.is_nan(records.column(VALUE))
-        grouped = records.append_column("_nan", nan).group_by(
+        grouped = records.append_column("_nan", pc.is_nan(values)).group_by(
             [KEY, BIN], use_threads=False).aggregate([(VALUE, "max"), ("_nan", "any")])
         partial = pc.if_else(grouped.column("_nan_any").fill_null(False), math.nan,
                              grouped.column(f"{VALUE}_max"))
-        return pa.table([grouped.column(KEY), grouped.column(BIN), partial],
-                        names=[KEY, BIN, "partial"])
+        return grouped.select([KEY, BIN]).append_column("partial", partial)
     grouped = records.group_by([KEY, BIN], use_threads=False).aggregate(
         [([], "count_all")] if update.kind == "count" else [(VALUE, update.kind)])
     return grouped.rename_columns([KEY, BIN, "partial"])
@@ -252,13 +246,12 @@ def apply_custom(
     raises, does not return ``(new_state, outputs)`` or returns a state msgpack cannot encode.
     """
     assert update.fn is not None
-    keys = records.column(KEY).to_pylist()
-    values = records.column("values").to_pylist()
     packb = msgpack.Packer().pack
     new_raw: list[bytes] = []
     out_keys: list[Any] = []
     out_values: list[Any] = []
-    for key, vals, raw in zip(keys, values, old_raw, strict=True):
+    for key, vals, raw in zip(records.column(KEY).to_pylist(),
+                              records.column("values").to_pylist(), old_raw, strict=True):
         try:
             result = update.fn(key, vals, None if raw is None else unpack_value(raw))
         except Exception as exc:
