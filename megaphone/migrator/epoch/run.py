@@ -12,9 +12,9 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -46,8 +46,32 @@ from megaphone.routing.placement import away
 from megaphone.spark import check_python_workers, task_slots
 
 if TYPE_CHECKING:
-    from megaphone.migrator.epoch.driver import EpochDriver
+    from pyspark.sql import SparkSession
 
+    from megaphone.migrator.epoch.groups import GroupSizes
+    from megaphone.migrator.epoch.hot_keys import HotKeys
+    from megaphone.migrator.epoch.schemas import PipelineSchema
+    from megaphone.migrator.epoch.spark_job import MapSides
+    from megaphone.migrator.epoch.state_holder import StateHolder
+
+
+class DriverState(Protocol):
+    """What a run reads and updates of the driver that starts it: what a pipeline's epochs
+    keep from one to the next (:class:`~megaphone.migrator.epoch.driver.EpochDriver` has it).
+    Declared here, so that the run does not import the driver that imports it."""
+
+    spark: SparkSession
+    holder: StateHolder
+    schema: PipelineSchema
+    hot: HotKeys
+    groups: GroupSizes
+    map_sides: MapSides
+    bin_load: np.ndarray
+    task_slots: int | None
+
+    def host_slots(self, hosts: Sequence[str]) -> dict[str, int]:
+        """Each host's task slots, for the commit record (empty when unknown)."""
+        ...
 
 #: The driver's phases of an epoch, in order.
 DRIVER_PHASES = ("admit", "layout", "submit", "collect", "commit", "cleanup")
@@ -88,7 +112,7 @@ class EpochRun:
     epochs ran). The run does the work of its epochs itself (admission, task spec, commits,
     metrics) and reads of its driver only what epochs keep from one to the next."""
 
-    def __init__(self, driver: EpochDriver, source: EpochSource, limit: int,
+    def __init__(self, driver: DriverState, source: EpochSource, limit: int,
                  input_end: float | None) -> None:
         self.driver = driver
         self.holder = driver.holder
