@@ -69,13 +69,11 @@ def _offline(state: StateDir, plan: MigrationPlan, args: argparse.Namespace) -> 
 
     from megaphone.migrator.control.offline import check_offline_plan, migrate_offline
     from megaphone.migrator.epoch.state_reader import bin_sizes
-    from megaphone.migrator.statedir.directory import committed_routing
 
     commit = state.read_commit()
     # The checks migrate_offline makes (after discarding what a crash left past the commit),
     # made first and read-only, so an error prints alone and nothing changes.
-    table_before = committed_routing(state.load_routing(), commit.state_version,
-                                     state.paths.routing)
+    table_before = state.routing_as_of(commit.state_version)
     check_offline_plan(state, commit, table_before, plan)
     if plan.empty:
         return _nothing_to_move(plan)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from megaphone.migrator.epoch.state_reader import bin_sizes
-from megaphone.migrator.statedir.directory import StateDir, committed_routing
+from megaphone.migrator.statedir.directory import StateDir
 from megaphone.plans.plan import PlanError
 from megaphone.plans.planner import BinSizes, PlanningSource
 from megaphone.records import EpochMetrics, epoch_records
@@ -55,8 +55,7 @@ def state_dir_source(state: StateDir | str | os.PathLike[str]) -> PlanningSource
     workers' backends (no measured load)."""
     state = state if isinstance(state, StateDir) else StateDir.open(state)
     commit = state.read_commit()
-    table = committed_routing(state.load_routing(), commit.state_version, state.paths.routing)
-    return PlanningSource(table, len(commit.plans),
+    return PlanningSource(state.routing_as_of(commit.state_version), len(commit.plans),
                           epoch_records(state.read_metrics()),
                           lambda owners: bin_sizes(state, owners), lambda: None,
                           tuple(state.read_traces()), commit.host_slots())

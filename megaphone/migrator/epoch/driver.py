@@ -79,8 +79,10 @@ class EpochDriver:
 
     def frame(self, table: pa.Table, schema: T.StructType) -> DataFrame:
         """Outputs collected on the driver as a DataFrame of ``schema``. An empty one is made
-        once per schema from an empty list (PySpark cannot convert an empty Arrow table with
-        timestamps inside structs) and reused: it costs the driver about 85 ms each time."""
+        once per schema, from an empty list (PySpark cannot convert an empty Arrow table with
+        timestamps inside structs), and handed out again: PySpark builds it through its row
+        path, about 85 ms of the driver each time (bench/chain_epoch.py), and a chain's later
+        stages are empty in most epochs."""
         if table.num_rows:
             return self.spark.createDataFrame(table, schema=schema)
         key = schema.json()
@@ -103,8 +105,8 @@ class EpochDriver:
             ) -> tuple[pa.Table, DataFrame | None]:
         """Run ``batch`` as one epoch or, with an epoch ``column``, one epoch per label in groups:
         the outputs (by labels, each row with its label), and as a DataFrame too when
-        ``want_frame`` (one epoch's before its commit point, as :meth:`EpochRun.run`'s
-        ``before_commit``). ``stream``: a stream's micro-batch position; by
+        ``want_frame`` (one epoch's before its commit point: a JVM call failing after it would
+        report a committed epoch as failed). ``stream``: a stream's micro-batch position; by
         labels, a replayed batch applies only its labels not committed yet and reads the
         others' kept outputs (docs/groups.md)."""
         if column is None:

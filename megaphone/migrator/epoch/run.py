@@ -154,8 +154,9 @@ class EpochRun:
         """Run the group end to end; each epoch's outputs, in order. ``before_commit(outputs)``
         is called with the first epoch's outputs before any commit point (where a JVM call
         may still fail and leave nothing committed). A failure before the group's last commit
-        point leaves the holder to roll its workers back. The session's Python workers are
-        checked first (:func:`~megaphone.spark.check_python_workers`)."""
+        point leaves the holder to roll its workers back. Before the pipeline's first epoch, the
+        session's Python workers are checked once (:func:`~megaphone.spark.check_python_workers`):
+        workers that cannot run megaphone fail the run before it changes anything."""
         check_python_workers(self.driver.spark)
         try:
             return self._run(before_commit)

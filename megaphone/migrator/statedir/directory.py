@@ -312,6 +312,11 @@ class StateDir:
         """The routing table, checked against this directory's fingerprint."""
         return RoutingTable.load(self.paths.routing, self.fingerprint)
 
+    def routing_as_of(self, state_version: int) -> RoutingTable:
+        """The routing table as of the commit whose state is at ``state_version``
+        (:func:`committed_routing`: a crash's versions past it cut off)."""
+        return committed_routing(self.load_routing(), state_version, self.paths.routing)
+
     def read_commit(self) -> Commit:
         """The last commit record."""
         return Commit.from_dict(read_json(self.paths.commit, "commit record"))

@@ -51,8 +51,7 @@ def dir_committed(state: StateDir) -> tuple[Commit, RoutingTable]:
     is saved before an epoch's commit: read after the commit, it holds every version it
     names)."""
     commit = state.read_commit()
-    return commit, committed_routing(state.load_routing(), commit.state_version,
-                                     state.paths.routing)
+    return commit, state.routing_as_of(commit.state_version)
 
 
 class PlanInbox:
