@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from megaphone.operators import Context, WindowAggregate
 from megaphone.operators.process import EpochBatch, KeyResults, run_epoch, run_keys
+from megaphone.operators.window_state import open_windows
 from tests.helpers.epoch_columns import Carried, packed
 
 AGGS = ["count", "sum", "min", "max", "avg"]
@@ -147,3 +148,13 @@ def test_the_per_record_path_stays_reachable() -> None:
     batch = batch_of([("a", 1, 3)], {}, pa.int64())
     assert fn.process_epoch(batch, [None], Context(0, None)) is None
     assert repr(fn) == repr(WindowAggregate(size_us=10))  # the pipeline's setting is the same
+
+
+def test_states_of_the_list_layout_fold_alike_and_are_packed() -> None:
+    """A state directory written before windows were packed keeps ``[[end, acc], ...]``."""
+    fn = WindowAggregate(size_us=10, slide_us=5, agg="sum")
+    legacy = [[10, [2, 5, 1, 4]], [15, [1, 4, 4, 4]]]
+    want, got = both_ways(fn, batch_of([("a", 12, 3)], {}, pa.int64()), [legacy], None)
+    assert got is not None and packed(got.states) == packed(want.states)
+    assert isinstance(got.states[0], bytes)
+    assert open_windows(got.states[0]) == {10: [2, 5, 1, 4], 15: [2, 7, 3, 4], 20: [1, 3, 3, 3]}

@@ -6,24 +6,28 @@ numpy and one Arrow ``group_by`` (docs/operators.md, "Windows at native speed").
    ``ceil((size - t % slide) / slide)`` for sliding ones (``numpy.repeat`` and a ramp), in
    event-time order (a stable sort, as each key's records are sorted record by record).
 2. Contributions to closed windows (end at or before the watermark) are dropped and counted.
-3. The open windows of the keys that got a contribution become *seed* rows, ahead of the
-   contributions, and one ``group_by`` over ``(slot, end)`` folds each window: count, sum,
-   min, max. Arrow sums a group's rows in row order, so a sum adds the stored sum and then each
-   value in time order, exactly as the record-by-record fold does (floats included); min and
-   max keep the first of equal values, as it does; NaN is the max of a group that has one and
-   the min only of a group of NaN alone (Spark's order, Arrow's min already skips NaN); a sum
-   of negative zeros alone is ``-0.0`` (Arrow's starts at ``+0.0``).
+3. The keys' states are decoded in columns (:func:`~megaphone.operators.window_state.
+   decode_all`: one ``frombuffer`` of their packed words) and the due timers close their
+   windows (one ``isin`` over ``(slot, end)``).
+4. The open windows left become *seed* rows, ahead of the contributions, and one ``group_by``
+   over ``(slot, end)`` folds each window: count, sum, min, max. Arrow sums a group's rows in
+   row order, so a sum adds the stored sum and then each value in time order, exactly as the
+   record-by-record fold does (floats included); min and max keep the first of equal values,
+   as it does; NaN is the max of a group that has one and the min only of a group of NaN alone
+   (Spark's order, Arrow's min already skips NaN); a sum of negative zeros alone is ``-0.0``
+   (Arrow's starts at ``+0.0``).
+5. The groups are encoded back into each key's packed state
+   (:func:`~megaphone.operators.window_state.encode_all`): the same bytes the record-by-record
+   path writes.
 
-What stays per key and per window, in Python: decoding and encoding a key's state (msgpack
-of its open windows, the stored layout of :mod:`~megaphone.operators.window_state`), firing
-its due timers, and turning each touched window's row into its accumulator and output: the
-work is per window, no longer per record and window.
+What stays in Python per window: the timers of the windows the epoch opened (a set per key,
+as the runtime takes them) and the outputs (a dict per window, as every operator's).
 
 :func:`fold_epoch` declines (returns ``None``, and the runtime runs the epoch record by
 record) what it cannot compute exactly in int64 or float64: values of another type (strings,
 booleans, decimals), an integer sum that could leave int64 (Python's integers do not wrap),
-event times so near the ends of int64 that a window end would wrap, and stored accumulators
-that do not fit the value column's type.
+event times so near the ends of int64 that a window end would wrap, and stored states of
+another value type or that no packed layout holds.
 """
 
 from __future__ import annotations
@@ -36,7 +40,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from megaphone.operators.process import Context, EpochBatch, KeyResults
-from megaphone.operators.window_state import open_windows, result, stored
+from megaphone.operators.window_state import (
+    COUNTS,
+    FLOATS,
+    INTS,
+    WindowRows,
+    decode_all,
+    encode_all,
+)
 
 
 class WindowShape(Protocol):
@@ -69,41 +80,65 @@ def fold_epoch(fn: WindowShape, batch: EpochBatch, states: list[Any], ctx: Conte
     if n and (int(batch.times.max()) > _INT64.max - fn.size_us or
               int(batch.times.min()) < _INT64.min + 2 * fn.size_us):
         return None
-    windows: dict[int, dict[int, list]] = {}  # slot -> its open windows, once decoded
-    fired: list[list[int]] = [[] for _ in batch.keys]
-    outputs: list[list[dict[str, Any]]] = [[] for _ in batch.keys]
-    due = zip(batch.timer_slots.tolist(), batch.timer_times.tolist(), strict=True)
-    for slot, t in sorted(due):
-        fired[slot].append(t)
-        if slot not in windows:
-            windows[slot] = open_windows(states[slot])
-        acc = windows[slot].pop(t, None)
-        if acc is not None and fn.emit == "append":
-            outputs[slot].append(_output(fn, t, acc))
+    layout = COUNTS if values is None else \
+        FLOATS if pa.types.is_floating(values.type) else INTS
+    open_rows = decode_all(states, layout)
+    if open_rows is None:
+        return None
+    fired, due = _due(batch, open_rows)
     slots, ends, late, folded = _contributions(fn, batch, values, ctx.watermark)
+    kept = _take(open_rows, np.flatnonzero(~due))
+    folded_rows = _fold(kept, slots, ends, folded)
+    if folded_rows is None:
+        return None
+    rows, seeded, contributed = folded_rows
     new_timers: list[set[int]] = [set() for _ in batch.keys]
-    new_states = list(states)
-    for slot in windows:
-        new_states[slot] = stored(windows[slot])
-    if len(slots):
-        touched = np.unique(slots).tolist()
-        for slot in touched:
-            if slot not in windows:
-                windows[slot] = open_windows(states[slot])
-        rows = _fold(fn.agg, touched, windows, slots, ends, folded)
-        if rows is None:
-            return None
-        for slot in touched:
-            new_states[slot] = _apply(fn, rows.pop(slot), windows[slot], outputs[slot],
-                                      new_timers[slot])
+    opened = contributed & ~seeded
+    for slot, end in zip(rows.slot[opened].tolist(), rows.end[opened].tolist(), strict=True):
+        new_timers[slot].add(end)
     ctx.drop_late(late)
-    out = KeyResults(new_states, fired, new_timers, late=ctx.late)
-    for key, emitted in zip(batch.keys, outputs, strict=True):
-        out.out_keys += [key] * len(emitted)
-        out.out_values += emitted
+    out = KeyResults(encode_all(rows, len(batch.keys)), fired, new_timers, late=ctx.late)
+    emitted = [_take(open_rows, np.flatnonzero(due))] if fn.emit == "append" else \
+        [_take(rows, np.flatnonzero(contributed))]
+    _outputs(fn, batch.keys, emitted[0], out)
     return out
 
 
+def _due(batch: EpochBatch, rows: WindowRows) -> tuple[list[list[int]], np.ndarray]:
+    """Each slot's due timers in time order, and which of the open ``rows`` they close."""
+    fired: list[list[int]] = [[] for _ in batch.keys]
+    t_slots, t_times = batch.timer_slots, batch.timer_times
+    for slot, t in sorted(zip(t_slots.tolist(), t_times.tolist(), strict=True)):
+        fired[slot].append(t)
+    if not len(t_slots) or not len(rows.slot):
+        return fired, np.zeros(len(rows.slot), bool)
+    ends = np.unique(np.concatenate([rows.end, t_times]))
+    code = rows.slot * len(ends) + np.searchsorted(ends, rows.end)
+    return fired, np.isin(code, t_slots * len(ends) + np.searchsorted(ends, t_times))
+
+
+def _take(rows: WindowRows, at: np.ndarray) -> WindowRows:
+    """The rows of ``rows`` at indexes ``at`` (ascending: the order stays)."""
+    pick = [None if c is None else c[at] for c in (rows.total, rows.low, rows.high)]
+    return WindowRows(rows.slot[at], rows.end[at], rows.count[at], rows.layout, *pick)
+
+
+def _outputs(fn: WindowShape, keys: list[Any], rows: WindowRows, out: KeyResults) -> None:
+    """The windows ``rows`` (sorted by slot and end) as outputs of their keys, into ``out``:
+    the closed windows in append mode, the touched ones in update mode."""
+    count = rows.count.tolist()
+    if fn.agg == "count":
+        results: list[Any] = count
+    else:
+        assert rows.total is not None and rows.low is not None and rows.high is not None
+        column = {"sum": rows.total, "avg": rows.total, "min": rows.low, "max": rows.high}
+        picked = column[fn.agg].tolist()
+        results = [None if c == 0 else v / c if fn.agg == "avg" else v
+                   for c, v in zip(count, picked, strict=True)]
+    size = fn.size_us
+    out.out_keys += [keys[s] for s in rows.slot.tolist()]
+    out.out_values += [{"start": end - size, "end": end, "value": v}
+                       for end, v in zip(rows.end.tolist(), results, strict=True)]
 def _numeric(values: pa.Array) -> pa.Array | None:
     """``values`` as int64 or float64, or ``None`` for another type (or an unsigned integer
     beyond int64)."""
@@ -143,34 +178,26 @@ def _contributions(fn: WindowShape, batch: EpochBatch, values: pa.Array | None,
             None if values is None else values.take(pa.array(taken)))
 
 
-def _fold(agg: str, touched: list[int], windows: dict[int, dict[int, list]],
-          slots: np.ndarray, ends: np.ndarray, values: pa.Array | None
-          ) -> dict[int, list[tuple]] | None:
-    """Each touched slot's windows after the epoch, as rows ``(end, count, sum, min, max,
-    seeded, contributed)`` sorted by end; ``None`` to decline."""
-    seeds = [(slot, end, acc) for slot in touched for end, acc in windows[slot].items()]
-    seed_n = pa.array([acc[0] for _, _, acc in seeds], pa.int64())
-    columns = {"s": np.concatenate([np.fromiter((s for s, _, _ in seeds), np.int64, len(seeds)),
-                                    slots]),
-               "e": np.concatenate([np.fromiter((e for _, e, _ in seeds), np.int64, len(seeds)),
-                                    ends]),
-               "seed": np.concatenate([np.ones(len(seeds), np.int64),
-                                       np.zeros(len(slots), np.int64)])}
-    aggs: list[tuple] = [("seed", "sum"), ([], "count_all")]
+def _fold(kept: WindowRows, slots: np.ndarray, ends: np.ndarray, values: pa.Array | None
+          ) -> tuple[WindowRows, np.ndarray, np.ndarray] | None:
+    """The open windows after the epoch, sorted by ``(slot, end)``: the ``kept`` ones (the
+    seeds, ahead of the contributions) and the contributions ``(slots, ends, values)`` folded
+    by one ``group_by``; with which were seeded and which contributed to. ``None`` to
+    decline."""
+    columns: dict[str, Any] = {
+        "s": np.concatenate([kept.slot, slots]), "e": np.concatenate([kept.end, ends]),
+        "seed": np.concatenate([np.ones(len(kept.slot), np.int64),
+                                np.zeros(len(slots), np.int64)])}
+    aggs: list[tuple] = [("seed", "sum"), ([], "count_all"), ("n", "sum")]
     if values is None:
-        columns["n"] = pa.concat_arrays([seed_n, pa.array(np.ones(len(slots), np.int64))])
-        aggs.append(("n", "sum"))
+        columns["n"] = np.concatenate([kept.count, np.ones(len(slots), np.int64)])
     else:
-        try:
-            stored_parts = [pa.array([acc[i] for _, _, acc in seeds], values.type)
-                            for i in (1, 2, 3)]
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-            return None
-        valid = values.is_valid().cast(pa.int64())
-        columns["n"] = pa.concat_arrays([seed_n, valid])
-        for name, part in zip(("v", "lo", "hi"), stored_parts, strict=True):
+        empty = kept.count == 0  # a window without a value: its sum, min and max are null
+        parts = [pa.array(c, values.type, mask=empty) for c in (kept.total, kept.low, kept.high)]
+        columns["n"] = pa.concat_arrays([pa.array(kept.count), values.is_valid().cast(pa.int64())])
+        for name, part in zip(("v", "lo", "hi"), parts, strict=True):
             columns[name] = pa.concat_arrays([part, values])
-        aggs += [("n", "sum"), ("v", "sum"), ("lo", "min"), ("hi", "max")]
+        aggs += [("v", "sum"), ("lo", "min"), ("hi", "max")]
         if pa.types.is_floating(values.type):
             columns["nan"] = pc.is_nan(columns["hi"])
             columns["nz"] = _not_negative_zero(columns["v"])
@@ -179,7 +206,7 @@ def _fold(agg: str, touched: list[int], windows: dict[int, dict[int, list]],
             columns["vf"] = columns["v"].cast(pa.float64(), safe=False)
             aggs.append(("vf", "sum"))
     grouped = pa.table(columns).group_by(["s", "e"], use_threads=False).aggregate(aggs)
-    return _rows(grouped, values)
+    return _rows(grouped, kept.layout, values)
 
 
 def _not_negative_zero(values: pa.Array) -> pa.Array:
@@ -189,54 +216,26 @@ def _not_negative_zero(values: pa.Array) -> pa.Array:
                     ~((x == 0) & np.signbit(x)))
 
 
-def _rows(grouped: pa.Table, values: pa.Array | None) -> dict[int, list[tuple]] | None:
-    """The grouped windows as rows per slot (see :func:`_fold`); ``None`` if an integer sum
-    may have wrapped around."""
-    order = pc.sort_indices(grouped, [("s", "ascending"), ("e", "ascending")])
-    g = grouped.take(order)
-    seeded = g.column("seed_sum").to_numpy() > 0
-    contributed = g.column("count_all").to_numpy() > g.column("seed_sum").to_numpy()
+def _rows(grouped: pa.Table, layout: int, values: pa.Array | None
+          ) -> tuple[WindowRows, np.ndarray, np.ndarray] | None:
+    """The grouped windows as :class:`WindowRows` sorted by slot and end, and which were
+    seeded and which contributed to (see :func:`_fold`); ``None`` if an integer sum may have
+    wrapped around."""
+    g = grouped.take(pc.sort_indices(grouped, [("s", "ascending"), ("e", "ascending")]))
+    seeds = g.column("seed_sum").to_numpy()
+    seeded, contributed = seeds > 0, g.column("count_all").to_numpy() > seeds
+    count = g.column("n_sum").to_numpy()
+    rows = WindowRows(g.column("s").to_numpy(), g.column("e").to_numpy(), count, layout)
     if values is None:
-        nones = [None] * g.num_rows
-        total, low, high = nones, nones, nones
-    else:
-        sums = g.column("v_sum")
-        high_col = g.column("hi_max")
-        if pa.types.is_floating(values.type):
-            negative_zero = pc.and_(pc.invert(g.column("nz_any").fill_null(False)),
-                                    sums.is_valid())
-            sums = pc.if_else(negative_zero, -0.0, sums)
-            high_col = pc.if_else(g.column("nan_any").fill_null(False), math.nan, high_col)
-        elif g.num_rows and float(pc.max(pc.abs(g.column("vf_sum").fill_null(0.0))).as_py()) \
-                >= _SAFE_SUM:
-            return None
-        total, low, high = sums.to_pylist(), g.column("lo_min").to_pylist(), \
-            high_col.to_pylist()
-    rows: dict[int, list[tuple]] = {}
-    for row in zip(g.column("s").to_pylist(), g.column("e").to_pylist(),
-                   g.column("n_sum").to_pylist(), total, low, high, seeded.tolist(),
-                   contributed.tolist(), strict=True):
-        rows.setdefault(row[0], []).append(row[1:])
-    return rows
-
-
-def _apply(fn: WindowShape, rows: list[tuple], windows: dict[int, list],
-           outputs: list[dict[str, Any]], timers: set[int]) -> Any:
-    """A touched slot's new stored state from its grouped rows; its update-mode outputs and
-    new timers (its windows the epoch opened) go to ``outputs`` and ``timers``."""
-    state = []
-    for end, count, total, low, high, seeded, contributed in rows:
-        if not contributed:
-            state.append([end, windows[end]])  # untouched: as stored
-            continue
-        acc = [count, total, low, high]
-        state.append([end, acc])
-        if not seeded:
-            timers.add(end)
-        if fn.emit == "update":
-            outputs.append(_output(fn, end, acc))
-    return state or None
-
-
-def _output(fn: WindowShape, end: int, acc: list) -> dict[str, Any]:
-    return {"start": end - fn.size_us, "end": end, "value": result(fn.agg, acc)}
+        return rows, seeded, contributed
+    sums, high = g.column("v_sum"), g.column("hi_max")
+    if layout == FLOATS:
+        negative_zero = pc.and_(pc.invert(g.column("nz_any").fill_null(False)), sums.is_valid())
+        sums = pc.if_else(negative_zero, -0.0, sums)
+        high = pc.if_else(g.column("nan_any").fill_null(False), math.nan, high)
+    elif g.num_rows and float(pc.max(pc.abs(g.column("vf_sum").fill_null(0.0))).as_py()) \
+            >= _SAFE_SUM:
+        return None
+    rows.total, rows.low, rows.high = (
+        c.fill_null(0).to_numpy() for c in (sums, g.column("lo_min"), high))
+    return rows, seeded, contributed

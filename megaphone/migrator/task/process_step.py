@@ -7,6 +7,7 @@ move with it).
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import msgpack
@@ -104,14 +105,30 @@ def _timer_writes(spec: EpochSpec, store: RemoteStore, bins: np.ndarray, keys: l
                   fired: list[list[int]], added: list[set[int]]
                   ) -> tuple[list[bytes], list[bytes | None], list[bytes | None]]:
     """The timer keys to write: fired timers deleted (unless set again), new ones set; with
-    their old values (a new timer may exist already from an earlier epoch)."""
-    pairs = list(enumerate(zip(fired, added, strict=True)))
-    dels = [(i, t) for i, (done, new) in pairs for t in set(done) - new]
-    adds = [(i, t) for i, (done, new) in pairs for t in new - set(done)]
-    if not dels and not adds:
+    their old values (a new timer may exist already from an earlier epoch). In columns: one
+    ``isin`` over ``(slot, time)`` each way, no Python set per key."""
+    done_slots, done_times = _flat(fired)
+    new_slots, new_times = _flat(added)
+    if not len(done_slots) and not len(new_slots):
         return [], [], []
-    idx, times = (np.asarray(column, dtype=np.int64) for column in zip(*dels, *adds, strict=True))
-    raw = encode_timer_keys(bins[idx], times, [keys[i] for i in idx.tolist()], spec.key_type)
-    old_added = store.read(raw[len(dels):]) if adds else []
-    return (list(raw), [None] * len(dels) + [TIMER_VALUE] * len(adds),
-            [TIMER_VALUE] * len(dels) + list(old_added))
+    times = np.unique(np.concatenate([done_times, new_times]))
+    done = done_slots * len(times) + np.searchsorted(times, done_times)
+    new = new_slots * len(times) + np.searchsorted(times, new_times)
+    dels, adds = ~np.isin(done, new), ~np.isin(new, done)
+    idx = np.concatenate([done_slots[dels], new_slots[adds]])
+    at = np.concatenate([done_times[dels], new_times[adds]])
+    if not len(idx):
+        return [], [], []
+    n_dels = int(dels.sum())
+    raw = encode_timer_keys(bins[idx], at, [keys[i] for i in idx.tolist()], spec.key_type)
+    old_added = store.read(raw[n_dels:]) if len(idx) > n_dels else []
+    return (list(raw), [None] * n_dels + [TIMER_VALUE] * (len(idx) - n_dels),
+            [TIMER_VALUE] * n_dels + list(old_added))
+
+
+def _flat(per_slot: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``(slot, time)`` pairs of per-slot collections of times, as two int64 arrays (a slot's
+    times in their collection's order)."""
+    sizes = np.fromiter(map(len, per_slot), np.int64, len(per_slot))
+    times = np.fromiter(itertools.chain.from_iterable(per_slot), np.int64, int(sizes.sum()))
+    return np.repeat(np.arange(len(per_slot), dtype=np.int64), sizes), times
