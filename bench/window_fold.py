@@ -7,7 +7,7 @@ columnar fold as a worker runs it: the keys' states decoded from msgpack, the du
 and the records folded (``process_epoch``), the new states encoded, the outputs made an Arrow
 table. State and timers carry over from epoch to epoch as the store would keep them. Prints the
 median milliseconds per epoch over the epochs after ``--warmup``, of the whole and of each
-part; ``--json`` also writes them.
+part, and the size of the states at the end; ``--json`` also writes them.
 
     python bench/window_fold.py --query q5 --rate 50000
     python bench/window_fold.py --query q7 --rate 100000 --json out.json
@@ -32,6 +32,7 @@ from megaphone.nexmark import definitions as D
 from megaphone.nexmark.generator import NexmarkConfig, generate
 from megaphone.operators import Context, WindowAggregate
 from megaphone.operators.process import EpochBatch, run_epoch, watermark
+from megaphone.operators.window_state import open_windows
 
 #: Per query: the window aggregate of its first stage.
 QUERIES = {
@@ -106,13 +107,19 @@ def main(argv: list[str] | None = None) -> None:
         top = int(event_times.max()) if len(event_times) else None
         high = top if high is None or (top is not None and top > high) else high
     medians = {part: round(statistics.median(ms), 1) for part, ms in times.items()}
+    state_bytes = statistics.mean(map(len, states.values())) if states else 0.0
+    windows = sum(len(open_windows(msgpack.unpackb(v, strict_map_key=False)))
+                  for v in states.values())
     print(f"{args.query} at {args.rate:,.0f} events/s, one of {args.workers} workers, "
-          f"{len(states):,} keys with open windows; median ms per epoch:")
+          f"{len(states):,} keys with open windows ({windows:,} windows, "
+          f"{state_bytes:.1f} bytes a key's state); median ms per epoch:")
     for part, ms in medians.items():
         print(f"  {part:8s} {ms:8.1f}")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "median_ms": medians}, indent=1))
+                                         "median_ms": medians, "keys": len(states),
+                                         "windows": windows, "state_bytes": state_bytes},
+                                        indent=1))
 
 
 if __name__ == "__main__":
