@@ -98,9 +98,9 @@ def fold_epoch(fn: WindowShape, batch: EpochBatch, states: list[Any], ctx: Conte
         new_timers[slot].add(end)
     ctx.drop_late(late)
     out = KeyResults(encode_all(rows, len(batch.keys)), fired, new_timers, late=ctx.late)
-    emitted = [_take(open_rows, np.flatnonzero(due))] if fn.emit == "append" else \
-        [_take(rows, np.flatnonzero(contributed))]
-    _outputs(fn, batch.keys, emitted[0], out)
+    emitted = _take(open_rows, np.flatnonzero(due)) if fn.emit == "append" else \
+        _take(rows, np.flatnonzero(contributed))  # closed windows, or the touched ones
+    _outputs(fn, batch.keys, emitted, out)
     return out
 
 
@@ -139,6 +139,8 @@ def _outputs(fn: WindowShape, keys: list[Any], rows: WindowRows, out: KeyResults
     out.out_keys += [keys[s] for s in rows.slot.tolist()]
     out.out_values += [{"start": end - size, "end": end, "value": v}
                        for end, v in zip(rows.end.tolist(), results, strict=True)]
+
+
 def _numeric(values: pa.Array) -> pa.Array | None:
     """``values`` as int64 or float64, or ``None`` for another type (or an unsigned integer
     beyond int64)."""
