@@ -160,6 +160,16 @@ class EpochBatch:
         return out
 
 
+def pairs_in(slots: np.ndarray, times: np.ndarray, other_slots: np.ndarray,
+             other_times: np.ndarray) -> np.ndarray:
+    """Which ``(slots[i], times[i])`` pairs are among the ``(other_slots, other_times)``
+    pairs: one ``isin`` over a code per pair (a slot, and its time's rank among all the
+    times), no Python per pair. Timers and windows of an epoch's keys are such pairs."""
+    ranks = np.unique(np.concatenate([times, other_times]))
+    return np.isin(slots * len(ranks) + np.searchsorted(ranks, times),
+                   other_slots * len(ranks) + np.searchsorted(ranks, other_times))
+
+
 def run_epoch(fn: ProcessFunction, batch: EpochBatch, states: Sequence[Any], ctx: Context,
               on_error: Callable[[str, Any, BaseException], BaseException] | None = None
               ) -> KeyResults:

@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from megaphone.operators.process import Context, EpochBatch, KeyResults
+from megaphone.operators.process import Context, EpochBatch, KeyResults, pairs_in
 from megaphone.operators.window_state import (
     COUNTS,
     FLOATS,
@@ -47,6 +47,7 @@ from megaphone.operators.window_state import (
     WindowRows,
     decode_all,
     encode_all,
+    result,
 )
 
 
@@ -87,7 +88,7 @@ def fold_epoch(fn: WindowShape, batch: EpochBatch, states: list[Any], ctx: Conte
         return None
     fired, due = _due(batch, open_rows)
     slots, ends, late, folded = _contributions(fn, batch, values, ctx.watermark)
-    kept = _take(open_rows, np.flatnonzero(~due))
+    kept = open_rows.take(np.flatnonzero(~due))
     folded_rows = _fold(kept, slots, ends, folded)
     if folded_rows is None:
         return None
@@ -98,8 +99,8 @@ def fold_epoch(fn: WindowShape, batch: EpochBatch, states: list[Any], ctx: Conte
         new_timers[slot].add(end)
     ctx.drop_late(late)
     out = KeyResults(encode_all(rows, len(batch.keys)), fired, new_timers, late=ctx.late)
-    emitted = _take(open_rows, np.flatnonzero(due)) if fn.emit == "append" else \
-        _take(rows, np.flatnonzero(contributed))  # closed windows, or the touched ones
+    emitted = open_rows.take(np.flatnonzero(due)) if fn.emit == "append" else \
+        rows.take(np.flatnonzero(contributed))  # closed windows, or the touched ones
     _outputs(fn, batch.keys, emitted, out)
     return out
 
@@ -110,31 +111,13 @@ def _due(batch: EpochBatch, rows: WindowRows) -> tuple[list[list[int]], np.ndarr
     t_slots, t_times = batch.timer_slots, batch.timer_times
     for slot, t in sorted(zip(t_slots.tolist(), t_times.tolist(), strict=True)):
         fired[slot].append(t)
-    if not len(t_slots) or not len(rows.slot):
-        return fired, np.zeros(len(rows.slot), bool)
-    ends = np.unique(np.concatenate([rows.end, t_times]))
-    code = rows.slot * len(ends) + np.searchsorted(ends, rows.end)
-    return fired, np.isin(code, t_slots * len(ends) + np.searchsorted(ends, t_times))
-
-
-def _take(rows: WindowRows, at: np.ndarray) -> WindowRows:
-    """The rows of ``rows`` at indexes ``at`` (ascending: the order stays)."""
-    pick = [None if c is None else c[at] for c in (rows.total, rows.low, rows.high)]
-    return WindowRows(rows.slot[at], rows.end[at], rows.count[at], rows.layout, *pick)
+    return fired, pairs_in(rows.slot, rows.end, t_slots, t_times)
 
 
 def _outputs(fn: WindowShape, keys: list[Any], rows: WindowRows, out: KeyResults) -> None:
     """The windows ``rows`` (sorted by slot and end) as outputs of their keys, into ``out``:
     the closed windows in append mode, the touched ones in update mode."""
-    count = rows.count.tolist()
-    if fn.agg == "count":
-        results: list[Any] = count
-    else:
-        assert rows.total is not None and rows.low is not None and rows.high is not None
-        column = {"sum": rows.total, "avg": rows.total, "min": rows.low, "max": rows.high}
-        picked = column[fn.agg].tolist()
-        results = [None if c == 0 else v / c if fn.agg == "avg" else v
-                   for c, v in zip(count, picked, strict=True)]
+    results = [result(fn.agg, acc) for acc in rows.accumulators()]
     size = fn.size_us
     out.out_keys += [keys[s] for s in rows.slot.tolist()]
     out.out_values += [{"start": end - size, "end": end, "value": v}

@@ -14,8 +14,9 @@ layout every state had before this one and which is still read.
 Both ways of running :class:`~megaphone.operators.window.WindowAggregate`, record by record
 (:mod:`~megaphone.operators.window`) and an epoch at once in columns
 (:mod:`~megaphone.operators.window_epoch`), read and write these layouts through this module,
-and compute results with :func:`result`, so they are interchangeable on the same stored state
-and write the same bytes.
+and compute results with :func:`result`, so they are interchangeable on the same stored state;
+one key's state is packed and read by the same :func:`encode_all` and :func:`decode_all` as an
+epoch's, so both write the same bytes.
 """
 
 from __future__ import annotations
@@ -42,32 +43,29 @@ def open_windows(state: Any) -> dict[int, list]:
         return {}
     if not isinstance(state, bytes):  # the list layout
         return {int(end): acc for end, acc in state}
-    words = np.frombuffer(state, "<i8")
-    layout = _layout(int(words[0]))
-    rows = words[1:].reshape(-1, WIDTH[layout])
-    if layout == COUNTS:
-        return {end: [count, None, None, None] for end, count in rows.tolist()}
-    values = rows[:, 2:].view("<f8") if layout == FLOATS else rows[:, 2:]
-    return {end: [count, *(v if count else None for v in vs)]
-            for (end, count), vs in zip(rows[:, :2].tolist(), values.tolist(), strict=True)}
+    rows = decode_all([state], _layout(int.from_bytes(state[:8], "little")))
+    assert rows is not None  # its own layout
+    return dict(zip(rows.end.tolist(), rows.accumulators(), strict=True))
 
 
 def stored(windows: dict[int, list]) -> Any:
-    """The stored state of a key's open windows (``None`` when none is open): packed, or the
-    list layout when a value does not fit one (:func:`layout_of`)."""
+    """The stored state of a key's open windows (``None`` when none is open): packed by
+    :func:`encode_all`, as an epoch's keys are, or the list layout when a value does not fit
+    one (:func:`layout_of`)."""
     if not windows:
         return None
     items = sorted(windows.items())
     layout = layout_of([acc for _, acc in items])
     if layout is None:
         return [[end, acc] for end, acc in items]
-    if layout == COUNTS:
-        rows = [(end, acc[0]) for end, acc in items]
-        return _header(layout) + np.array(rows, "<i8").tobytes()
-    ends = np.array([[end, acc[0]] for end, acc in items], "<i8")
-    vtype = "<f8" if layout == FLOATS else "<i8"
-    values = np.array([acc[1:] if acc[0] else (0, 0, 0) for _, acc in items], vtype)
-    return _header(layout) + np.concatenate([ends, values.view("<i8")], axis=1).tobytes()
+    ends = np.array([end for end, _ in items], np.int64)
+    rows = WindowRows(np.zeros(len(items), np.int64), ends,
+                      np.array([acc[0] for _, acc in items], np.int64), layout)
+    if layout != COUNTS:
+        vtype = np.float64 if layout == FLOATS else np.int64
+        values = np.array([acc[1:] if acc[0] else (0, 0, 0) for _, acc in items], vtype)
+        rows.total, rows.low, rows.high = values[:, 0], values[:, 1], values[:, 2]
+    return encode_all(rows, 1)[0]
 
 
 def layout_of(accs: list[list]) -> int | None:
@@ -106,6 +104,22 @@ class WindowRows:
     low: np.ndarray | None = None
     high: np.ndarray | None = None
 
+    def take(self, at: np.ndarray) -> WindowRows:
+        """The windows at indexes ``at`` (ascending: the order stays)."""
+        values = [None if c is None else c[at] for c in (self.total, self.low, self.high)]
+        return WindowRows(self.slot[at], self.end[at], self.count[at], self.layout, *values)
+
+    def accumulators(self) -> list[list]:
+        """Each window's ``[count, sum, min, max]`` (sum, min and max ``None`` without a
+        value), as :func:`fold` and :func:`result` take them."""
+        counts = self.count.tolist()
+        if self.total is None or self.low is None or self.high is None:
+            return [[count, None, None, None] for count in counts]
+        return [[count, total, low, high] if count else [count, None, None, None]
+                for count, total, low, high in zip(counts, self.total.tolist(),
+                                                   self.low.tolist(), self.high.tolist(),
+                                                   strict=True)]
+
 
 def decode_all(states: list[Any], layout: int) -> WindowRows | None:
     """The open windows of ``states`` (slot ``i`` is ``states[i]``) as :class:`WindowRows` of
@@ -124,11 +138,6 @@ def decode_all(states: list[Any], layout: int) -> WindowRows | None:
         raws.append(state)
         slots.append(i)
     width = WIDTH[layout]
-    if not raws:
-        empty = np.zeros(0, np.int64)
-        values = np.zeros(0, "<f8" if layout == FLOATS else "<i8")
-        return WindowRows(empty, empty, empty, layout,
-                          *((None,) * 3 if layout == COUNTS else (values,) * 3))
     lengths = np.fromiter(map(len, raws), np.int64, len(raws)) // 8
     words = np.frombuffer(b"".join(raws), "<i8")
     starts = np.cumsum(lengths) - lengths
@@ -192,10 +201,6 @@ def encode_all(rows: WindowRows, slots: int) -> list[bytes | None]:
 
 def _header_word(layout: int) -> int:
     return _MAGIC | layout
-
-
-def _header(layout: int) -> bytes:
-    return _header_word(layout).to_bytes(8, "little")
 
 
 def _layout(word: int) -> int:

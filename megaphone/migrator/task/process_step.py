@@ -22,6 +22,7 @@ from megaphone.operators.process import (
     Context,
     EpochBatch,
     ProcessFunction,
+    pairs_in,
     plain_type,
     run_epoch,
 )
@@ -105,16 +106,12 @@ def _timer_writes(spec: EpochSpec, store: RemoteStore, bins: np.ndarray, keys: l
                   fired: list[list[int]], added: list[set[int]]
                   ) -> tuple[list[bytes], list[bytes | None], list[bytes | None]]:
     """The timer keys to write: fired timers deleted (unless set again), new ones set; with
-    their old values (a new timer may exist already from an earlier epoch). In columns: one
-    ``isin`` over ``(slot, time)`` each way, no Python set per key."""
+    their old values (a new timer may exist already from an earlier epoch). In columns
+    (:func:`~megaphone.operators.process.pairs_in` each way), no Python set per key."""
     done_slots, done_times = _flat(fired)
     new_slots, new_times = _flat(added)
-    if not len(done_slots) and not len(new_slots):
-        return [], [], []
-    times = np.unique(np.concatenate([done_times, new_times]))
-    done = done_slots * len(times) + np.searchsorted(times, done_times)
-    new = new_slots * len(times) + np.searchsorted(times, new_times)
-    dels, adds = ~np.isin(done, new), ~np.isin(new, done)
+    dels = ~pairs_in(done_slots, done_times, new_slots, new_times)
+    adds = ~pairs_in(new_slots, new_times, done_slots, done_times)
     idx = np.concatenate([done_slots[dels], new_slots[adds]])
     at = np.concatenate([done_times[dels], new_times[adds]])
     if not len(idx):
