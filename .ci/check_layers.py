@@ -39,6 +39,9 @@ HARD_MAX_LINES = 600
 ONE_IDEA: dict[str, str] = {
     "megaphone/migrator/pipeline/facade.py":
         "the public Pipeline: one documented, delegating member per public operation",
+    "megaphone/state_backends/rocksdb.py":
+        "the RocksDB backend: one class whose every write path keeps the bin counters and the "
+        "bins written ahead exact with the data",
     "megaphone/state_backends/service.py":
         "the store service: one request loop and the operations it runs on open stores, which "
         "share their entries, leases and locks",

@@ -32,9 +32,9 @@ if TYPE_CHECKING:
         duration_us,
     )
     from megaphone.operators.join_input import join_input
+    from megaphone.plans.handle import MigrationHandle
     from megaphone.plans.hot_keys import HotSplit, ShareThreshold
     from megaphone.plans.plan import MigrationPlan, PlanError, PlanStep
-    from megaphone.plans.plan_queue import MigrationHandle
     from megaphone.routing.bins import bin_column, bin_of
     from megaphone.routing.fingerprint import Fingerprint
     from megaphone.routing.table import Move, RoutingTable

@@ -24,8 +24,8 @@ from pyspark.sql import functions as F
 from megaphone.migrator.pipeline import Pipeline
 from megaphone.migrator.statedir.driver_copy import DriverCopy
 from megaphone.paths import STREAM_CHECKPOINT
+from megaphone.plans.handle import MigrationHandle
 from megaphone.plans.plan import MigrationPlan
-from megaphone.plans.plan_queue import MigrationHandle
 from megaphone.routing.table import Move
 
 #: Seconds between two polls of the committed epochs' metrics. Polling every 0.25 s doubled

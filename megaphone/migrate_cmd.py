@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
     from megaphone.migrator.pipeline.facade import Pipeline
     from megaphone.migrator.statedir.directory import StateDir
+    from megaphone.plans.handle import MigrationHandle
     from megaphone.plans.plan import MigrationPlan
-    from megaphone.plans.plan_queue import MigrationHandle
     from megaphone.routing.table import Move
 
 

@@ -88,6 +88,12 @@ class WorkerMetrics(_Record):
     bytes_out: int | None = None
     #: Bins that left as whole files (the rest of ``bins_out`` went as rows).
     files_out: int | None = None
+    #: Of those, the bins whose file was written ahead while the store was idle (with a patch
+    #: of what changed since), and their bytes: the export wrote only the patches in the epoch.
+    ahead_out: int | None = None
+    ahead_bytes_out: int | None = None
+    #: The bins the worker's store held written ahead at its commit (docs/transfer.md).
+    ahead_bins: list[int] | None = None
     #: Bytes (keys and values) of the bins that arrived as files pulled by the worker's home
     #: from their sender's home (docs/placement.md, home to home: across hosts at most once).
     h2h_bytes: int | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -192,4 +193,46 @@ def test_a_live_move_ships_bins_as_files_and_the_durable_copy_has_them(spark, tm
     epoch(list(range(0, 400, 5)))
     assert {r[0]: r[1] for r in pipe.state().collect()} == dict(expected)
     assert not any(copies.rglob("*.sst.part")) and not any(copies.rglob("in-*.sst"))
+    pipe.close()
+
+
+def test_without_a_checkpoint_a_kept_file_is_linked_not_shipped(spark, tmp_path):
+    """Without a checkpoint location the stores share the state directory: a moving bin's file
+    stays in the sender's store, one reference row crosses the shuffle and the receiver's
+    service links the file into its own store (docs/transfer.md, "Within the state
+    directory"); the result is exact and the kept files go at the senders' next epoch."""
+    state = tmp_path / "state"
+    pipe = Pipeline(spark, str(state), key="k", update="count", workers=2, num_bins=BINS,
+                    key_type="int64", pipeline_id="link-test", transfer="files",
+                    local_dir=str(tmp_path / "local"))
+    expected: Counter = Counter()
+
+    def epoch(keys: list[int]) -> None:
+        expected.update(keys)
+        pipe.process_arrow(spark.createDataFrame([(k,) for k in keys], "k long"))
+
+    epoch(list(range(400)) * 2)
+    first, later = [0, 3, 5, 10], [1, 2, 7]
+    pipe.migrate(MigrationPlan.from_moves(
+        pipe.routing, [[Move(b, pipe.routing.owner(b), 2) for b in first],
+                       [Move(b, pipe.routing.owner(b), 3) for b in later]]))
+    epoch(list(range(0, 400, 7)))
+    m = pipe.metrics(last=1)[0]
+    arrived = m["per_worker"]["2"]
+    assert (arrived["files_in"], arrived["install_method"]) == (4, "files")
+    assert arrived["keys_in"] == m["keys_moved"] > 0 and not arrived.get("h2h_bytes")
+    kept = sorted(p.name for p in (state / "workers").rglob("out-e*.sst"))
+    assert len(kept) == 4 and all(name.startswith("out-e1bin") for name in kept)
+    # The later step's bins were named at that commit: their stores write them ahead while
+    # idle (docs/transfer.md, "Bins written ahead"), and the next step sends those files with
+    # patches of the keys this epoch writes.
+    assert sorted(b for w in m["per_worker"].values() for b in w.get("ahead_bins", [])) \
+        in ([], later)  # as far as the writers had got by the commit
+    time.sleep(2)
+    epoch(list(range(0, 400, 3)))
+    m = pipe.metrics(last=1)[0]
+    assert sum(w.get("ahead_out", 0) for w in m["per_worker"].values()) == len(later)
+    assert m["per_worker"]["3"]["files_in"] == len(later)
+    assert not any((state / "workers").rglob("out-e1*.sst"))  # the senders' next epoch dropped them
+    assert {r[0]: r[1] for r in pipe.state().collect()} == dict(expected)
     pipe.close()

@@ -88,6 +88,43 @@ def test_moves_that_fit_and_stop_where_the_budget_ends():
     assert d.action == "fit" and d.bins == 6 and d.predicted_s <= 2.0 + 1e-9
 
 
+def test_bins_written_ahead_go_first_and_cost_their_sender_no_export():
+    """Bins whose files the sender's store wrote ahead (docs/transfer.md; reported at the last
+    commit) are tried first and cost only their install; the cost model learns the export's
+    rate from the other bytes."""
+    moves = [Move(b, 0, 1) for b in range(20)]
+    sizes = dict.fromkeys(range(20), MB)
+    last = epoch()
+    last.per_worker[0].ahead_bins = list(range(8, 20))
+    policy = DeadlinePolicy(2.0, margin=1.0)
+    chosen = policy(view(moves, sizes, (*HISTORY, last)))
+    # 0.7 s + 0.1 s of install a bin: the 12 written ahead fit (1.9 s); a bin written at its
+    # move would add 0.1 s of export too, so none does.
+    assert [m.bin for m in chosen] == list(range(8, 20))
+    # An export whose bins were all written ahead teaches the model nothing about the rate.
+    cheap = epoch(moved={0: (MB, 0), 1: (0, MB)})
+    cheap.per_worker[0].ahead_bytes_out = MB
+    cheap.per_worker[0].export_s = 0.001
+    model = CostModel.fit((*HISTORY, cheap), parallelism=8)
+    assert model.export_s_per_byte[0] == pytest.approx(XFER)
+
+
+def test_a_receiver_gets_no_more_bins_than_its_level0_room():
+    """Each ingested bin may add a level-0 file at its receiver: one at 6 of 8 gets 2 bins
+    this epoch, one at 8 none (the "compaction" decision when that is every move)."""
+    moves = [Move(b, 0, 1) for b in range(20)]
+    sizes = dict.fromkeys(range(20), MB)
+    last = epoch()
+    last.per_worker[1].l0_files = 6
+    policy = DeadlinePolicy(2.0, margin=1.0, max_l0_files=8)
+    assert len(policy(view(moves, sizes, (*HISTORY, last)))) == 2
+    last.per_worker[1].l0_files = 8
+    assert policy(view(moves, sizes, (*HISTORY, last))) == []
+    assert policy.decisions[-1].action == "compaction"
+    assert len(DeadlinePolicy(2.0, margin=1.0, max_l0_files=None)(
+        view(moves, sizes, (*HISTORY, last)))) == 6
+
+
 def test_predictions_are_calibrated_by_the_measured_error():
     moves = [Move(b, 0, 1) for b in range(20)]
     sizes = dict.fromkeys(range(20), MB)

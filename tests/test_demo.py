@@ -3,8 +3,8 @@
 from pyspark.sql import functions as F
 
 from megaphone.demo import EpochFeed, next_steps, words
+from megaphone.plans.handle import MigrationHandle
 from megaphone.plans.plan import MigrationPlan
-from megaphone.plans.plan_queue import MigrationHandle
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move, RoutingTable
 

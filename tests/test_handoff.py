@@ -10,14 +10,23 @@ import signal
 import socket
 import struct
 import threading
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from megaphone.paths import host_dir_of, local_worker_path
-from megaphone.state_backends.handoff import MAX_PART_BYTES, FileRef, crossings
+from megaphone.state_backends.bin_files import BinFile, transfer_dir
+from megaphone.state_backends.handoff import (
+    MAX_PART_BYTES,
+    FileRef,
+    LinkRef,
+    crossings,
+    link_kept,
+)
 from megaphone.state_backends.host import host_id
 from megaphone.state_backends.remote import DurableSpec, RemoteStore, StoreError
-from megaphone.state_backends.service_client import dial_network, service_pid
+from megaphone.state_backends.service_client import StoreUnavailable, dial_network, service_pid
 from megaphone.state_backends.wire import recv_frame, send_frame
 from tests import test_store_network
 from tests.test_store_network import _authenticated, _refused, bin_of
@@ -143,3 +152,36 @@ def _fake_source() -> socket.socket:
 
     threading.Thread(target=answer, daemon=True).start()
     return server
+
+
+def test_a_kept_file_is_linked_only_from_a_sibling_store_and_whole(tmp_path):
+    """``link_kept`` takes a kept file only from a sibling store of the receiver's, by a kept
+    file's name, a regular file of the described size; a file that is gone is a
+    ``StoreUnavailable`` (the epoch's job runs again); a retry links it again."""
+    workers = tmp_path / "state" / "workers"
+    sender, receiver = workers / "0", workers / "1"
+    out = Path(transfer_dir(str(sender), "out"))
+    out.mkdir(parents=True)
+    made = BinFile(3, 2, 20, 5, str(out / "out-e4bin3xab.sst"), "e4bin3x" + "a" * 32)
+    (out / f"out-{made.name}.sst").write_bytes(b"12345")
+    inbox = transfer_dir(str(receiver), "in")
+    for _ in range(2):  # a retried attempt links the same file again
+        got = link_kept(str(receiver), str(sender), made, inbox)
+        assert Path(got.path).read_bytes() == b"12345" and got.name == made.name
+        assert os.path.dirname(got.path) == inbox and os.stat(got.path).st_nlink == 2
+    with pytest.raises(ValueError, match="not a sibling"):
+        link_kept(str(receiver), str(tmp_path / "elsewhere" / "0"), made, inbox)
+    with pytest.raises(ValueError, match="not a sibling"):
+        link_kept(str(receiver), str(receiver), made, inbox)
+    with pytest.raises(ValueError, match="no kept bin file"):
+        link_kept(str(receiver), str(sender), replace(made, name="../../etc"), inbox)
+    with pytest.raises(ValueError, match="regular file of 6 bytes"):
+        link_kept(str(receiver), str(sender), replace(made, size=6), inbox)
+    with pytest.raises(StoreUnavailable):
+        link_kept(str(receiver), str(sender), replace(made, name="e4bin3x" + "b" * 32), inbox)
+    (out / f"out-e4bin3x{'c' * 32}.sst").symlink_to(out / f"out-{made.name}.sst")
+    with pytest.raises(ValueError, match="regular file"):
+        link_kept(str(receiver), str(sender), replace(made, name="e4bin3x" + "c" * 32), inbox)
+    with pytest.raises(ValueError, match="malformed bin file link"):
+        LinkRef.from_wire({**made.to_wire(), "worker": 0})  # not marked as a link
+    assert LinkRef.from_wire(LinkRef(made, 0).to_wire()) == LinkRef(made, 0)

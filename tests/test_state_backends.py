@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import megaphone.state_backends.backend_base as backend_base
-import megaphone.state_backends.rocksdb as rocksdb_mod
+import megaphone.state_backends.sst_files as sst_files
 from megaphone.routing.bins import MAX_NUM_BINS
 from megaphone.routing.keys import KEY_ARROW_TYPES
 from megaphone.state_backends import (
@@ -372,7 +372,7 @@ def test_import_stream_that_repeats_keys(tmp_path: Path, kind: str, method: str)
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_sst_import_into_owned_bins_and_many_files(tmp_path: Path, kind: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rocksdb_mod, "SST_FILE_BYTES", 2_000)  # force several SST files
+    monkeypatch.setattr(sst_files, "SST_FILE_BYTES", 2_000)  # force several SST files
     with open_new(kind, tmp_path, num_bins=4) as src, open_new(kind, tmp_path, num_bins=4) as dst:
         src.put_many(np.arange(4000) % 4, np.arange(4000), list(range(4000)))
         dst.put_many([0, 1], [0, 10**6], ["old", "mine"])  # key 0 gets overwritten

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from statistics import median
 
-from megaphone.records import EpochMetrics
+from megaphone.records import EpochMetrics, WorkerMetrics
 from megaphone.routing.placement import home_new
 from megaphone.snailtrail import EpochTrace
 from megaphone.snailtrail.usage import WorkerUsage, usage_by_epoch
@@ -118,7 +118,7 @@ def _timed(m: EpochMetrics, usage: Mapping[int, WorkerUsage] | None) -> _Timed:
                      u.install_s if wm.install_s is not None else None,
                      u.export_s if wm.export_s is not None else None)
         rows[int(w)] = _WorkerTimes(int(wm.records_in or 0), int(wm.bytes_in or 0),
-                                    int(wm.bytes_out or 0), *times)
+                                    scanned_out(wm), *times)
     return _Timed(float(m.duration_s), int(m.bytes_moved or 0), rows)
 
 
@@ -236,10 +236,16 @@ class CostModel:
         work: dict[tuple[int, int], float] = {}
         for w, wm in record.per_worker.items():
             w = int(w)
-            work[EXPORT, w] = self.export_s(w, wm.bytes_out or 0)
+            work[EXPORT, w] = self.export_s(w, scanned_out(wm))
             work[APPLY, w] = (self.record_s(w) * (wm.records_in or 0)
                               + self.install_s(w, wm.bytes_in or 0))
         return self.epoch_s(work, parallelism, record.group_size or 1)
+
+
+def scanned_out(wm: WorkerMetrics) -> int:
+    """The bytes a worker's export read and wrote in the epoch: its bins' bytes, less those of
+    bins whose files were written ahead (docs/transfer.md), which cost it only their patches."""
+    return max(0, int(wm.bytes_out or 0) - int(wm.ahead_bytes_out or 0))
 
 
 def _jobs(records: list[EpochMetrics]) -> list[list[int]]:

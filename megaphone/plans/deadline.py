@@ -64,6 +64,8 @@ log = logging.getLogger("megaphone.deadline")
 EPSILON_S = 1e-9
 #: Pending compaction bytes above which a worker receives no more bins for now.
 DEFAULT_COMPACTION_DEBT = 1 << 30
+#: Level-0 files a receiver may reach with this epoch's bins (each ingested bin can add one).
+DEFAULT_MAX_L0_FILES = 8
 PRIORITIES = ("auto", "largest", "smallest", "hottest", "relief")
 """Built-in orders in which the deadline policy tries bins (see :class:`DeadlinePolicy`)."""
 
@@ -110,12 +112,17 @@ class DeadlinePolicy:
     whose store reports more pending compaction bytes than this receives no bins until its
     background compactions catch up (``None``: no limit), so installs never pile work onto a
     store whose compactions would then compete with the epochs for the CPU.
+    ``max_l0_files``: likewise, a worker receives at most as many bins in an epoch as its store
+    lacks level-0 files to this many (``None``: no limit). The cheapest single move, which the
+    probe, a stall and an oversized wait make, is a bin written ahead where there is one
+    (docs/transfer.md), else the smallest.
     """
 
     def __init__(self, target_latency_s: float, margin: float = 1.2,
                  priority: str | Priority = "auto", patience: int = 3, window: int = 20,
                  min_history: int = 2, max_behind: int | None = 20,
-                 max_compaction_debt: int | None = DEFAULT_COMPACTION_DEBT) -> None:
+                 max_compaction_debt: int | None = DEFAULT_COMPACTION_DEBT,
+                 max_l0_files: int | None = DEFAULT_MAX_L0_FILES) -> None:
         def number(name: str, value: Any, low: float, integer: bool = False) -> None:
             ok = isinstance(value, int if integer else (int, float)) and \
                 not isinstance(value, bool) and math.isfinite(value) and value >= low
@@ -135,6 +142,8 @@ class DeadlinePolicy:
             number("max_behind", max_behind, 1, integer=True)
         if max_compaction_debt is not None:
             number("max_compaction_debt", max_compaction_debt, 0, integer=True)
+        if max_l0_files is not None:
+            number("max_l0_files", max_l0_files, 1, integer=True)
         if isinstance(priority, str) and priority not in PRIORITIES:
             raise PlanError(f"deadline policy: unknown priority {priority!r}; expected one of "
                             f"{', '.join(PRIORITIES)} or a callable")
@@ -149,23 +158,26 @@ class DeadlinePolicy:
         self.min_history = min_history
         self.max_behind = max_behind
         self.max_compaction_debt = max_compaction_debt
+        self.max_l0_files = max_l0_files
         self.spec: dict[str, Any] = {
             "name": "deadline", "target_latency_s": self.target_latency_s, "margin": self.margin,
             "priority": priority if isinstance(priority, str) else "custom",
             "patience": patience, "window": window, "min_history": min_history,
             "max_behind": max_behind, "max_compaction_debt": max_compaction_debt,
+            "max_l0_files": max_l0_files,
         }
         self.decisions: deque[StepDecision] = deque(maxlen=10_000)
         self.model: CostModel | None = None
         self.calibration = 1.0
         self._starved = 0
         self._behind = 0
+        self._ahead: frozenset[int] = frozenset()  # bins written ahead at the last commit
 
     @classmethod
     def from_spec(cls, params: Mapping[str, Any]) -> DeadlinePolicy:
         """The policy of a plan's ``{"name": "deadline", ...}`` (without ``name``)."""
         known = {"target_latency_s", "margin", "priority", "patience", "window", "min_history",
-                 "max_behind", "max_compaction_debt"}
+                 "max_behind", "max_compaction_debt", "max_l0_files"}
         unknown = set(params) - known
         if unknown:
             raise PlanError(f"deadline policy has unknown fields {sorted(unknown)}")
@@ -183,6 +195,7 @@ class DeadlinePolicy:
         if not view.remaining:
             return []
         par = Slots(view.parallelism, view.homes, view.host_slots)
+        self._ahead = written_ahead(view.history)
         model = CostModel.fit(view.history, par, self.window, view.traces)
         self.model = model
         self.calibration = self._calibrate(model, view.history, par)
@@ -194,7 +207,8 @@ class DeadlinePolicy:
         if not movable:
             return self._decide(view, "compaction", [], 0.0, budget,
                                 f"workers {sorted(indebted)} owe more than "
-                                f"{self.max_compaction_debt:,} bytes of compaction")
+                                f"{self.max_compaction_debt} bytes of compaction or hold "
+                                f"{self.max_l0_files} level-0 files or more")
         if len(movable) < len(view.remaining):
             view = replace(view, remaining=tuple(movable))
         workers = {int(w) for m in view.history[-self.window:] for w in m.per_worker}
@@ -202,7 +216,8 @@ class DeadlinePolicy:
         base = {(APPLY, w): model.processing_s(w) for w in workers}
         idle = self._predict(model, base, par)
         size = {m: view.bin_bytes.get(m.bin, 0) for m in view.remaining}
-        smallest = min(view.remaining, key=lambda m: (size[m], m))
+        # The cheapest single move: a bin written ahead if there is one (docs/transfer.md).
+        smallest = min(view.remaining, key=lambda m: (m.bin not in self._ahead, size[m], m))
         if not self._fits(idle, budget):
             self._behind += 1
             if self.max_behind is None or self._behind < self.max_behind:
@@ -225,11 +240,16 @@ class DeadlinePolicy:
                                 budget, "no transfer measured yet: the smallest bin alone")
         chosen: list[Move] = []
         work = dict(base)
+        room = self._l0_room(view.history)
         for move in self._order(view, model, base, size, budget, par):
+            if room.get(move.dst, 1) <= 0:
+                continue
             trial = self._with(model, work, move, size[move], view)
             if self._fits(self._predict(model, trial, par), budget):
                 work = trial
                 chosen.append(move)
+                if move.dst in room:
+                    room[move.dst] -= 1
         if chosen:
             self._starved = 0
             return self._decide(view, "fit", chosen, self._predict(model, work, par), budget)
@@ -249,11 +269,22 @@ class DeadlinePolicy:
         return self._decide(view, "oversized", [smallest], alone, budget, note)
 
     def _indebted(self, history: Sequence[EpochMetrics]) -> set[int]:
-        """Workers whose store owed more compaction than allowed at the newest epoch."""
-        if self.max_compaction_debt is None or not history:
+        """Workers whose store owed more compaction than allowed at the newest epoch, or held
+        ``max_l0_files`` level-0 files or more."""
+        if not history:
             return set()
+        debt, full = self.max_compaction_debt, self.max_l0_files
         return {int(w) for w, wm in history[-1].per_worker.items()
-                if (wm.pending_compaction_bytes or 0) > self.max_compaction_debt}
+                if (debt is not None and (wm.pending_compaction_bytes or 0) > debt)
+                or (full is not None and (wm.l0_files or 0) >= full)}
+
+    def _l0_room(self, history: Sequence[EpochMetrics]) -> dict[int, int]:
+        """Per worker with a known level-0 count, the bins it may still receive this epoch (an
+        ingested bin may add a level-0 file; a burst made receivers compact in the epochs)."""
+        if self.max_l0_files is None or not history:
+            return {}
+        return {int(w): self.max_l0_files - int(wm.l0_files)
+                for w, wm in history[-1].per_worker.items() if wm.l0_files is not None}
 
     def _calibrate(self, model: CostModel, history: Sequence[EpochMetrics],
                    parallelism: Slots) -> float:
@@ -284,7 +315,8 @@ class DeadlinePolicy:
         receiver (the sender's records are kept: a conservative prediction)."""
         out = dict(work)
         src, dst = (EXPORT, move.src), (APPLY, move.dst)
-        out[src] = out.get(src, 0.0) + model.export_s(move.src, nbytes)
+        scanned = 0 if move.bin in self._ahead else nbytes  # a file written ahead: its patch
+        out[src] = out.get(src, 0.0) + model.export_s(move.src, scanned)
         records = view.bin_records.get(move.bin, 0.0)
         out[dst] = out.get(dst, 0.0) + model.install_s(move.dst, nbytes) + \
             model.record_s(move.dst) * records
@@ -292,6 +324,16 @@ class DeadlinePolicy:
 
     def _order(self, view: EpochView, model: CostModel, base: Work,
                size: Mapping[Move, int], budget: float, par: Slots) -> list[Move]:
+        """The moves in the order they are tried: by :attr:`priority`; for the built-in
+        orders but ``relief``, the bins whose files are written ahead first (they cost their
+        sender almost nothing), each part in that order."""
+        ordered = self._by_priority(view, model, base, size, budget, par)
+        if callable(self.priority) or self.priority == "relief" or not self._ahead:
+            return ordered
+        return sorted(ordered, key=lambda m: m.bin not in self._ahead)  # stable
+
+    def _by_priority(self, view: EpochView, model: CostModel, base: Work,
+                     size: Mapping[Move, int], budget: float, par: Slots) -> list[Move]:
         moves = list(view.remaining)
         if callable(self.priority):
             return sorted(moves, key=lambda m: self.priority(m, view))
@@ -316,6 +358,15 @@ class DeadlinePolicy:
                                        round(predicted, 4), round(budget, 4), note,
                                        round(self.calibration, 3)))
         return moves
+
+
+def written_ahead(history: Sequence[EpochMetrics]) -> frozenset[int]:
+    """The bins whose senders held their files written ahead at the newest epoch's commit
+    (docs/transfer.md, "Bins written ahead"); empty without one."""
+    if not history:
+        return frozenset()
+    return frozenset(int(b) for wm in history[-1].per_worker.values()
+                     for b in (wm.ahead_bins or ()))
 
 
 def busiest_workers(history: Sequence[EpochMetrics]) -> set[int]:

@@ -168,7 +168,8 @@ class StateBackend(Protocol):
         ...
 
     def ingest_bin_files(self, files: Sequence[BinFile]) -> ImportStats:
-        """Ingest :meth:`write_bin_file` files (moved, not copied) into bins empty here."""
+        """Ingest :meth:`write_bin_file` files (moved, not copied) into bins empty here, then
+        the patches of files written ahead (RocksDB's ``take_ahead``)."""
         ...
 
     # -- inspection and lifecycle ------------------------------------------------------------

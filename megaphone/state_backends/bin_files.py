@@ -11,6 +11,7 @@ milliseconds that a small bin does not pay back (``bench/RESULTS.md``, "Shipping
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import uuid
 from collections.abc import Iterator
@@ -45,11 +46,19 @@ def file_min_bytes(mode: str) -> int | None:
     return {"auto": FILE_MIN_BYTES, "files": 0, "rows": None}[check_transfer(mode)]
 
 
+FILE_KINDS = ("bin", "ahead", "patch")
+"""What a bin file holds: the whole bin as of its export (``"bin"``), the whole bin as of a
+snapshot before it (``"ahead"``, written ahead: docs/transfer.md), or the changes to such a
+file since its snapshot (``"patch"``: puts and deletions, ingested after it)."""
+
+
 @dataclass(frozen=True)
 class BinFile:
     """One bin's state as an SST file: its ``bin``, the ``keys`` and ``bytes`` (keys plus
-    values, as the bin's counters count them) it holds, the file's ``size`` and ``path`` on
-    this host. ``name`` identifies the file across hosts (the receiver's copy has the same)."""
+    values, as the bin's counters count them) the bin holds once the file is installed, the
+    file's ``size`` and ``path`` on this host. ``name`` identifies the file across hosts (the
+    receiver's copy has the same). ``kind``: one of :data:`FILE_KINDS` (a patch counts no keys
+    or bytes: its bin's file written ahead counts the bin's)."""
 
     bin: int
     keys: int
@@ -57,6 +66,7 @@ class BinFile:
     size: int
     path: str
     name: str
+    kind: str = "bin"
 
     def to_wire(self) -> dict[str, Any]:
         """The descriptor as a msgpack-able map."""
@@ -67,11 +77,13 @@ class BinFile:
         """The descriptor from :meth:`to_wire`'s map (``ValueError`` if it is malformed)."""
         try:
             made = cls(int(data["bin"]), int(data["keys"]), int(data["bytes"]),
-                       int(data["size"]), str(data["path"]), str(data["name"]))
+                       int(data["size"]), str(data["path"]), str(data["name"]),
+                       data.get("kind", "bin"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed bin file descriptor {data!r}: {exc}") from None
         if min(made.bin, made.keys, made.bytes, made.size) < 0 or \
-                not made.name.isalnum():
+                not made.name.isalnum() or made.kind not in FILE_KINDS or \
+                (made.kind == "patch" and (made.keys or made.bytes)):
             raise ValueError(f"malformed bin file descriptor {data!r}")
         return made
 
@@ -108,7 +120,7 @@ class FileAssembler:
         if seen is None:
             os.makedirs(self.directory, exist_ok=True)
             path = os.path.join(self.directory, f"in-{desc.name}.sst")
-            local = BinFile(desc.bin, desc.keys, desc.bytes, desc.size, path, desc.name)
+            local = dataclasses.replace(desc, path=path)
             with open(path, "wb") as fh:
                 fh.truncate(desc.size)
             seen = (local, set(), 0)

@@ -12,14 +12,24 @@ checked against :data:`KEPT_NAME`, in parts of at most :data:`MAX_PART_BYTES`), 
 them. A kept file stays until the sender's store begins an epoch after the one that kept it
 (:func:`drop_kept`), so a retried receiver pulls it again; a reopened store deletes what is
 left, and a file that is gone fails the pull (and so the epoch) loudly.
+
+Without a checkpoint location every worker's store lives in the pipeline's state directory, which
+each task's service reaches. A moving bin's file is then kept the same way, and the receiving
+store's service links it from the sender's store into its own (:func:`link_kept`: a hard link,
+a copy where the filesystem has none): only a :class:`LinkRef` crosses the shuffle, and the
+file's bytes are neither read nor written again (docs/transfer.md, "Within the state
+directory").
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import itertools
 import os
 import re
+import shutil
 import socket
 import stat
 from collections.abc import Iterable
@@ -76,13 +86,93 @@ class FileRef:
         return cls(made, worker, list(source), host)
 
 
+@dataclass(frozen=True)
+class LinkRef:
+    """A bin file kept in the outgoing transfer directory of the store of ``worker``, a sibling
+    of the receiver's store in the pipeline's state directory: the receiver's service links it
+    (:func:`link_kept`). Its path is never taken from the shuffle: the receiving task names the
+    sender's store, the service checks it is a sibling of its own."""
+
+    file: BinFile
+    worker: int
+
+    def to_wire(self) -> dict[str, Any]:
+        """The descriptor as a msgpack-able map (the shuffle's file column holds it)."""
+        return {**self.file.to_wire(), "worker": self.worker, "link": True}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> LinkRef:
+        """The reference :meth:`to_wire` wrote (``ValueError`` if it is malformed)."""
+        made, worker = BinFile.from_wire(data), data.get("worker")
+        if not KEPT_NAME.fullmatch(made.name) or data.get("link") is not True or \
+                isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
+            raise ValueError(f"malformed bin file link {data!r:.200}")
+        return cls(made, worker)
+
+
+def link_kept(store_path: str, sender_path: str, made: BinFile, into: str) -> BinFile:
+    """The kept file ``made`` of the store at ``sender_path``, linked (copied where the
+    filesystem cannot link) into the directory ``into`` of the store at ``store_path``; that
+    copy, ready to ingest. The sender's store must be a sibling of the receiver's (one state
+    directory's ``workers/``), the name a kept file's, the file a regular one of the described
+    size: else a ``ValueError``. A file that is not there (its store reopened since, or its
+    epoch committed) is a ``StoreUnavailable``: the epoch's job runs again, and exports anew."""
+    if not KEPT_NAME.fullmatch(made.name):
+        raise ValueError(f"no kept bin file is named {made.name!r:.80}")
+    here, there = os.path.abspath(store_path), os.path.abspath(sender_path)
+    if here == there or os.path.dirname(here) != os.path.dirname(there):
+        raise ValueError(f"store {sender_path} is not a sibling of {store_path}: a kept file is "
+                         "linked only within one state directory")
+    source = os.path.join(transfer_dir(there, "out"), f"out-{made.name}.sst")
+    try:
+        st = os.lstat(source)
+    except FileNotFoundError:
+        raise StoreUnavailable(f"StoreUnavailable: bin file {made.name} is not kept in "
+                               f"{sender_path} (its store reopened since)") from None
+    if not stat.S_ISREG(st.st_mode) or st.st_size != made.size:
+        raise ValueError(f"kept bin file {made.name} is not a regular file of {made.size} bytes")
+    os.makedirs(into, exist_ok=True)
+    target = os.path.join(into, f"in-{made.name}.sst")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(target)  # a retried attempt's link
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        shutil.copyfile(source, target)
+    return dataclasses.replace(made, path=target)
+
+
+def link_all(store_path: str, links: list[dict[str, Any]]) -> list[BinFile]:
+    """:func:`link_kept` for each of ``links`` (a :class:`LinkRef`'s map plus its sender's
+    ``store`` path) into the incoming transfer directory of the store at ``store_path``; the
+    linked copies (all deleted again if one fails)."""
+    inbox, files = transfer_dir(store_path, "in"), []
+    try:
+        for wire in links:
+            ref = LinkRef.from_wire(wire)
+            files.append(link_kept(store_path, str(wire.get("store")), ref.file, inbox))
+    except BaseException:
+        discard(files)
+        raise
+    return files
+
+
+def discard(files: Iterable[BinFile]) -> None:
+    """Delete ``files`` where they are still there."""
+    for f in files:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f.path)
+
+
 def keep_file(made: BinFile, epoch: int) -> BinFile:
     """Keep the bin file ``made`` (just written in its store's outgoing transfer directory) for
     a pull, under a name tagged with ``epoch``."""
     name = f"e{int(epoch)}{made.name}"
     path = os.path.join(os.path.dirname(made.path), f"out-{name}.sst")
     os.replace(made.path, path)
-    return BinFile(made.bin, made.keys, made.bytes, made.size, path, name)
+    return dataclasses.replace(made, path=path, name=name)
 
 
 def drop_kept(store_path: str, before: int) -> int:
@@ -191,5 +281,6 @@ def crossings(*hosts: str | None) -> int:
     return sum(1 for a, b in itertools.pairwise(known) if a != b)
 
 
-__all__ = ["KEPT_NAME", "MAX_PART_BYTES", "PULL_TIMEOUT_S", "FileNotKept", "FileRef", "crossings",
-           "drop_kept", "keep_file", "pull_files", "serve_file"]
+__all__ = ["KEPT_NAME", "MAX_PART_BYTES", "PULL_TIMEOUT_S", "FileNotKept", "FileRef", "LinkRef",
+           "crossings", "discard", "drop_kept", "keep_file", "link_all", "link_kept", "pull_files",
+           "serve_file"]

@@ -24,7 +24,7 @@ import pyarrow as pa
 from megaphone.paths import local_worker_path, service_dir
 from megaphone.state_backends.base import DEFAULT_CHUNK_BYTES
 from megaphone.state_backends.bin_files import BinFile, file_parts
-from megaphone.state_backends.handoff import FileRef
+from megaphone.state_backends.handoff import FileRef, LinkRef
 from megaphone.state_backends.service_client import (
     StoreError,
     StoreUnavailable,
@@ -237,6 +237,14 @@ class RemoteStore:
         return self._call("pull", lease=self.lease, pipeline=pipeline, part_bytes=part_bytes,
                           refs=[r.to_wire() for r in refs])
 
+    def link(self, refs: Sequence[LinkRef], senders: Sequence[str]) -> dict[str, Any]:
+        """Install arriving bins from files kept by sibling stores in the same state directory
+        (``senders``: each ref's sender's store path): the service links and ingests them
+        (:func:`~megaphone.state_backends.handoff.link_kept`); returns the path taken, keys,
+        bytes, seconds."""
+        return self._call("link", lease=self.lease, links=[
+            {**r.to_wire(), "store": str(s)} for r, s in zip(refs, senders, strict=True)])
+
     def read(self, raw_keys: Sequence[bytes]) -> list[bytes | None]:
         """Current values of ``raw_keys``."""
         if not raw_keys:
@@ -253,25 +261,34 @@ class RemoteStore:
 
     def commit(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes | None],
                old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int],
-               run: str = "", group_start: int | None = None) -> dict[str, Any]:
-        """The epoch's atomic write; returns its duration, the store's health figures and the
-        application's ``token`` (also in :attr:`token`). ``group_start``: as in :meth:`begin`."""
+               run: str = "", group_start: int | None = None,
+               ahead: Sequence[int] | None = None, ahead_min_bytes: int = 1) -> dict[str, Any]:
+        """The epoch's atomic write; returns its duration, the store's health figures, the
+        bins written ahead (``ahead``) and the application's ``token`` (also in :attr:`token`).
+        ``group_start``: as in :meth:`begin`. ``ahead``: the bins the worker is to send next,
+        in order, which the service writes ahead while idle if they hold at least
+        ``ahead_min_bytes`` (docs/transfer.md; ``None``: as before)."""
         reply = self._call("commit", lease=self.lease, epoch=epoch, keys=list(keys),
                            values=list(values), old=list(old), outputs=outputs,
-                           installed=list(installed), run=run, group_start=group_start)
+                           installed=list(installed), run=run, group_start=group_start,
+                           ahead=None if ahead is None else list(ahead),
+                           ahead_min_bytes=ahead_min_bytes)
         self.token = reply["token"]
         return reply
 
     def export(self, bins: Sequence[int], chunk_bytes: int, required: int | None = None,
                current: int | None = None, run: str = "", file_min_bytes: int | None = None,
-               keep: bool = False) -> Iterator[pa.RecordBatch | BinFile | FileRef]:
+               keep: bool = False, link_as: int | None = None
+               ) -> Iterator[pa.RecordBatch | BinFile | FileRef | LinkRef]:
         """Stream the state of ``bins`` as ``(k, v)`` chunks, as of the driver's last commit:
         first an epoch ``current`` that another run applied is rolled back, and a store behind
         ``required`` restored from its durable copy (as at :meth:`begin`). With
         ``file_min_bytes``, a bin of at least that many bytes comes as one :class:`BinFile` on
         this host instead, where the backend can write one (the caller deletes it). With
         ``keep``, such a file stays where the store is, for the receiver's home to pull, and a
-        :class:`FileRef` to it comes instead (if the service listens for other hosts)."""
+        :class:`FileRef` to it comes instead (if the service listens for other hosts). With
+        ``link_as`` (the sending worker; and ``current``), it stays there for a sibling store's
+        service to link, and a :class:`LinkRef` to it comes instead."""
         finished = False
         if self.remote and not keep:  # a file would be written on the home's disk, out of
             file_min_bytes = None  # this task's reach
@@ -279,9 +296,13 @@ class RemoteStore:
             for frame in self.conn.receive_stream("export", **self._id, bins=list(bins),
                                                   chunk_bytes=chunk_bytes, required=required,
                                                   current=current, run=run,
-                                                  file_min_bytes=file_min_bytes, keep=keep):
+                                                  file_min_bytes=file_min_bytes, keep=keep,
+                                                  link=link_as is not None and
+                                                  current is not None):
                 if "ref" in frame:
                     yield FileRef.from_wire(frame["ref"])
+                elif "kept" in frame and link_as is not None:
+                    yield LinkRef(BinFile.from_wire(frame["kept"]), link_as)
                 elif "file" in frame:
                     yield BinFile.from_wire(frame["file"])
                 else:

@@ -15,7 +15,7 @@ import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +23,6 @@ from rocksdict import (
     AccessType,
     Checkpoint,
     IngestExternalFileOptions,
-    Options,
     Rdict,
     ReadOptions,
     SstFileWriter,
@@ -45,16 +44,20 @@ from megaphone.state_backends.fresh_keys import FreshTracker
 from megaphone.state_backends.kv_batches import kv_columns, sorted_unique
 from megaphone.state_backends.memory import STATE_FILE
 from megaphone.state_backends.page_cache import PageCacheWarmer
+from megaphone.state_backends.prepared_bins import AheadWrite, PreparedBins, StoreClosed
 from megaphone.state_backends.rocksdb_tuning import (
     db_options,
     flush_in_background,
     memtable_bytes,
 )
+from megaphone.state_backends.sst_files import (
+    AHEAD_CHUNK_KEYS,
+    SstGroup,
+    write_in_chunks,
+    write_patch,
+)
 from megaphone.state_backends.stats import STATS_META, BinCounters
 from megaphone.state_backends.timer_keys import collect_due
-
-SST_FILE_BYTES = 64 << 20
-"""Target size of one SST file written by :meth:`RocksDBBackend.import_sst`."""
 
 INGEST_DIR_PREFIX = ".megaphone-ingest-"
 """Prefix of the temporary directory (inside the DB dir) that holds SST files being ingested."""
@@ -103,6 +106,7 @@ class RocksDBBackend(BackendBase):
         # memory (an exporter scans each bin once and needs no warming).
         self._warmer = None if read_only else PageCacheWarmer(self.path)
         self._warm()
+        self._ahead = PreparedBins()  # bins written ahead (docs/transfer.md)
 
     def _warm(self) -> None:
         if self._warmer is not None:
@@ -168,6 +172,7 @@ class RocksDBBackend(BackendBase):
         # write-ahead log's disk (about 0.4 ms here) so it survives a power loss, not only a
         # process crash. Other writes reach the log unsynced and become durable with it.
         self._db.write(wb, _SYNCED if meta else None)
+        self._ahead.note(keys, bins)
         if counters is not None:
             self._counters = counters
 
@@ -199,6 +204,7 @@ class RocksDBBackend(BackendBase):
             wb.delete_range(bin_prefix(start), bin_prefix(stop))
         wb.put(meta_key(STATS_META), counters.to_bytes())
         self._db.write(wb)
+        self._ahead.forget(bins.tolist())
         self._counters = counters
 
     # ------------------------------------------------------------------ SST bulk import
@@ -215,7 +221,7 @@ class RocksDBBackend(BackendBase):
         tmp = tempfile.mkdtemp(prefix=INGEST_DIR_PREFIX, dir=self.path)
         nkeys = nbytes = 0
         try:
-            group = _SstGroup(tmp, self._options, self.num_bins)
+            group = SstGroup(tmp, self._options, self.num_bins)
             tracker = FreshTracker(self)
             for batch in batches:
                 k_arr, v_arr = sorted_unique(*kv_columns(batch))
@@ -223,10 +229,11 @@ class RocksDBBackend(BackendBase):
                     continue
                 bins = bins_of_arrow(k_arr)
                 self._check_raw_bins(bins)
+                self._ahead.forget(np.unique(bins).tolist())
                 keys = k_arr.to_pylist()
                 if group.last is not None and keys[0] <= group.last:
                     self._ingest(group)
-                    group = _SstGroup(tmp, self._options, self.num_bins)
+                    group = SstGroup(tmp, self._options, self.num_bins)
                 key_lens, val_lens = arrow_lengths(k_arr), arrow_lengths(v_arr)
                 old_lens, _ = tracker.old_lens(k_arr, keys, bins)
                 delta = self._counters.delta(bins, key_lens, val_lens, old_lens)
@@ -238,7 +245,7 @@ class RocksDBBackend(BackendBase):
             shutil.rmtree(tmp, ignore_errors=True)
         return ImportStats("sst", nkeys, nbytes)
 
-    def _ingest(self, group: _SstGroup) -> None:
+    def _ingest(self, group: SstGroup) -> None:
         files = group.finish()
         if not files:
             return
@@ -281,8 +288,82 @@ class RocksDBBackend(BackendBase):
             raise
         return BinFile(b, keys, nbytes, os.path.getsize(path), path, name)
 
+    def start_ahead(self, b: int, min_bytes: int) -> AheadWrite | None:
+        """Begin writing bin ``b``'s file ahead of its move (docs/transfer.md): its state as
+        of now (a RocksDB iterator's implicit snapshot), and from now on the keys written in it
+        are noted. ``None`` if it holds fewer than ``min_bytes`` bytes or is already written
+        ahead. Call it with the store's lock held; then :meth:`write_ahead` (without it) and
+        :meth:`finish_ahead` (with it)."""
+        b = int(self._check_bin_ids([b])[0])
+        self._check_writable()
+        if b in self._ahead or not self._counters.keys[b] or self._counters.bytes[b] < min_bytes:
+            return None
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(bin_prefix(b + 1))
+        ro.fill_cache(False)  # bulk scans must not evict the operator's working set
+        # The iterator is created now, and sees the DB as of now however long it runs.
+        return AheadWrite(self._ahead.start(b), self._db.items(from_key=bin_prefix(b),
+                                                               read_opt=ro), ro)
+
+    def write_ahead(self, job: AheadWrite, pause: Callable[[], bool] = lambda: False,
+                    lock: contextlib.AbstractContextManager | None = None,
+                    chunk: int = AHEAD_CHUNK_KEYS) -> str:
+        """Write ``job``'s bin as :meth:`start_ahead` saw it into a file in the outgoing
+        transfer directory (:func:`~megaphone.state_backends.sst_files.write_in_chunks`: each
+        ``chunk`` of keys under ``lock``, waiting between them while ``pause()``); its path.
+        :class:`StoreClosed` if the store closes first."""
+        directory = transfer_dir(self.path, "out")
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"out-{new_file_name(job.entry.bin)}.sst")
+
+        def check_open() -> None:
+            if self._db is None:
+                raise StoreClosed(f"{self.path} closed while bin {job.entry.bin} was written "
+                                  "ahead")
+
+        write_in_chunks(path, self._options, job.items, check_open, pause, lock, chunk)
+        return path
+
+    def finish_ahead(self, job: AheadWrite, path: str) -> bool:
+        """Keep ``job``'s written file (the store's lock held); False if its bin changed
+        otherwise than by key writes meanwhile (the file is deleted)."""
+        return self._ahead.finished(job.entry, path)
+
+    def ahead_bins(self) -> list[int]:
+        """The bins whose file is written ahead."""
+        return self._ahead.ready()
+
+    def forget_ahead(self, keep: Iterable[int]) -> None:
+        """Delete the files written ahead of every bin not in ``keep`` (no longer wanted)."""
+        wanted = {int(b) for b in keep}
+        self._ahead.forget([b for b in self._ahead.pending() if b not in wanted])
+
+    def take_ahead(self, b: int) -> list[BinFile]:
+        """Bin ``b`` from its file written ahead: that file, counting the bin's keys and bytes
+        now, then a patch file of the keys written since its snapshot (their values now, or
+        their deletion) if there are any; empty if it has no such file (or is empty now)."""
+        entry = self._ahead.take(b)
+        if entry is None or entry.path is None:  # (taken only once written)
+            return []
+        keys, nbytes = int(self._counters.keys[b]), int(self._counters.bytes[b])
+        if keys == 0:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+            return []
+        name = os.path.basename(entry.path)[len("out-"):-len(".sst")]
+        files = [BinFile(b, keys, nbytes, os.path.getsize(entry.path), entry.path, name,
+                         "ahead")]
+        if entry.dirty:
+            dirty = sorted(entry.dirty)
+            name = new_file_name(b)
+            path = os.path.join(os.path.dirname(entry.path), f"out-{name}.sst")
+            write_patch(path, self._options, zip(dirty, self.get_raw(dirty), strict=True))
+            files.append(BinFile(b, 0, 0, os.path.getsize(path), path, name, "patch"))
+        return files
+
     def ingest_bin_files(self, files: Sequence[BinFile]) -> ImportStats:
-        """Ingest :meth:`write_bin_file` files, moving them into the DB, in one ingestion.
+        """Ingest :meth:`write_bin_file` files, moving them into the DB, in one ingestion, then
+        the patches of files written ahead (:meth:`take_ahead`) in a second one.
 
         Their bins must be empty here. The counters are written (synced) before the files are
         ingested: a crash in between leaves counters that overstate empty bins, which the next
@@ -292,17 +373,24 @@ class RocksDBBackend(BackendBase):
         self._check_writable()
         if not files:
             return ImportStats("files", 0, 0)
+        patches = [f for f in files if f.kind == "patch"]
+        files = [f for f in files if f.kind != "patch"]
         bins = np.array([f.bin for f in files], dtype=np.int64)
         self._check_raw_bins(bins)
         if len(np.unique(bins)) != len(bins):
             raise ValueError(f"two files for one bin among bins {sorted(bins.tolist())}")
+        patched = [f.bin for f in patches]
+        if len(set(patched)) != len(patched) or not set(patched) <= set(bins.tolist()):
+            raise ValueError(f"patches of bins {sorted(patched)} without one file written "
+                             "ahead each to patch")
         full = bins[~self._counters.empty_mask()[bins]]
         if full.size:
             raise ValueError(f"bins {sorted(full.tolist())} are not empty here: a bin file "
                              "installs a whole bin")
-        for f in files:
+        for f in [*files, *patches]:
             if not os.path.isfile(f.path) or os.path.getsize(f.path) != f.size:
                 raise ValueError(f"bin file {f.path} is missing or not {f.size} bytes")
+        self._ahead.forget(bins.tolist())
         counters = self._counters.copy()
         counters.keys[bins] += [f.keys for f in files]
         counters.bytes[bins] += [f.bytes for f in files]
@@ -313,6 +401,9 @@ class RocksDBBackend(BackendBase):
         try:
             self._db.ingest_external_file([f.path for f in sorted(files, key=lambda f: f.bin)],
                                           _MOVED)
+            if patches:  # over their bins' files written ahead: a later ingestion wins
+                self._db.ingest_external_file(
+                    [f.path for f in sorted(patches, key=lambda f: f.bin)], _MOVED)
         except Exception:
             self.drop_bins(bins.tolist())  # back to empty bins and matching counters
             raise
@@ -345,6 +436,7 @@ class RocksDBBackend(BackendBase):
     def close(self) -> None:
         """Flush and close the DB; safe to call twice."""
         if self._db is not None:
+            self._ahead.clear()
             self._db.close()
             self._db = None  # type: ignore[assignment]
 
@@ -352,40 +444,3 @@ class RocksDBBackend(BackendBase):
         """Short description for logs."""
         return (f"RocksDBBackend(path={self.path!r}, key_type={self.key_type!r}, "
                 f"num_bins={self.num_bins}, read_only={self.read_only})")
-
-
-class _SstGroup:
-    """SST files of one ingestion: strictly increasing keys, each file about SST_FILE_BYTES."""
-
-    _ids = 0
-
-    def __init__(self, directory: str, options: Options, num_bins: int) -> None:
-        _SstGroup._ids += 1
-        self.id = _SstGroup._ids
-        self.directory = directory
-        self.options = options
-        self.files: list[str] = []
-        self.writer: SstFileWriter | None = None
-        self.last: bytes | None = None
-        self.delta = BinCounters(num_bins)
-
-    def add(self, keys: list[bytes], values: list[bytes], delta: BinCounters) -> None:
-        """Append one sorted batch (above ``last``); roll to a new file past SST_FILE_BYTES."""
-        if self.writer is None:
-            path = os.path.join(self.directory, f"data-{self.id}-{len(self.files)}.sst")
-            self.writer = SstFileWriter(self.options)
-            self.writer.open(path)
-            self.files.append(path)
-        collections.deque(map(self.writer.__setitem__, keys, values), maxlen=0)
-        self.last = keys[-1]
-        self.delta.add(delta)
-        if self.writer.file_size() >= SST_FILE_BYTES:
-            self.writer.finish()
-            self.writer = None
-
-    def finish(self) -> list[str]:
-        """Close the open file and return every file of the group, in key order."""
-        if self.writer is not None:
-            self.writer.finish()
-            self.writer = None
-        return self.files

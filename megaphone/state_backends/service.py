@@ -45,10 +45,19 @@ import pyarrow as pa
 from megaphone.errors import MegaphoneError
 from megaphone.paths import local_worker_path, service_dir
 from megaphone.state_backends import wire
+from megaphone.state_backends.ahead_writer import AheadWishes, AheadWriter
 from megaphone.state_backends.base import StateBackend
 from megaphone.state_backends.bin_files import BinFile, FileAssembler, transfer_dir
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
-from megaphone.state_backends.handoff import FileRef, drop_kept, keep_file, pull_files, serve_file
+from megaphone.state_backends.handoff import (
+    FileRef,
+    discard,
+    drop_kept,
+    keep_file,
+    link_all,
+    pull_files,
+    serve_file,
+)
 from megaphone.state_backends.host import host_id
 from megaphone.state_backends.network import (
     Network,
@@ -91,6 +100,7 @@ class _Entry:
     last_used: float = field(default_factory=time.monotonic)
     owners: set[tuple[int, int]] = field(default_factory=set)  # (jvm pid, start time)
     log: LogTrim = field(default_factory=LogTrim)
+    ahead: AheadWishes = field(default_factory=AheadWishes)  # bins to write ahead
 
 
 class StoreService:
@@ -107,8 +117,15 @@ class StoreService:
         self.stopping = threading.Event()
         self.orphaned = False  # stores were closed because their executor is gone
         self.watched: set[tuple[int, int]] = set()  # executors that connected (pid, start)
+        self.in_flight = 0  # requests being answered
+        #: Writes the bins the stores are to send next while no epoch runs here.
+        self.ahead_writer = AheadWriter(self._entries, lambda: self.in_flight, self.stopping)
 
     # -- stores -------------------------------------------------------------------------------
+
+    def _entries(self) -> list[_Entry]:
+        with self._lock:
+            return list(self.stores.values())
 
     def entry(self, req: dict[str, Any], owner: tuple[int, int] | None) -> _Entry:
         """The open store ``req["path"]``, opened now if needed; settings must match."""
@@ -159,41 +176,47 @@ class StoreService:
                 if req is None:
                     return
                 self.last_activity = time.monotonic()
-                if guard is not None:
-                    try:
-                        req = guard(req)
-                    except NetworkRefused as exc:
-                        log.warning("refused a network request: %s", exc)
-                        wire.refuse(sock, exc)
-                        return
-                op = req.get("op")
+                with self._lock:
+                    self.in_flight += 1
                 try:
-                    if op == "hello":
-                        pid = req.get("watch")
-                        start = process_start(pid) if pid else None
-                        owner = (pid, start) if start is not None else None
-                        if owner is not None:
-                            self.watched.add(owner)
-                        send_frame(sock, {"ok": True, "pid": os.getpid(), "code": code_id()})
-                    elif op == "export":
-                        self._export(sock, req, owner)
-                    elif op == "install":
-                        self._install(sock, req, owner)
-                    elif op == "ingest_parts":
-                        self._ingest_parts(sock, req, owner)
-                    elif op == "fetch":
-                        serve_file(sock, req)
-                    else:
-                        handler = getattr(self, f"op_{op}", None)
-                        if handler is None:
-                            raise ValueError(f"unknown store service operation {op!r}")
-                        send_frame(sock, {"ok": True, **(handler(req, owner) or {})})
-                except Exception as exc:
-                    log.info("%s failed: %r", op, exc)
-                    send_frame(sock, {"ok": False, "error": type(exc).__name__,
-                                      "message": str(exc)})
-                    if op in ("export", "install", "ingest_parts", "fetch"):
-                        return  # the stream's remaining frames are unread: drop the connection
+                    if guard is not None:
+                        try:
+                            req = guard(req)
+                        except NetworkRefused as exc:
+                            log.warning("refused a network request: %s", exc)
+                            wire.refuse(sock, exc)
+                            return
+                    op = req.get("op")
+                    try:
+                        if op == "hello":
+                            pid = req.get("watch")
+                            start = process_start(pid) if pid else None
+                            owner = (pid, start) if start is not None else None
+                            if owner is not None:
+                                self.watched.add(owner)
+                            send_frame(sock, {"ok": True, "pid": os.getpid(), "code": code_id()})
+                        elif op == "export":
+                            self._export(sock, req, owner)
+                        elif op == "install":
+                            self._install(sock, req, owner)
+                        elif op == "ingest_parts":
+                            self._ingest_parts(sock, req, owner)
+                        elif op == "fetch":
+                            serve_file(sock, req)
+                        else:
+                            handler = getattr(self, f"op_{op}", None)
+                            if handler is None:
+                                raise ValueError(f"unknown store service operation {op!r}")
+                            send_frame(sock, {"ok": True, **(handler(req, owner) or {})})
+                    except Exception as exc:
+                        log.info("%s failed: %r", op, exc)
+                        send_frame(sock, {"ok": False, "error": type(exc).__name__,
+                                          "message": str(exc)})
+                        if op in ("export", "install", "ingest_parts", "fetch"):
+                            return  # the stream's remaining frames are unread: drop the connection
+                finally:
+                    with self._lock:
+                        self.in_flight -= 1
         except wire.FrameError as exc:  # not this protocol: say why, then drop the connection
             log.warning("dropped a connection: %s", exc)
             wire.refuse(sock, exc)
@@ -214,6 +237,7 @@ class StoreService:
         a new lease, the stored outputs on replay."""
         entry = self.entry(req, owner)
         with entry.lock:
+            entry.ahead.opened()
             restored = self._catch_up(entry, req)
             apply = entry.store.check_can_apply(epoch := req["epoch"], req.get("group_start"))
             drop_kept(req["path"], req.get("current", epoch))  # their epochs are committed
@@ -321,6 +345,20 @@ class StoreService:
         finally:
             files.discard()
 
+    def op_link(self, req: dict[str, Any], owner) -> dict[str, Any]:
+        """Install arriving bins from files kept by sibling stores of the same state directory
+        (``links``: each a :class:`~megaphone.state_backends.handoff.LinkRef`'s map plus the
+        sender's ``store`` path): linked into the store's incoming transfer directory and
+        ingested at once, with no byte read or written."""
+        entry = self._leased(req, owner)
+        files = link_all(req["path"], req["links"])
+        try:
+            with entry.lock:
+                _check_lease(entry, req)
+                return _ingest(entry, files)
+        finally:
+            discard(files)  # ingested files were moved away
+
     def op_read(self, req: dict[str, Any], owner) -> dict[str, Any]:
         """Current values of raw keys."""
         entry = self.entry(req, owner)
@@ -342,7 +380,12 @@ class StoreService:
                                        req["outputs"], req["installed"], req.get("run", ""),
                                        req.get("group_start"))
             seconds = time.perf_counter() - started
-            return {"seconds": seconds, "token": token, **entry.store.health()}
+            entry.ahead.committed(req.get("ahead"), req.get("ahead_min_bytes", 1))
+            backend = entry.store.backend
+            ahead = backend.ahead_bins() if backend.supports_bin_files else []
+        if entry.ahead.bins:
+            self.ahead_writer.wake()
+        return {"seconds": seconds, "token": token, "ahead": ahead, **entry.store.health()}
 
     def _export(self, sock: socket.socket, req: dict[str, Any], owner) -> None:
         """Stream bins as ``(k, v)`` chunks; with ``file_min_bytes`` (and a backend that can),
@@ -351,23 +394,33 @@ class StoreService:
         (:mod:`~megaphone.state_backends.handoff`): its reference goes instead."""
         entry = self.entry(req, owner)
         min_bytes = req.get("file_min_bytes")
+        current = req.get("current")
         source = self.network.address if self.network is not None and req.get("keep") and \
-            isinstance(req.get("current"), int) and isinstance(req.get("worker"), int) else None
+            isinstance(current, int) and isinstance(req.get("worker"), int) else None
+        link = bool(req.get("link")) and isinstance(current, int)
         with entry.lock:
+            entry.ahead.opened()
             self._catch_up(entry, req)
             backend = entry.store.backend
             if min_bytes is None or not backend.supports_bin_files:
                 _send_chunks(sock, backend, req["bins"], req["chunk_bytes"])
             else:
                 for b in req["bins"]:
-                    made = backend.write_bin_file(b, max(1, min_bytes))
-                    if made is not None and source is not None:
-                        kept = keep_file(made, req["current"])
-                        send_frame(sock, {"ref": FileRef(kept, req["worker"], source, host_id(
-                            self.network.host_dir)).to_wire()})
-                    elif made is not None:
-                        send_frame(sock, {"file": made.to_wire()})
-                    else:
+                    made = backend.take_ahead(b)  # written ahead, and a patch of what changed
+                    if not made:
+                        whole = backend.write_bin_file(b, max(1, min_bytes))
+                        made = [] if whole is None else [whole]
+                    for f in made:
+                        if source is not None:
+                            kept = keep_file(f, current)
+                            send_frame(sock, {"ref": FileRef(kept, req["worker"], source,
+                                                             host_id(self.network.host_dir)
+                                                             ).to_wire()})
+                        elif link:
+                            send_frame(sock, {"kept": keep_file(f, current).to_wire()})
+                        else:
+                            send_frame(sock, {"file": f.to_wire()})
+                    if not made:
                         _send_chunks(sock, backend, [b], req["chunk_bytes"])
             entry.last_used = time.monotonic()
         send_frame(sock, {"ok": True, "end": True})

@@ -39,7 +39,7 @@ from megaphone.plans.planner import plan_from
 from megaphone.plans.scale_decision import ScaleDecision, decide
 
 if TYPE_CHECKING:
-    from megaphone.plans.plan_queue import MigrationHandle
+    from megaphone.plans.handle import MigrationHandle
 
 log = logging.getLogger("megaphone.autoscale")
 

@@ -30,8 +30,8 @@ from megaphone.migrator.statedir.recovery import check_and_recover
 from megaphone.migrator.task.local_epoch import run_epoch_tasks
 from megaphone.migrator.task.spec import shuffle_schema
 from megaphone.migrator.task.updates import make_update
+from megaphone.plans.handle import MigrationHandle
 from megaphone.plans.plan import MigrationPlan, PlanError
-from megaphone.plans.plan_queue import MigrationHandle
 from megaphone.plans.policy import plan_policy
 from megaphone.routing.keys import KEY_ARROW_TYPES
 from megaphone.routing.table import RoutingTable

@@ -79,6 +79,9 @@ DRIVER_PHASES = ("admit", "layout", "submit", "collect", "commit", "cleanup")
 WORKER_PHASES = ("export", "receive", "install", "apply")
 #: Every phase name: crash points and timings use these.
 PHASES = DRIVER_PHASES + WORKER_PHASES
+#: Bins each old owner's store writes ahead of their moves (docs/transfer.md, "Bins written
+#: ahead"): a few epochs' worth of moves at the deadline policy's pace on the billion-key run.
+AHEAD_BINS = 16
 #: Weight of the newest epoch in the per-bin load (records per bin, exponentially smoothed).
 LOAD_SMOOTHING = 0.3
 #: The driver's clock for an epoch's processing time (seconds; tests replace it).
@@ -303,6 +306,7 @@ class EpochRun:
             shuffle_schema=shuffle,
             local_dir=holder.local_dir,
             run_id=holder.run_id,
+            ahead=holder.plans.upcoming(AHEAD_BINS),
             **fields,
             **self.driver.hot.spec_fields(update, layout, self.driver.task_slots or 1),
         )

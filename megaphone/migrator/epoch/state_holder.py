@@ -27,8 +27,9 @@ from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.statedir.driver_copy import DriverCopy
 from megaphone.migrator.statedir.recovery import RecoveryReport, check_and_recover
 from megaphone.migrator.statedir.registry import register, unregister
+from megaphone.plans.handle import MigrationHandle
 from megaphone.plans.plan import MigrationPlan
-from megaphone.plans.plan_queue import MigrationHandle, PlanQueue
+from megaphone.plans.plan_queue import PlanQueue
 from megaphone.plans.planner import BinSizes
 from megaphone.plans.policy import MigrationPolicy
 from megaphone.records import EpochMetrics, epoch_records

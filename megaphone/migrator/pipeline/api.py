@@ -11,8 +11,8 @@ from megaphone.migrator.control.plan_inputs import pipeline_source, state_dir_so
 from megaphone.migrator.pipeline.facade import Pipeline
 from megaphone.migrator.statedir.directory import StateDir
 from megaphone.migrator.statedir.registry import running_pipeline
+from megaphone.plans.handle import MigrationHandle
 from megaphone.plans.plan import MigrationPlan, PlanError
-from megaphone.plans.plan_queue import MigrationHandle
 from megaphone.plans.planner import plan_from
 from megaphone.plans.policy import MigrationPolicy
 from megaphone.plans.strategies import FLUID

@@ -31,9 +31,9 @@ from megaphone.migrator.statedir.recovery import RecoveryReport
 from megaphone.migrator.task.updates import UpdateArg
 from megaphone.operators.stateful_processor import transform_with_state
 from megaphone.paths import StateDirPaths
+from megaphone.plans.handle import MigrationHandle
 from megaphone.plans.hot_keys import DEFAULT_CAPACITY, HeavyHitters, SplitPolicy
 from megaphone.plans.plan import MigrationPlan
-from megaphone.plans.plan_queue import MigrationHandle
 from megaphone.plans.planner import BinSizes
 from megaphone.plans.policy import MigrationPolicy
 from megaphone.records import EpochMetrics

@@ -25,8 +25,8 @@ from megaphone.migrator.statedir.commit import StreamPosition
 from megaphone.migrator.statedir.driver_copy import DriverCopy
 from megaphone.migrator.statedir.inbox import PlanInbox, copy_committed
 from megaphone.paths import driver_state_path
+from megaphone.plans.handle import MigrationHandle
 from megaphone.plans.plan import MigrationPlan, PlanError
-from megaphone.plans.plan_queue import MigrationHandle
 from megaphone.plans.policy import MigrationPolicy
 from megaphone.routing.table import RoutingTable
 from megaphone.spark import is_connect

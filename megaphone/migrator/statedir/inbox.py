@@ -21,8 +21,9 @@ from megaphone.migrator.statedir.commit import Commit
 from megaphone.migrator.statedir.directory import StateDir, committed_routing
 from megaphone.migrator.statedir.driver_copy import DriverCopy, Files
 from megaphone.paths import INBOX, PLAN_SUFFIX, ROUTING, STATUS_SUFFIX
+from megaphone.plans.handle import MigrationHandle, Progress
 from megaphone.plans.plan import MigrationPlan, PlanError
-from megaphone.plans.plan_queue import MigrationHandle, PlanQueue, Progress
+from megaphone.plans.plan_queue import PlanQueue
 from megaphone.routing.table import RoutingTable
 
 #: The ``meta`` key of a posted plan's inbox name.

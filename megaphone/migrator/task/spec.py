@@ -85,6 +85,9 @@ class EpochSpec:
     labels: tuple[int, ...] = ()
     watermarks: tuple[int | None, ...] = ()
     processing_time_us: int | None = None
+    #: Per worker, the bins it is to send next, in order: its store service writes their files
+    #: ahead while idle (docs/transfer.md, "Bins written ahead").
+    ahead: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def grouped(self) -> bool:

@@ -50,6 +50,7 @@ from megaphone.migrator.task.updates import (
     partial_aggregates,
 )
 from megaphone.records import WorkerMetrics, WorkerReport
+from megaphone.state_backends.bin_files import file_min_bytes
 from megaphone.state_backends.encoding import encode_keys
 from megaphone.state_backends.host import host_id
 from megaphone.state_backends.remote import DurableSpec, RemoteStore
@@ -257,8 +258,12 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     marks["applied"] = time.time()
     crash_point("apply", spec.epoch, spec.local_dir)
     t0 = time.perf_counter()
+    min_bytes = file_min_bytes(spec.transfer)
     health = store.commit(spec.epoch, keys, values, old, batch_to_ipc(outputs), incoming,
-                          spec.run_id, group_start)
+                          spec.run_id, group_start,
+                          ahead=spec.ahead.get(worker, ()) if min_bytes is not None else None,
+                          ahead_min_bytes=max(1, min_bytes or 0))
+    metrics.ahead_bins = health.get("ahead") or None
     metrics.commit_s = time.perf_counter() - t0
     marks["committed"] = time.time()
     metrics.store_commit_s = health["seconds"]

@@ -35,7 +35,7 @@ from megaphone.state_backends.bin_files import (
     transfer_dir,
 )
 from megaphone.state_backends.encoding import payload_bytes
-from megaphone.state_backends.handoff import FileRef, crossings
+from megaphone.state_backends.handoff import FileRef, LinkRef, crossings
 from megaphone.state_backends.host import host_id
 from megaphone.state_backends.remote import RemoteStore
 
@@ -62,7 +62,7 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None
     started, schema = time.perf_counter(), spec.shuffle_schema
     moves = spec.outgoing.get(sender, ())
     bytes_by_bin: dict[int, int] = {}
-    keys_out = files = 0
+    keys_out = files = ahead = ahead_bytes = 0
     min_bytes = file_min_bytes(spec.transfer)
     spans: list[list[float]] = []  # [bin, start, end] on the wall clock, for the trace
     hosts = [] if store is None else [store_host(spec, sender, store), host_id(spec.local_dir)]
@@ -71,11 +71,15 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None
         spans.append([b, time.time(), 0.0])
         for item in store.export([b], spec.chunk_bytes, spec.required_epoch(sender),
                                  spec.epoch, spec.run_id, file_min_bytes=min_bytes,
-                                 keep=bool(spec.homes and spec.secret)):
-            if isinstance(item, BinFile | FileRef):
-                f = item.file if isinstance(item, FileRef) else item
+                                 keep=bool(spec.homes and spec.secret),
+                                 link_as=sender if links_within(spec) else None):
+            if isinstance(item, BinFile | FileRef | LinkRef):
+                f = item if isinstance(item, BinFile) else item.file
                 yield from _file_rows(schema, dst, item, spec, hosts)
-                keys, size, files = f.keys, f.bytes, files + 1
+                keys, size = f.keys, f.bytes
+                files += f.kind != "patch"
+                if f.kind == "ahead":
+                    ahead, ahead_bytes = ahead + 1, ahead_bytes + f.bytes
             else:
                 keys, size = item.num_rows, payload_bytes(item)
                 yield _bound(schema, dst, b, RowKind.STATE, {
@@ -86,12 +90,20 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None
         spans[-1][2] = time.time()
     if moves:
         metrics = WorkerMetrics(bins_out=len(moves), keys_out=keys_out, files_out=files,
+                                ahead_out=ahead or None, ahead_bytes_out=ahead_bytes or None,
                                 bytes_out=sum(bytes_by_bin.values()),
                                 export_s=time.perf_counter() - started,
                                 export_spans=spans or None)
         report = WorkerReport(sender, metrics, bytes_by_bin).to_json()
         yield rows(schema, 1, {WORKER: pa.array([min(dst for _, dst in moves)], pa.int32()),
                                EXPORT_REPORT: pa.array([report])}, RowKind.EXPORT_REPORT)
+
+
+def links_within(spec: EpochSpec) -> bool:
+    """Whether moving bins' files are linked from store to store (docs/transfer.md, "Within
+    the state directory"): without a checkpoint location, where every worker's store is in the
+    state directory, which each task's store service reaches."""
+    return spec.checkpoint is None
 
 
 def _bound(schema: pa.Schema, dst: int, b: int, kind: RowKind, columns: dict[str, pa.Array],
@@ -106,12 +118,13 @@ def store_host(spec: EpochSpec, worker: int, store: RemoteStore) -> str:
     return spec.homes[worker][0] if store.remote else host_id(spec.local_dir)
 
 
-def _file_rows(schema: pa.Schema, dst: int, f: BinFile | FileRef, spec: EpochSpec,
+def _file_rows(schema: pa.Schema, dst: int, f: BinFile | FileRef | LinkRef, spec: EpochSpec,
                hosts: list[str]) -> Iterator[pa.RecordBatch]:
     """One shuffle row per part of bin file ``f`` to worker ``dst``, each naming the ``hosts``
     its bytes went through (the file is deleted once shipped, or when shipping fails); a
-    reference to a file kept at the sender's home goes as one row without bytes."""
-    if isinstance(f, FileRef):
+    reference to a file kept at the sender's home, or in its store for a sibling store to
+    link, goes as one row without bytes."""
+    if isinstance(f, FileRef | LinkRef):
         yield _bound(schema, dst, f.file.bin, RowKind.FILE_PART,
                      {STATE_FILE: pa.array([msgpack.packb(f.to_wire())], pa.binary())})
         crash_point("export", spec.epoch, spec.local_dir)
@@ -141,6 +154,7 @@ class Arrivals:
         self.records: list[pa.RecordBatch] = []
         self.files = FileAssembler(transfer_dir(store_path, "in"))
         self.refs: list[FileRef] = []  # files kept at their senders' homes
+        self.links: list[LinkRef] = []  # files kept in their senders' stores, to link
         self._paths: dict[str, tuple[int, list[str]]] = {}  # per file: bytes, hosts so far
         self._arrived = False
 
@@ -173,6 +187,9 @@ class Arrivals:
             if "source" in wire:
                 self.refs.append(ref := FileRef.from_wire(wire))
                 self._paths[ref.file.name] = (ref.file.bytes, [ref.host])
+            elif "link" in wire:
+                self.links.append(link := LinkRef.from_wire(wire))
+                self._paths[link.file.name] = (link.file.bytes, [])
             else:
                 f = BinFile.from_wire(wire)
                 self.files.add(f, int(wire["offset"]), data)
@@ -212,7 +229,8 @@ class Arrivals:
         a file of a bin this worker does not install at this epoch. Counts the bytes pulled
         home to home and the bytes times the host crossings of every file."""
         files = self.files.complete()
-        stray = sorted(({f.bin for f in files} | {r.file.bin for r in self.refs}) - set(incoming))
+        stray = sorted(({f.bin for f in files} | {r.file.bin for r in self.refs}
+                        | {r.file.bin for r in self.links}) - set(incoming))
         if stray:
             raise RuntimeError(f"worker {self.worker} received files of bins {stray} at epoch "
                                f"{self.spec.epoch} but does not install them: the epoch's "
@@ -221,6 +239,9 @@ class Arrivals:
         if self.refs:
             replies.append(pulled := store.pull(self.refs, self.spec.chunk_bytes))
             self.metrics.h2h_bytes = pulled["bytes"]
+        if self.links:
+            replies.append(store.link(self.links, [str(self.spec.worker_path(r.worker))
+                                                   for r in self.links]))
         if not replies:
             return None
         here = store_host(self.spec, self.worker, store)
@@ -228,7 +249,8 @@ class Arrivals:
                                         for n, path in self._paths.values())
         self.metrics.keys_in += sum(r["keys"] for r in replies)
         self.metrics.bytes_in += sum(r["bytes"] for r in replies)
-        self.metrics.files_in = len(files) + len(self.refs)
+        self.metrics.files_in = sum(f.kind != "patch" for f in [
+            *files, *(r.file for r in self.refs), *(r.file for r in self.links)])
         return "+".join(dict.fromkeys(r["method"] for r in replies))
 
 

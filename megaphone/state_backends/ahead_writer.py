@@ -1,0 +1,112 @@
+"""The store service's writer of bins ahead (docs/transfer.md, "Bins written ahead"): while no
+epoch runs at the service, it writes the files of the bins its stores are to send next, one bin
+at a time, a few thousand keys at a time, and stops between two chunks as soon as an epoch
+begins. The bins come with each commit (:attr:`AheadWishes`); the files live in the stores
+(:meth:`~megaphone.state_backends.rocksdb.RocksDBBackend.start_ahead`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from megaphone.state_backends.prepared_bins import StoreClosed
+
+log = logging.getLogger("megaphone.store_service")
+
+#: Seconds after an epoch's first request at a store before the writer stops waiting for its
+#: commit (a task that died in between).
+EPOCH_OPEN_S = 30.0
+#: How often the idle writer looks for work without being woken.
+IDLE_POLL_S = 0.5
+
+
+@dataclass
+class AheadWishes:
+    """What one store is to write ahead: its worker's next ``bins`` to send, in order, of at
+    least ``min_bytes`` each; and until when an epoch counts as running there (``open_until``,
+    monotonic: from its first request to its commit)."""
+
+    bins: list[int] = field(default_factory=list)
+    min_bytes: int = 1
+    open_until: float = 0.0
+
+    def opened(self) -> None:
+        """An epoch's request reached the store: it runs until its commit."""
+        self.open_until = time.monotonic() + EPOCH_OPEN_S
+
+    def committed(self, bins: Iterable[int] | None, min_bytes: int) -> None:
+        """The epoch committed; ``bins`` (``None``: unchanged) are the next to write."""
+        self.open_until = 0.0
+        if bins is not None:
+            self.bins, self.min_bytes = [int(b) for b in bins], max(1, int(min_bytes))
+
+
+class AheadWriter:
+    """Writes bins ahead for the stores ``entries()`` returns (objects with ``store``,
+    ``lock`` and ``ahead``: :class:`AheadWishes`) while the service is not :meth:`busy`
+    (``in_flight()``: requests being answered)."""
+
+    def __init__(self, entries: Callable[[], list[Any]], in_flight: Callable[[], int],
+                 stopping: threading.Event) -> None:
+        """A writer whose thread starts on the first :meth:`wake`."""
+        self._entries, self._in_flight, self._stopping = entries, in_flight, stopping
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def busy(self) -> bool:
+        """Whether a request is being answered, or an epoch runs at one of the stores (from
+        its first request to its commit): the writer waits meanwhile."""
+        now = time.monotonic()
+        return self._in_flight() > 0 or any(e.ahead.open_until > now for e in self._entries())
+
+    def wake(self) -> None:
+        """Look for work now (a commit named new bins), starting the thread on first use."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ahead-writer", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(IDLE_POLL_S)
+            self._wake.clear()
+            while not self._stopping.is_set() and not self.busy():
+                if not self.write_one():
+                    break
+
+    def write_one(self) -> bool:
+        """Write the next bin any store wants ahead, if any; whether there was one."""
+        for entry in self._entries():
+            with entry.lock:
+                backend = entry.store.backend
+                if not backend.supports_bin_files or backend.read_only:
+                    continue
+                wishes: AheadWishes = entry.ahead
+                backend.forget_ahead(wishes.bins)
+                job = next((j for b in wishes.bins
+                            if (j := backend.start_ahead(b, wishes.min_bytes)) is not None), None)
+            if job is None:
+                continue
+            try:
+                path = backend.write_ahead(job, pause=self.busy, lock=entry.lock)
+            except StoreClosed:
+                return True  # the store closed meanwhile: its files went with it
+            except Exception as exc:  # a full disk, say: the bin goes the usual way
+                log.warning("writing bin %d of %s ahead failed: %r", job.entry.bin,
+                            backend.path, exc)
+                with entry.lock:
+                    wishes.bins = [b for b in wishes.bins if b != job.entry.bin]
+                    backend.forget_ahead(wishes.bins)
+                return False
+            with entry.lock:
+                backend.finish_ahead(job, path)
+            return True
+        return False
+
+
+__all__ = ["EPOCH_OPEN_S", "AheadWishes", "AheadWriter"]
