@@ -143,6 +143,19 @@ def test_predictions_are_calibrated_by_the_measured_error():
     assert policy.calibration == 1.0
 
 
+def test_a_slow_moving_epoch_scales_only_what_moves_add():
+    """The calibration scales what moves add, not the epoch without them: after a moving epoch
+    that took twice its prediction, a pipeline whose own epoch fits its target is not
+    "behind" (the old factor on the whole prediction held the billion-key move there)."""
+    moves = [Move(b, 0, 1) for b in range(20)]
+    slow = epoch(moved={0: (MB, 0), 1: (0, MB)})
+    slow.duration_s *= 2  # 1.8 s where the model had 0.9 s, of which moving 0.2 s
+    policy = DeadlinePolicy(1.0, margin=1.0)
+    assert policy(view(moves, dict.fromkeys(range(20), MB), (*HISTORY, slow))) == []
+    assert policy.calibration > 1.5  # what moving added, over what the model replays
+    assert policy.decisions[-1].action == "wait"  # not "behind": 0.7 s of its own fits 1 s
+
+
 def test_the_margin_shrinks_what_fits():
     moves = [Move(b, 0, 1) for b in range(20)]
     chosen = DeadlinePolicy(2.0, margin=1.25)(view(moves, dict.fromkeys(range(20), MB)))

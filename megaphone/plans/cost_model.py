@@ -230,15 +230,17 @@ class CostModel:
         own or as one of ``group_size`` epochs of a group (its share of the job's overhead)."""
         return self.overhead_s / max(1, group_size) + stages_s(work, parallelism)
 
-    def replay_s(self, record: EpochMetrics, parallelism: int | Slots = 1) -> float:
+    def replay_s(self, record: EpochMetrics, parallelism: int | Slots = 1,
+                 moved: bool = True) -> float:
         """The duration this model predicts for a recorded epoch, from its records and the
-        bytes each worker sent and received."""
+        bytes each worker sent and received (none if not ``moved``: the epoch without its
+        transfers)."""
         work: dict[tuple[int, int], float] = {}
         for w, wm in record.per_worker.items():
             w = int(w)
-            work[EXPORT, w] = self.export_s(w, scanned_out(wm))
+            work[EXPORT, w] = self.export_s(w, scanned_out(wm)) if moved else 0.0
             work[APPLY, w] = (self.record_s(w) * (wm.records_in or 0)
-                              + self.install_s(w, wm.bytes_in or 0))
+                              + (self.install_s(w, wm.bytes_in or 0) if moved else 0.0))
         return self.epoch_s(work, parallelism, record.group_size or 1)
 
 

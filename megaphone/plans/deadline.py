@@ -172,6 +172,7 @@ class DeadlinePolicy:
         self._starved = 0
         self._behind = 0
         self._ahead: frozenset[int] = frozenset()  # bins written ahead at the last commit
+        self._base: Work = {}  # the epoch's work without moves
 
     @classmethod
     def from_spec(cls, params: Mapping[str, Any]) -> DeadlinePolicy:
@@ -213,7 +214,7 @@ class DeadlinePolicy:
             view = replace(view, remaining=tuple(movable))
         workers = {int(w) for m in view.history[-self.window:] for w in m.per_worker}
         workers |= {w for m in view.remaining for w in (m.src, m.dst)}
-        base = {(APPLY, w): model.processing_s(w) for w in workers}
+        base = self._base = {(APPLY, w): model.processing_s(w) for w in workers}
         idle = self._predict(model, base, par)
         size = {m: view.bin_bytes.get(m.bin, 0) for m in view.remaining}
         # The cheapest single move: a bin written ahead if there is one (docs/transfer.md).
@@ -288,14 +289,18 @@ class DeadlinePolicy:
 
     def _calibrate(self, model: CostModel, history: Sequence[EpochMetrics],
                    parallelism: Slots) -> float:
-        """The 75th percentile of measured / replayed duration over the epochs of the newest
-        ``window`` that moved state (1 without any; never below 1)."""
+        """The 75th percentile, over the epochs of the newest ``window`` that moved state, of
+        what moving added to the epoch as measured over what the model replays (1 without any;
+        never below 1). It scales only what moves add (:meth:`_predict`): a slow moving epoch
+        once scaled the whole prediction, and kept a pipeline idling at half its target
+        "behind" for 20 epochs (bench/RESULTS.md, "The billion-key move, bins written ahead")."""
         ratios = []
         for m in history[-self.window:]:
             if m.bytes_moved and m.per_worker:
-                predicted = model.replay_s(m, parallelism)
-                if predicted > 0:
-                    ratios.append(m.duration_s / predicted)
+                idle = model.replay_s(m, parallelism, moved=False)
+                added = model.replay_s(m, parallelism) - idle
+                if added > 0:
+                    ratios.append((m.duration_s - idle) / added)
         if not ratios:
             return 1.0
         ratios.sort()
@@ -306,8 +311,10 @@ class DeadlinePolicy:
         return self.margin * predicted <= budget + EPSILON_S
 
     def _predict(self, model: CostModel, work: Work, parallelism: Slots) -> float:
-        """The model's epoch duration for ``work``, calibrated by its measured error."""
-        return self.calibration * model.epoch_s(work, parallelism)
+        """The model's epoch duration for ``work``: the epoch without moves as the model has it,
+        plus what the moves add, calibrated by its measured error (:meth:`_calibrate`)."""
+        idle = model.epoch_s(self._base, parallelism)
+        return idle + self.calibration * max(0.0, model.epoch_s(work, parallelism) - idle)
 
     def _with(self, model: CostModel, work: Work, move: Move, nbytes: int,
               view: EpochView) -> dict[tuple[int, int], float]:

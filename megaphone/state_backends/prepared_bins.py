@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from megaphone.errors import MegaphoneError
+
 
 @dataclass
 class PreparedBin:
@@ -113,7 +115,7 @@ class AheadWrite:
     read_options: Any
 
 
-class StoreClosed(RuntimeError):
+class StoreClosed(MegaphoneError, RuntimeError):
     """The store a bin was being written ahead from closed meanwhile (its files went too)."""
 
 
