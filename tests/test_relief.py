@@ -25,9 +25,8 @@ from megaphone.plans import (
     plan_rescale,
     target_moves,
 )
-from megaphone.plans.deadline import busiest_workers, relief_first
 from megaphone.plans.policy import EpochView
-from megaphone.plans.relief import order_steps, relief_steps
+from megaphone.plans.relief import busiest_workers, order_steps, relief_first, relief_steps
 from megaphone.records import EpochMetrics, WorkerMetrics
 from megaphone.routing.fingerprint import Fingerprint
 from megaphone.routing.table import Move, RoutingTable

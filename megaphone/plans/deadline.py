@@ -55,6 +55,7 @@ from typing import Any
 from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, Slots, Work
 from megaphone.plans.plan import PlanError
 from megaphone.plans.policy import EpochView, register_policy
+from megaphone.plans.relief import relief_first
 from megaphone.records import EpochMetrics
 from megaphone.routing.table import Move
 
@@ -376,31 +377,6 @@ def written_ahead(history: Sequence[EpochMetrics]) -> frozenset[int]:
                      for b in (wm.ahead_bins or ()))
 
 
-def busiest_workers(history: Sequence[EpochMetrics]) -> set[int]:
-    """The workers that applied the most records in the newest epoch (empty without one)."""
-    if not history:
-        return set()
-    records = {int(w): wm.records_in or 0 for w, wm in history[-1].per_worker.items()}
-    top = max(records.values(), default=0)
-    return {w for w, n in records.items() if n == top} if top > 0 else set()
-
-
-def relief_first(view: EpochView, size: Mapping[Move, int]) -> list[Move]:
-    """``view.remaining`` by the records per epoch a move takes off the busiest worker (the
-    newest epoch's most records in) per byte moved, most first; then by its records per byte
-    (a bin of no bytes counts as one byte); ties keep the plan's order, which is relief order
-    when the plan was made with load. Without a measured epoch every sender counts as
-    busiest."""
-    busiest = busiest_workers(view.history)
-
-    def key(m: Move) -> tuple[float, float]:
-        per_byte = view.bin_records.get(m.bin, 0.0) / max(size[m], 1)
-        return (-per_byte if not busiest or m.src in busiest else 0.0, -per_byte)
-
-    return sorted(view.remaining, key=key)
-
-
 register_policy("deadline", DeadlinePolicy.from_spec)
 
-__all__ = ["PRIORITIES", "DeadlinePolicy", "Priority", "StepDecision", "busiest_workers",
-           "relief_first"]
+__all__ = ["PRIORITIES", "DeadlinePolicy", "Priority", "StepDecision", "written_ahead"]

@@ -20,13 +20,18 @@ order midway. Without load the order is bin order (:func:`order_steps` says so).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from megaphone.plans.plan import PlanError
 from megaphone.routing.table import Move
+
+if TYPE_CHECKING:
+    from megaphone.plans.policy import EpochView
+    from megaphone.records import EpochMetrics
 
 RELIEF = "relief"
 """Order name: the steps that most lower the largest worker load first."""
@@ -153,14 +158,40 @@ def relief_steps(steps: Sequence[Sequence[Move]], owners: np.ndarray,
     return out
 
 
+def busiest_workers(history: Sequence[EpochMetrics]) -> set[int]:
+    """The workers that applied the most records in the newest epoch (empty without one)."""
+    if not history:
+        return set()
+    records = {int(w): wm.records_in or 0 for w, wm in history[-1].per_worker.items()}
+    top = max(records.values(), default=0)
+    return {w for w, n in records.items() if n == top} if top > 0 else set()
+
+
+def relief_first(view: EpochView, size: Mapping[Move, int]) -> list[Move]:
+    """``view.remaining`` by the records per epoch a move takes off the busiest worker (the
+    newest epoch's most records in) per byte moved, most first; then by its records per byte
+    (a bin of no bytes counts as one byte); ties keep the plan's order, which is relief order
+    when the plan was made with load. Without a measured epoch every sender counts as
+    busiest."""
+    busiest = busiest_workers(view.history)
+
+    def key(m: Move) -> tuple[float, float]:
+        per_byte = view.bin_records.get(m.bin, 0.0) / max(size[m], 1)
+        return (-per_byte if not busiest or m.src in busiest else 0.0, -per_byte)
+
+    return sorted(view.remaining, key=key)
+
+
 __all__ = [
     "BINS",
     "ORDERS",
     "RELIEF",
     "Ordering",
+    "busiest_workers",
     "check_order",
     "max_loads",
     "order_steps",
+    "relief_first",
     "relief_steps",
     "usable_load",
     "worker_loads",

@@ -381,8 +381,10 @@ class StoreService:
                                        req.get("group_start"))
             seconds = time.perf_counter() - started
             entry.ahead.committed(req.get("ahead"), req.get("ahead_min_bytes", 1))
-            backend = entry.store.backend
-            ahead = backend.ahead_bins() if backend.supports_bin_files else []
+            backend, ahead = entry.store.backend, []
+            if backend.supports_bin_files:
+                backend.forget_ahead(entry.ahead.bins)  # those no longer named go now
+                ahead = backend.ahead_bins()
         if entry.ahead.bins:
             self.ahead_writer.wake()
         return {"seconds": seconds, "token": token, "ahead": ahead, **entry.store.health()}
