@@ -1,7 +1,7 @@
 """The store service's writer of bins ahead (docs/transfer.md, "Bins written ahead"): while no
 epoch runs at the service, it writes the files of the bins its stores are to send next, one bin
 at a time, a few thousand keys at a time, and stops between two chunks as soon as an epoch
-begins. The bins come with each commit (:attr:`AheadWishes`); the files live in the stores
+begins. The bins come with each commit (:class:`AheadWishes`); the files live in the stores
 (:meth:`~megaphone.state_backends.rocksdb.RocksDBBackend.start_ahead`).
 """
 
