@@ -173,7 +173,7 @@ class DeadlinePolicy:
         self._starved = 0
         self._behind = 0
         self._ahead: frozenset[int] = frozenset()  # bins written ahead at the last commit
-        self._base: Work = {}  # the epoch's work without moves
+        self._idle_s = 0.0  # the model's epoch without moves, for this decision
 
     @classmethod
     def from_spec(cls, params: Mapping[str, Any]) -> DeadlinePolicy:
@@ -215,7 +215,8 @@ class DeadlinePolicy:
             view = replace(view, remaining=tuple(movable))
         workers = {int(w) for m in view.history[-self.window:] for w in m.per_worker}
         workers |= {w for m in view.remaining for w in (m.src, m.dst)}
-        base = self._base = {(APPLY, w): model.processing_s(w) for w in workers}
+        base = {(APPLY, w): model.processing_s(w) for w in workers}
+        self._idle_s = model.epoch_s(base, par)
         idle = self._predict(model, base, par)
         size = {m: view.bin_bytes.get(m.bin, 0) for m in view.remaining}
         # The cheapest single move: a bin written ahead if there is one (docs/transfer.md).
@@ -314,8 +315,8 @@ class DeadlinePolicy:
     def _predict(self, model: CostModel, work: Work, parallelism: Slots) -> float:
         """The model's epoch duration for ``work``: the epoch without moves as the model has it,
         plus what the moves add, calibrated by its measured error (:meth:`_calibrate`)."""
-        idle = model.epoch_s(self._base, parallelism)
-        return idle + self.calibration * max(0.0, model.epoch_s(work, parallelism) - idle)
+        return self._idle_s + self.calibration * max(0.0, model.epoch_s(work, parallelism)
+                                                     - self._idle_s)
 
     def _with(self, model: CostModel, work: Work, move: Move, nbytes: int,
               view: EpochView) -> dict[tuple[int, int], float]:

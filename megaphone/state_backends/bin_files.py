@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -146,7 +146,12 @@ class FileAssembler:
 
     def discard(self) -> None:
         """Delete every file this assembler wrote that is still here."""
-        for local, _, _ in self._files.values():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(local.path)
+        discard(local for local, _, _ in self._files.values())
         self._files.clear()
+
+
+def discard(files: Iterable[BinFile]) -> None:
+    """Delete ``files`` where they are still there (an ingestion moved the others away)."""
+    for f in files:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f.path)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megaphone.errors import MegaphoneError
-from megaphone.state_backends.bin_files import BinFile, FileAssembler, transfer_dir
+from megaphone.state_backends.bin_files import BinFile, FileAssembler, discard, transfer_dir
 from megaphone.state_backends.service_client import StoreError, StoreUnavailable, dial_network
 from megaphone.state_backends.wire import FrameError, recv_frame, send_frame
 
@@ -159,13 +159,6 @@ def link_all(store_path: str, links: list[dict[str, Any]]) -> list[BinFile]:
     return files
 
 
-def discard(files: Iterable[BinFile]) -> None:
-    """Delete ``files`` where they are still there."""
-    for f in files:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f.path)
-
-
 def keep_file(made: BinFile, epoch: int) -> BinFile:
     """Keep the bin file ``made`` (just written in its store's outgoing transfer directory) for
     a pull, under a name tagged with ``epoch``."""
@@ -282,5 +275,5 @@ def crossings(*hosts: str | None) -> int:
 
 
 __all__ = ["KEPT_NAME", "MAX_PART_BYTES", "PULL_TIMEOUT_S", "FileNotKept", "FileRef", "LinkRef",
-           "crossings", "discard", "drop_kept", "keep_file", "link_all", "link_kept", "pull_files",
+           "crossings", "drop_kept", "keep_file", "link_all", "link_kept", "pull_files",
            "serve_file"]

@@ -53,6 +53,7 @@ from megaphone.state_backends.rocksdb_tuning import (
 from megaphone.state_backends.sst_files import (
     AHEAD_CHUNK_KEYS,
     SstGroup,
+    new_sst,
     write_in_chunks,
     write_patch,
 )
@@ -276,16 +277,9 @@ class RocksDBBackend(BackendBase):
         os.makedirs(directory, exist_ok=True)
         name = new_file_name(b)
         path = os.path.join(directory, f"out-{name}.sst")
-        writer = SstFileWriter(self._options)
-        writer.open(path)
-        try:
+        with new_sst(path, self._options) as writer:
             collections.deque(itertools.starmap(writer.__setitem__, self._scan(b, b + 1)),
                               maxlen=0)
-            writer.finish()
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            raise
         return BinFile(b, keys, nbytes, os.path.getsize(path), path, name)
 
     def start_ahead(self, b: int, min_bytes: int) -> AheadWrite | None:
@@ -357,7 +351,12 @@ class RocksDBBackend(BackendBase):
             dirty = sorted(entry.dirty)
             name = new_file_name(b)
             path = os.path.join(os.path.dirname(entry.path), f"out-{name}.sst")
-            write_patch(path, self._options, zip(dirty, self.get_raw(dirty), strict=True))
+            try:
+                write_patch(path, self._options, zip(dirty, self.get_raw(dirty), strict=True))
+            except BaseException:  # no longer tracked: its file written ahead goes too
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                raise
             files.append(BinFile(b, 0, 0, os.path.getsize(path), path, name, "patch"))
         return files
 

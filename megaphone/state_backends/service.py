@@ -47,11 +47,10 @@ from megaphone.paths import local_worker_path, service_dir
 from megaphone.state_backends import wire
 from megaphone.state_backends.ahead_writer import AheadWishes, AheadWriter
 from megaphone.state_backends.base import StateBackend
-from megaphone.state_backends.bin_files import BinFile, FileAssembler, transfer_dir
+from megaphone.state_backends.bin_files import BinFile, FileAssembler, discard, transfer_dir
 from megaphone.state_backends.durable import SNAPSHOT_EVERY, DurableCopy
 from megaphone.state_backends.handoff import (
     FileRef,
-    discard,
     drop_kept,
     keep_file,
     link_all,

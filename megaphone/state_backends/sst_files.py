@@ -26,6 +26,21 @@ AHEAD_PAUSE_S = 0.01
 """How long a write ahead waits before checking again whether the epoch it paused for ended."""
 
 
+@contextlib.contextmanager
+def new_sst(path: str, options: Options) -> Iterator[SstFileWriter]:
+    """A writer of a new SST file at ``path``, finished when the block ends; the file is
+    deleted if the block (or the finish) fails."""
+    writer = SstFileWriter(options)
+    writer.open(path)
+    try:
+        yield writer
+        writer.finish()
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+
+
 def write_in_chunks(path: str, options: Options, items: Iterator[tuple[bytes, bytes]],
                     check_open: Callable[[], None], pause: Callable[[], bool],
                     lock: contextlib.AbstractContextManager | None,
@@ -33,9 +48,7 @@ def write_in_chunks(path: str, options: Options, items: Iterator[tuple[bytes, by
     """Write the sorted ``items`` into a new SST file at ``path``, ``chunk`` of them at a time,
     each under ``lock`` after ``check_open()`` (which raises if their store closed), waiting
     between chunks while ``pause()`` is true; the file is deleted if anything fails."""
-    writer = SstFileWriter(options)
-    writer.open(path)
-    try:
+    with new_sst(path, options) as writer:
         while True:
             with lock if lock is not None else contextlib.nullcontext():
                 check_open()
@@ -45,25 +58,19 @@ def write_in_chunks(path: str, options: Options, items: Iterator[tuple[bytes, by
                 break
             while pause():
                 time.sleep(AHEAD_PAUSE_S)
-        writer.finish()
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        raise
 
 
 def write_patch(path: str, options: Options, changes: Iterable[tuple[bytes, bytes | None]]
                 ) -> None:
     """A patch file at ``path``: each sorted ``(key, value)`` of ``changes`` put, or deleted
-    where its value is ``None`` (ingested over a file written ahead, it wins)."""
-    writer = SstFileWriter(options)
-    writer.open(path)
-    for k, v in changes:
-        if v is None:
-            del writer[k]
-        else:
-            writer[k] = v
-    writer.finish()
+    where its value is ``None`` (ingested over a file written ahead, it wins); deleted if
+    writing fails."""
+    with new_sst(path, options) as writer:
+        for k, v in changes:
+            if v is None:
+                del writer[k]
+            else:
+                writer[k] = v
 
 
 class SstGroup:
@@ -103,4 +110,5 @@ class SstGroup:
         return self.files
 
 
-__all__ = ["AHEAD_CHUNK_KEYS", "SST_FILE_BYTES", "SstGroup", "write_in_chunks", "write_patch"]
+__all__ = ["AHEAD_CHUNK_KEYS", "SST_FILE_BYTES", "SstGroup", "new_sst", "write_in_chunks",
+           "write_patch"]
