@@ -3,7 +3,7 @@
 A benchmark over ``1e7 .. 1e9`` keys cannot build its initial state through epochs (a billion
 records through Spark and a random get per key). Instead every key ``0 .. keys-1`` gets the
 count 1, written as sorted SST files into the RocksDB of the worker that owns its bin (the
-initial routing, bin ``b`` on worker ``b mod W``) through the backend's own ``import_sst``, so
+initial routing, contiguous ranges of bins) through the backend's own ``import_sst``, so
 the per-bin counters and the descriptor are exactly what the pipeline writes itself. The state
 directory itself is created by :class:`megaphone.Pipeline`, so the pipeline opens the result
 like any other state directory. The total of all counts after the load is ``keys``.
@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from megaphone.paths import StateDirPaths
 from megaphone.routing.bins import bin_of
+from megaphone.routing.table import initial_owners
 from megaphone.state_backends import open_backend
 
 #: Keys hashed per pass-1 step (about 0.1 GB of temporaries).
@@ -88,11 +89,6 @@ class LoadSpec:
         return StateDirPaths(self.state_dir).worker(worker)
 
 
-def owner_of(bins: np.ndarray, workers: int) -> np.ndarray:
-    """Worker of every bin under the initial routing (bin ``b`` on worker ``b mod workers``)."""
-    return bins % workers
-
-
 def raw_batch(bins: np.ndarray, keys: np.ndarray) -> pa.RecordBatch:
     """An exported-state batch ``(k, v)`` for sorted int64 keys, built without Python objects.
 
@@ -121,11 +117,12 @@ def bucket_pass(spec: LoadSpec, proc: int, done) -> None:
     """Pass 1: hash this process's key chunks and append each key to its bucket file."""
     buckets = spec.groups * spec.workers
     files = {}
+    owners = initial_owners(spec.num_bins, spec.workers)  # the routing table's version 0
     try:
         for lo, hi in _chunks(spec, proc):
             keys = np.arange(lo, hi, dtype=np.int64)
             bins = bin_of(keys, spec.num_bins).astype(np.int64)
-            bucket = (bins // spec.bins_per_group) * spec.workers + owner_of(bins, spec.workers)
+            bucket = (bins // spec.bins_per_group) * spec.workers + owners[bins]
             order = np.argsort(bucket, kind="stable")
             counts = np.bincount(bucket, minlength=buckets)
             sorted_keys = keys[order].astype(spec.key_dtype)

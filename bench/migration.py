@@ -124,6 +124,7 @@ from run_setup import (
 from megaphone import Pipeline, rescale
 from megaphone.migrator.control.offline import migrate_offline
 from megaphone.paths import StateDirPaths
+from megaphone.routing.table import ROUTING_FORMAT, initial_owners
 from megaphone.state_backends import open_backend
 
 LIVE_STRATEGIES = ("all-at-once", "fluid", "batched")
@@ -591,7 +592,7 @@ def prepare_template(cfg: Config, spark) -> tuple[Path, int, str]:
     template = cfg.state_root / "template"
     marker = cfg.state_root / "template.json"
     wanted = {"keys": cfg.keys, "workers": cfg.workers, "bins": cfg.bins,
-              "backend": cfg.backend, "value": 1}
+              "backend": cfg.backend, "value": 1, "routing": ROUTING_FORMAT}
     if template.exists() and marker.exists():
         saved = json.loads(marker.read_text())
         if saved.get("setup") == wanted:
@@ -619,7 +620,7 @@ def measure_backend(cfg: Config, template: Path) -> dict[str, float]:
     is the faster of the two: what a live transfer is held to.
     """
     _, target = reconfigurations(cfg)[0]
-    owners = np.arange(cfg.bins) % cfg.workers
+    owners = initial_owners(cfg.bins, cfg.workers)
     moving = sorted(target) if isinstance(target, dict) else list(range(cfg.bins))
     src = int(owners[moving[0]])
     bins = [b for b in moving if owners[b] == src]

@@ -7,16 +7,17 @@ as NEXMark draws them. The query's stateful stage -- Q7's window stage keyed by 
 join keyed by person id -- spends ``--cost-ms`` per record on top of its real work (the same
 cost model as the keyed count: :class:`Costly`), so the work parallelizes over workers.
 
-**Where the hot keys land.** A key's bin is fixed by its hash and bin ``b`` starts on worker
-``b mod --workers``, so the benchmark picks the stream instead of the keys: it takes the first
-seed from ``--seed`` on whose ``--hot`` most popular ids (``most_popular``: auctions for Q7,
-sellers for Q8) all lie in distinct bins of worker 0 (:func:`choose_stream`). Worker 0 then
-carries those keys' share of the records and about half of the rest, and at the benchmark's
-rate it falls behind; a scale-out with ``balance="load"`` spreads its hot bins over the new
-workers. Both orders and every round run on that same stream. With the defaults (``--skew``
-1.2 over 1000 ids, ``--hot-ratio`` 10, 6 hot ids, 64 bins) worker 0 carries about 72% of
-Q7's records and 67% of Q8's, and the busiest of the 4 workers after the scale-out about 25%
-(a short Q7 run measured 73% and 26%).
+**Where the hot keys land.** A key's bin is fixed by its hash and bin ``b`` starts on the
+worker whose range of bins holds it, so the benchmark picks the stream instead of the keys: it
+takes the first seed from ``--seed`` on whose ``--hot`` most popular ids (``most_popular``:
+auctions for Q7, sellers for Q8) all lie in distinct bins of worker 0 (:func:`choose_stream`).
+Worker 0 then carries those keys' share of the records and about half of the rest, and at the
+benchmark's rate it falls behind; a scale-out with ``balance="load"`` spreads its hot bins over
+the new workers. Both orders and every round run on that same stream. With the defaults
+(``--skew`` 1.2 over 1000 ids, ``--hot-ratio`` 10, 6 hot ids, 64 bins) worker 0 carries about
+72% of Q7's records and 67% of Q8's, and the busiest of the 4 workers after the scale-out about
+25% (a short Q7 run measured 73% and 26%, when bin ``b`` started on worker ``b mod
+--workers``).
 
 Each epoch reads its input from parquet files, written when its interval ends by a feeder
 thread (``bench/nexmark_input.py``), so generating the events is not part of the time between
@@ -54,6 +55,7 @@ from megaphone.nexmark.generator import (
 from megaphone.nexmark.queries import Q7, Q8, NexmarkQuery
 from megaphone.operators.process import Context, EpochBatch, KeyResults, Row, run_epoch
 from megaphone.routing.bins import bin_of
+from megaphone.routing.table import initial_owners
 from megaphone.state_backends import unpack_value
 
 #: The NEXMark workloads; the share of the stream's events their stateful stage reads (bids
@@ -114,14 +116,15 @@ def stream(args: argparse.Namespace, seed: int) -> NexmarkConfig:
 
 def choose_stream(args: argparse.Namespace) -> tuple[NexmarkConfig, list[int]]:
     """The stream of the first seed from ``--seed`` on whose ``--hot`` most popular ids all
-    lie in distinct bins of worker 0 (bin ``b`` starts on worker ``b mod --workers``), and
+    lie in distinct bins of worker 0 (the routing's version 0, :func:`initial_owners`), and
     those ids."""
     kind = HOT_KIND[args.workload]
+    first_owners = initial_owners(args.bins, args.workers)
     for seed in range(args.seed, args.seed + SEED_TRIES):
         config = stream(args, seed)
         ids = most_popular(config, kind, args.hot)
         bins = np.asarray(bin_of(ids, args.bins))
-        if len(set(bins.tolist())) == len(bins) and not (bins % args.workers).any():
+        if len(set(bins.tolist())) == len(bins) and not first_owners[bins].any():
             return config, ids.tolist()
     raise SystemExit(f"no seed in {args.seed}..{args.seed + SEED_TRIES - 1} puts the "
                      f"{args.hot} most popular {kind}s in distinct bins of worker 0: lower --hot")

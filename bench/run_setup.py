@@ -30,6 +30,7 @@ from report import EpochRow
 
 from megaphone import Pipeline
 from megaphone.routing.bins import xxhash64_unsigned
+from megaphone.routing.table import initial_owners
 
 #: Throw-away epochs run once before the first run, so no run pays for a cold JVM or cold
 #: Python workers.
@@ -114,7 +115,7 @@ def reconfigurations(cfg: Config) -> list[tuple[str, Target]]:
     """The scenario's reconfigurations in order, as ``(label, target)``."""
     if cfg.scenario == "scale-out":
         return [("scale-out", 2 * cfg.workers)]
-    owners = np.arange(cfg.bins) % cfg.workers  # the initial routing
+    owners = initial_owners(cfg.bins, cfg.workers)
     half = cfg.workers // 2
     out: dict[int, int] = {}
     for w in range(half, cfg.workers):

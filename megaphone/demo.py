@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -26,6 +27,7 @@ from megaphone.migrator.statedir.driver_copy import DriverCopy
 from megaphone.paths import STREAM_CHECKPOINT
 from megaphone.plans.handle import MigrationHandle
 from megaphone.plans.plan import MigrationPlan
+from megaphone.plans.targets import balanced_target, target_moves
 from megaphone.routing.table import Move
 
 #: Seconds between two polls of the committed epochs' metrics. Polling every 0.25 s doubled
@@ -53,10 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def scale_out_moves(pipe: Pipeline, workers: int) -> list[Move]:
-    """Moves that spread the bins of the current workers evenly over ``workers`` workers."""
+    """Moves that spread the bins evenly over ``workers`` workers, moving as few as possible
+    (the planner's own :func:`~megaphone.plans.targets.balanced_target`, by bin counts)."""
     owners = pipe.routing.owners()
-    return [Move(b, int(owners[b]), b % workers) for b in range(len(owners))
-            if b % workers != int(owners[b])]
+    return target_moves(owners, balanced_target(owners, np.zeros(len(owners)), workers))
 
 
 def words(value: Column, keys: int) -> Column:

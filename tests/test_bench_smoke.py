@@ -143,8 +143,9 @@ def test_profiles_and_scenario_targets(migration) -> None:
     (_, out), (_, back) = steps
     # half of the bins of the second half of the workers move to the first half, then back.
     assert set(out) == set(back)
-    assert all(b % cfg.workers >= cfg.workers // 2 for b in out)
-    assert all(back[b] == b % cfg.workers and out[b] == back[b] - cfg.workers // 2 for b in out)
+    first = [b * cfg.workers // cfg.bins for b in range(cfg.bins)]  # contiguous ranges
+    assert all(first[b] >= cfg.workers // 2 for b in out)
+    assert all(back[b] == first[b] and out[b] == back[b] - cfg.workers // 2 for b in out)
     assert len(out) == cfg.bins // cfg.workers // 2 * (cfg.workers // 2)
     full = migration.resolve(migration.parser().parse_args(["--keys", "1e7", "--scenario",
                                                              "scale-out"]))

@@ -138,16 +138,16 @@ def test_a_plan_posted_through_the_checkpoint_is_answered_once_and_followed(tmp_
     def post(plan: MigrationPlan):
         return inbox.post(plan, lambda: copy_committed(DriverCopy(uri)))
 
-    handle = post(MigrationPlan.from_moves(table, [[Move(1, 1, 2)]]))
+    handle = post(MigrationPlan.from_moves(table, [[Move(5, 1, 2)]]))
     inbox.take([], submitted.append)
-    assert [p.moves for p in submitted] == [[Move(1, 1, 2)]] and not handle.done
-    table.apply_step([Move(1, 1, 2)], 3)
+    assert [p.moves for p in submitted] == [[Move(5, 1, 2)]] and not handle.done
+    table.apply_step([Move(5, 1, 2)], 3)
     commit(3, 2)
     assert handle.wait(5) and handle.progress.epochs == [3] and handle.progress.bins_done == 1
-    again = post(MigrationPlan.from_moves(table, [[Move(3, 1, 2)]]))
+    again = post(MigrationPlan.from_moves(table, [[Move(6, 1, 2)]]))
     inbox.take([{"plan": again.plan.to_dict()}], submitted.append)
     assert len(submitted) == 1 and not again.done and again.accepted
-    refused = post(MigrationPlan.from_moves(table, [[Move(5, 1, 2)]]))
+    refused = post(MigrationPlan.from_moves(table, [[Move(7, 1, 2)]]))
 
     def refuse(plan: MigrationPlan) -> None:
         raise PlanError("refused by the pipeline")

@@ -44,7 +44,7 @@ def ts(seconds: int) -> dt.datetime:
 @st.composite
 def plans_for(draw, epochs: int, workers: int):
     """Before each epoch, maybe a plan of random valid moves (scale out to 4 workers and in)."""
-    owners = [b % workers for b in range(NUM_BINS)]
+    owners = [b * workers // NUM_BINS for b in range(NUM_BINS)]  # contiguous ranges
     plans = []
     for _ in range(epochs):
         steps = []

@@ -40,7 +40,7 @@ def group_scenarios(draw):
                for _ in range(epochs)]
     gaps = draw(st.lists(st.integers(1, 3), min_size=epochs, max_size=epochs))
     labels = [sum(gaps[:i + 1]) for i in range(epochs)]
-    owners = [b % 2 for b in range(NUM_BINS)]
+    owners = [b * 2 // NUM_BINS for b in range(NUM_BINS)]  # contiguous ranges
     steps = []
     offset = draw(st.integers(0, epochs - 1))
     for _ in range(draw(st.integers(0, 3))):
@@ -196,7 +196,7 @@ def test_a_deadline_plan_behind_its_target_lets_a_backlog_run_in_groups(spark, t
             got[row["e"]][row["k"]] = row["count"]
 
     run("e = 0")  # measures a group's floor and work
-    moves = [Move(b, b % 2, 2) for b in range(0, NUM_BINS, 3)]
+    moves = [Move(b, b // 8, 2) for b in range(0, NUM_BINS, 3)]
     handle = pipe.migrate(make_plan(pipe.routing, moves, "deadline", target_latency=60.0))
     # Labels 1-9: their input ended 300 s ago, behind the 60 s target: the plan waits.
     run("e between 1 and 9", input_end=time.time() - 300)

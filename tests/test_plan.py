@@ -43,7 +43,7 @@ def test_json_round_trip(steps, epochs):
 
 
 def test_valid_plan_passes_and_end_version():
-    p = plan((0, [(0, 0, 2), (1, 1, 3)]), (2, [(0, 2, 1)]))
+    p = plan((0, [(0, 0, 2), (9, 1, 3)]), (2, [(0, 2, 1)]))
     p.validate(table())
     assert p.end_version == 2
     assert p.absolute_epochs(10) == [10, 12]
@@ -58,13 +58,13 @@ def test_valid_plan_passes_and_end_version():
         (plan((0, [(2, 5, 1)])), r"step 0 \(epoch 0\), bin 2: unknown source worker 5"),
         (plan((0, [(2, 0, 1)]), (1, [(2, 0, 1)])),
          r"step 1 \(epoch 1\), bin 2: source worker 0 is not the owner at that point"),
-        (plan((0, [(3, 1, 0), (3, 1, 0)])), r"step 0 \(epoch 0\): bin 3 is moved twice"),
+        (plan((0, [(11, 1, 0), (11, 1, 0)])), r"step 0 \(epoch 0\): bin 11 is moved twice"),
         (plan((0, []), (1, [(0, 0, 1)])), r"step 0 \(epoch 0\): moves no bin"),
         (plan((0, [(0, 0, 1)]), (1, [])), r"step 1 \(epoch 1\): moves no bin"),
         (plan(base=3), "stale plan: it starts from routing version 3"),  # empty, yet stale
         (plan(fp=Fingerprint("other", 16, "str")), "another pipeline"),
         (plan((2, []), (1, [])), "not after the previous step"),
-        (plan((2, [(0, 0, 1)]), (2, [(1, 1, 0)])), "not after the previous step"),
+        (plan((2, [(0, 0, 1)]), (2, [(9, 1, 0)])), "not after the previous step"),
         (plan((0, [(0, 0, 1)]), fp=Fingerprint("other", 16, "str")), "another pipeline"),
         (plan((0, [(0, 0, 5000)])), "destination worker 5000"),
         (plan((0, [(0, 0, 0)])), "to itself"),
@@ -121,7 +121,7 @@ def test_malformed_json_is_a_plan_error(text, message):
 
 
 def test_from_moves_spaces_steps_by_gap():
-    p = MigrationPlan.from_moves(table(), [[Move(0, 0, 1)], [Move(1, 1, 0)]], gap=2)
+    p = MigrationPlan.from_moves(table(), [[Move(0, 0, 1)], [Move(9, 1, 0)]], gap=2)
     assert [s.epoch for s in p.steps] == [0, 3]
     p.validate(table())
 

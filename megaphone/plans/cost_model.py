@@ -130,8 +130,11 @@ class CostModel:
     shuffle), per job: an epoch alone pays it all, an epoch of a group of ``G`` a ``G``-th.
     Per worker:
     ``per_record_s`` processing per record, ``records`` records per epoch, and per byte of
-    state ``export_s_per_byte`` at the sender and ``install_s_per_byte`` at the receiver;
-    ``ship_s_per_byte`` is what moving epochs took beyond that (the shuffle). Workers never
+    state ``export_s_per_byte`` at the sender and ``install_s_per_byte`` at the receiver.
+    What moving epochs took beyond that is split (:func:`fixed_and_per_byte`) into
+    ``move_overhead_s``, paid once by a job that moves anything (its export stage, the files'
+    round trips), and ``ship_s_per_byte`` (the shuffle): charged all per byte, a 0.1 s fixed
+    cost held a billion-key move at one bin an epoch. Workers never
     measured get the median of the others. ``epochs_traced``: how many of the epochs seen
     gave their times from a trace.
     """
@@ -145,6 +148,7 @@ class CostModel:
     epochs_seen: int
     transfers_seen: int
     epochs_traced: int = 0
+    move_overhead_s: float = 0.0
 
     @classmethod
     def fit(cls, history: Iterable[EpochMetrics], parallelism: int | Slots = 1,
@@ -190,17 +194,18 @@ class CostModel:
         quiet = [o for o, moved in outsides if not moved]
         overhead = max(0.0, _median(quiet) or _median(o for o, _ in outsides) or 0.0)
         moving = [(o, moved) for o, moved in outsides if moved]
-        ship = _median(max(0.0, o - overhead) / moved for o, moved in moving)
+        fixed, ship = fixed_and_per_byte([(max(0.0, o - overhead), moved) for o, moved in moving])
         return cls(
             overhead_s=overhead,
             per_record_s={w: median(v) for w, v in per_record.items()},
             records={w: median(v) for w, v in records.items()},
             export_s_per_byte={w: median(v) for w, v in export.items()},
             install_s_per_byte={w: median(v) for w, v in install.items()},
-            ship_s_per_byte=ship or 0.0,
+            ship_s_per_byte=ship,
             epochs_seen=len(recent),
             transfers_seen=len(moving),
             epochs_traced=sum(u is not None for _, u in rows),
+            move_overhead_s=fixed,
         )
 
     @staticmethod
@@ -227,8 +232,11 @@ class CostModel:
 
     def epoch_s(self, work: Work, parallelism: int | Slots = 1, group_size: int = 1) -> float:
         """Predicted epoch duration for ``work`` (seconds per stage and worker), in a job of its
-        own or as one of ``group_size`` epochs of a group (its share of the job's overhead)."""
-        return self.overhead_s / max(1, group_size) + stages_s(work, parallelism)
+        own or as one of ``group_size`` epochs of a group (its share of the job's overhead);
+        ``work`` with an export stage moves state and pays :attr:`move_overhead_s` too."""
+        moving = any(stage == EXPORT for stage, _ in work)
+        return (self.overhead_s + self.move_overhead_s * moving) / max(1, group_size) \
+            + stages_s(work, parallelism)
 
     def replay_s(self, record: EpochMetrics, parallelism: int | Slots = 1,
                  moved: bool = True) -> float:
@@ -236,12 +244,33 @@ class CostModel:
         bytes each worker sent and received (none if not ``moved``: the epoch without its
         transfers)."""
         work: dict[tuple[int, int], float] = {}
+        moved = moved and bool(record.bytes_moved)
         for w, wm in record.per_worker.items():
             w = int(w)
-            work[EXPORT, w] = self.export_s(w, scanned_out(wm)) if moved else 0.0
+            if moved:
+                work[EXPORT, w] = self.export_s(w, scanned_out(wm))
             work[APPLY, w] = (self.record_s(w) * (wm.records_in or 0)
                               + (self.install_s(w, wm.bytes_in or 0) if moved else 0.0))
         return self.epoch_s(work, parallelism, record.group_size or 1)
+
+
+#: Two moving epochs tell a per-byte cost from a fixed one only if one moved this many times
+#: the other's bytes (bins of one size differ by a few percent: noise, not a slope).
+DISTINCT = 1.5
+
+
+def fixed_and_per_byte(extra: list[tuple[float, int]]) -> tuple[float, float]:
+    """``(fixed seconds, seconds per byte)`` of moving epochs' ``(extra seconds, bytes moved)``:
+    the slope is the median of the pairwise slopes (Theil-Sen: one slow epoch does not rule),
+    the fixed part the median of what the slope leaves; both at least 0. Epochs that all moved
+    about the same bytes cannot tell the two apart: all is fixed until an epoch moves
+    :data:`DISTINCT` times more (the deadline policy grows its moves by at most twice the most
+    bins moved recently, so it learns the slope before it relies on it)."""
+    slopes = [(e2 - e1) / (b2 - b1) for i, (e1, b1) in enumerate(extra)
+              for e2, b2 in extra[i + 1:] if max(b1, b2) >= DISTINCT * min(b1, b2)]
+    per_byte = max(0.0, _median(slopes) or 0.0)
+    fixed = _median(e - per_byte * b for e, b in extra)
+    return max(0.0, fixed or 0.0), per_byte
 
 
 def scanned_out(wm: WorkerMetrics) -> int:

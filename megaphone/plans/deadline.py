@@ -32,15 +32,15 @@ says so, and, if the pipeline stays behind for ``max_behind`` epochs in a row (t
 met even without migrating, e.g. an overloaded pipeline that needs this very rescale), the
 smallest bin alone, so the plan still makes progress; both are logged as warnings.
 
-Relief per byte: when the per-bin load is known (``bin_records``), a pipeline that is behind
-needs the moves that shrink its backlog fastest per second of transfer. An epoch lasts as long
-as its busiest worker, so only records taken off that worker shrink the backlog, and a
-transfer's time grows with its bytes. So the forced move of a ``stalled`` pipeline is the one
-that takes the most records per epoch per byte moved off the busiest worker (the newest
-epoch's most records in), not merely the smallest, and ``priority="relief"`` tries every
-epoch's moves in that order (then records per byte from the other workers, then plan order),
-filling the slack with the most relief it can buy (:func:`relief_first`). Without load both
-fall back to the smallest bin.
+Relief per second of transfer: when the per-bin load is known (``bin_records``), a pipeline
+that is behind needs the moves that shrink its backlog fastest per second of transfer. An epoch
+lasts as long as its busiest worker, so only records taken off that worker shrink the backlog,
+and a transfer's time is the model's export (none for a bin written ahead) and install of its
+bytes. So the forced move of a ``stalled`` pipeline is the one that takes the most records per
+epoch per second of transfer off the busiest worker (the newest epoch's most records in), not
+merely the smallest, and ``priority="relief"`` tries every epoch's moves in that order (then
+records per second from the other workers, then plan order), filling the slack with the most
+relief it can buy (:func:`relief_first`). Without load both fall back to the smallest bin.
 """
 
 from __future__ import annotations
@@ -116,7 +116,9 @@ class DeadlinePolicy:
     ``max_l0_files``: likewise, a worker receives at most as many bins in an epoch as its store
     lacks level-0 files to this many (``None``: no limit). The cheapest single move, which the
     probe, a stall and an oversized wait make, is a bin written ahead where there is one
-    (docs/transfer.md), else the smallest.
+    (docs/transfer.md), else the smallest. An epoch moves at most twice the most bins any
+    epoch of the ``window`` moved, so the cost model sees an epoch move more before it
+    predicts from it (:func:`~megaphone.plans.cost_model.fixed_and_per_byte`).
     """
 
     def __init__(self, target_latency_s: float, margin: float = 1.2,
@@ -199,6 +201,9 @@ class DeadlinePolicy:
         par = Slots(view.parallelism, view.homes, view.host_slots)
         self._ahead = written_ahead(view.history)
         model = CostModel.fit(view.history, par, self.window, view.traces)
+        if not model.export_s_per_byte and self.model is not None:
+            # Epochs whose bins all went written ahead measure no export: keep the last rate.
+            model = replace(model, export_s_per_byte=self.model.export_s_per_byte)
         self.model = model
         self.calibration = self._calibrate(model, view.history, par)
         budget = self.target_latency_s - view.lag_s
@@ -228,8 +233,9 @@ class DeadlinePolicy:
                                     f"lag {view.lag_s:.2f} s + predicted {idle:.2f} s leave no "
                                     "slack")
             self._behind = 0
-            forced = relief_first(view, size)[0] if view.bin_records else smallest
-            why = "the most relief per byte" if view.bin_records else "the smallest"
+            forced = relief_first(view, self._transfer_us(model, view, size))[0] \
+                if view.bin_records else smallest
+            why = "the most relief per second" if view.bin_records else "the smallest"
             note = (f"behind for {self.max_behind} epochs in a row (the target is missed even "
                     f"without migrating); moving {why} bin {forced.bin} alone")
             log.warning("deadline policy, epoch %d: %s", view.epoch, note)
@@ -244,7 +250,10 @@ class DeadlinePolicy:
         chosen: list[Move] = []
         work = dict(base)
         room = self._l0_room(view.history)
+        most = max((m.bins_moved for m in view.history[-self.window:]), default=0)
         for move in self._order(view, model, base, size, budget, par):
+            if most and len(chosen) >= 2 * most:
+                break
             if room.get(move.dst, 1) <= 0:
                 continue
             trial = self._with(model, work, move, size[move], view)
@@ -318,6 +327,14 @@ class DeadlinePolicy:
         return self._idle_s + self.calibration * max(0.0, model.epoch_s(work, parallelism)
                                                      - self._idle_s)
 
+    def _transfer_us(self, model: CostModel, view: EpochView,
+                     size: Mapping[Move, int]) -> dict[Move, int]:
+        """Each remaining move's predicted transfer in microseconds, its export (none for a bin
+        written ahead, a tenth of the cost: docs/transfer.md) and install."""
+        return {m: round(1e6 * (model.export_s(m.src, 0 if m.bin in self._ahead else size[m])
+                                + model.install_s(m.dst, size[m])))
+                for m in view.remaining}
+
     def _with(self, model: CostModel, work: Work, move: Move, nbytes: int,
               view: EpochView) -> dict[tuple[int, int], float]:
         """``work`` plus moving ``move``: export at the sender, install and records at the
@@ -347,8 +364,8 @@ class DeadlinePolicy:
         if callable(self.priority):
             return sorted(moves, key=lambda m: self.priority(m, view))
         if self.priority == "relief":
-            return relief_first(view, size) if view.bin_records else \
-                sorted(moves, key=lambda m: (size[m], m))
+            return relief_first(view, self._transfer_us(model, view, size)) \
+                if view.bin_records else sorted(moves, key=lambda m: (size[m], m))
         if self.priority == "hottest":
             return sorted(moves, key=lambda m: (-view.bin_records.get(m.bin, 0.0), -size[m], m))
         largest_first = sorted(moves, key=lambda m: (-size[m], m))

@@ -169,10 +169,10 @@ def busiest_workers(history: Sequence[EpochMetrics]) -> set[int]:
 
 def relief_first(view: EpochView, size: Mapping[Move, int]) -> list[Move]:
     """``view.remaining`` by the records per epoch a move takes off the busiest worker (the
-    newest epoch's most records in) per byte moved, most first; then by its records per byte
-    (a bin of no bytes counts as one byte); ties keep the plan's order, which is relief order
-    when the plan was made with load. Without a measured epoch every sender counts as
-    busiest."""
+    newest epoch's most records in) per unit of ``size`` (its bytes, or the microseconds its
+    transfer is predicted to take), most first; then by its records per unit (a bin of no
+    size counts as one); ties keep the plan's order, which is relief order when the plan was
+    made with load. Without a measured epoch every sender counts as busiest."""
     busiest = busiest_workers(view.history)
 
     def key(m: Move) -> tuple[float, float]:

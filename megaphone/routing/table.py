@@ -16,7 +16,33 @@ from megaphone.routing.fingerprint import Fingerprint
 #: Worker ids are partition ids of an epoch's Spark job, so they are kept small.
 MAX_WORKERS = 4096
 
-ROUTING_FORMAT = "megaphone.routing/1"
+ROUTING_FORMAT = "megaphone.routing/2"
+#: Tables written before the layout was recorded: version 0 was always ``"modulo"``.
+_MODULO_FORMAT = "megaphone.routing/1"
+
+#: How version 0 lays the bins over the workers. ``"ranges"``: worker ``w`` of ``W`` owns the
+#: contiguous bins ``[w*B/W, (w+1)*B/W)``, as Flink's key groups; a bin that moves then lies
+#: outside its receiver's key span, so its file goes straight to RocksDB's last level (no
+#: compaction; docs/transfer.md). ``"modulo"``: bin ``i`` on worker ``i mod W``, the layout of
+#: routing tables written before format 2.
+LAYOUTS: tuple[str, ...] = ("ranges", "modulo")
+
+
+def initial_owners(num_bins: int, workers: int, layout: str = "ranges") -> np.ndarray:
+    """The owner of every bin under version 0 of a table over ``workers`` (:data:`LAYOUTS`).
+
+    >>> initial_owners(8, 3).tolist(), initial_owners(8, 3, "modulo").tolist()
+    ([0, 0, 0, 1, 1, 1, 2, 2], [0, 1, 2, 0, 1, 2, 0, 1])
+    """
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) \
+            or not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"workers must be in 1..{MAX_WORKERS}, got {workers!r}")
+    bins = np.arange(num_bins, dtype=np.int64)
+    if layout == "ranges":
+        return (bins * workers // num_bins).astype(np.int32)
+    if layout == "modulo":
+        return (bins % workers).astype(np.int32)
+    raise ValueError(f"unknown routing layout {layout!r} (one of {', '.join(LAYOUTS)})")
 
 
 class Move(NamedTuple):
@@ -39,26 +65,27 @@ class Version:
 class RoutingTable:
     """Versioned map ``(epoch, bin) -> worker``.
 
-    Version 0 is the initial map (bin ``i`` on worker ``i mod W``) in force from epoch 0; each
-    applied step adds a version in force from its epoch. Versions are stored as their moves, so
-    a long fluid migration of many bins costs memory per move, not per bin per version.
+    Version 0 is the initial map (contiguous ranges of bins, :data:`LAYOUTS`) in force from
+    epoch 0; each applied step adds a version in force from its epoch. Versions are stored as
+    their moves, so a long fluid migration of many bins costs memory per move, not per bin
+    per version.
 
     >>> from megaphone.routing.fingerprint import Fingerprint
     >>> table = RoutingTable.initial(Fingerprint("p", 8, "int64"), workers=2)
-    >>> table.owner(3)
+    >>> table.owner(5)
     1
-    >>> table.apply_step([Move(3, 1, 2)], epoch=5)
+    >>> table.apply_step([Move(5, 1, 2)], epoch=5)
     1
-    >>> table.owner(3, epoch=4), table.owner(3, epoch=5)
+    >>> table.owner(5, epoch=4), table.owner(5, epoch=5)
     (1, 2)
     """
 
-    def __init__(self, fingerprint: Fingerprint, initial_workers: int) -> None:
-        if not 1 <= initial_workers <= MAX_WORKERS:
-            raise ValueError(f"workers must be in 1..{MAX_WORKERS}, got {initial_workers}")
+    def __init__(self, fingerprint: Fingerprint, initial_workers: int,
+                 layout: str = "ranges") -> None:
         self.fingerprint = fingerprint
         self.initial_workers = initial_workers
-        self._initial = (np.arange(fingerprint.num_bins) % initial_workers).astype(np.int32)
+        self.layout = layout
+        self._initial = initial_owners(fingerprint.num_bins, initial_workers, layout)
         self._latest = self._initial.copy()
         self._latest.setflags(write=False)
         self._versions: list[Version] = [Version(0, 0, ())]
@@ -67,7 +94,7 @@ class RoutingTable:
 
     @classmethod
     def initial(cls, fingerprint: Fingerprint, workers: int) -> RoutingTable:
-        """The starting table: bin ``i`` on worker ``i mod workers``, version 0 at epoch 0."""
+        """The starting table: contiguous ranges of bins over ``workers``, version 0 at epoch 0."""
         return cls(fingerprint, workers)
 
     # -- queries -------------------------------------------------------------------------
@@ -225,11 +252,12 @@ class RoutingTable:
     # -- persistence ---------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form: fingerprint, initial worker count and each version's moves."""
+        """The JSON form: fingerprint, initial workers and layout, and each version's moves."""
         return {
             "format": ROUTING_FORMAT,
             "fingerprint": self.fingerprint.to_dict(),
             "initial_workers": self.initial_workers,
+            "layout": self.layout,
             "versions": [
                 {"version": v.version, "epoch": v.epoch, "moves": [list(m) for m in v.moves]}
                 for v in self._versions[1:]
@@ -239,15 +267,17 @@ class RoutingTable:
     @classmethod
     def from_dict(cls, data: Any, expect: Fingerprint | None = None) -> RoutingTable:
         """Rebuild a table from :meth:`to_dict` output, replaying and re-checking every step."""
-        if not isinstance(data, dict) or data.get("format") != ROUTING_FORMAT:
+        if not isinstance(data, dict) or data.get("format") not in (ROUTING_FORMAT,
+                                                                     _MODULO_FORMAT):
             raise ValueError(f"not a megaphone routing table (expected format {ROUTING_FORMAT})")
+        layout = data.get("layout") if data["format"] == ROUTING_FORMAT else "modulo"
         fingerprint = Fingerprint.from_dict(data.get("fingerprint"))
         if expect is not None:
             expect.check(fingerprint, "routing table")
         workers = data.get("initial_workers")
         if isinstance(workers, bool) or not isinstance(workers, int):
             raise ValueError(f"routing table initial_workers must be an integer, got {workers!r}")
-        table = cls(fingerprint, workers)
+        table = cls(fingerprint, workers, layout)
         for i, v in enumerate(data.get("versions", []), start=1):
             if not isinstance(v, dict) or v.get("version") != i:
                 raise ValueError(f"routing table version {i} is missing or out of order")

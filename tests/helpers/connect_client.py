@@ -22,7 +22,7 @@ from megaphone.spark import is_connect, spark_session
 
 EPOCHS = 5
 STREAM_EPOCHS = 3
-MOVES = [Move(b, b % 2, 2 + b % 2) for b in (1, 4, 6, 11)]
+MOVES = [Move(b, b // 8, 2 + b % 2) for b in (1, 4, 6, 11)]  # 16 bins in two ranges
 
 
 def batch_keys(epoch: int) -> list[int]:

@@ -17,7 +17,7 @@ from megaphone.spark import spark_session
 
 EPOCHS = 6
 PLAN_EPOCH = 2
-MOVES = [Move(b, b % 2, 2 + b % 2) for b in (0, 5, 9, 14)]
+MOVES = [Move(b, b // 8, 2 + b % 2) for b in (0, 5, 9, 14)]  # 16 bins in two ranges
 
 
 #: The hot key: 20 of each epoch's 50 records, so the pipeline splits it (dual mode) from epoch 1.

@@ -20,7 +20,7 @@ from tests.helpers.crash_driver import batch_keys, write_results
 
 EPOCHS = 8
 PLAN_EPOCH = 4
-MOVES = (Move(0, 0, 2), Move(5, 1, 2), Move(9, 1, 3), Move(14, 0, 3))
+MOVES = (Move(0, 0, 2), Move(9, 1, 2), Move(5, 0, 3), Move(14, 1, 3))
 
 
 def main(state_dir: str, out: str) -> None:
