@@ -26,7 +26,7 @@ from megaphone.migrator.pipeline import Pipeline
 from megaphone.migrator.statedir.driver_copy import DriverCopy
 from megaphone.paths import STREAM_CHECKPOINT
 from megaphone.plans.handle import MigrationHandle
-from megaphone.plans.plan import MigrationPlan
+from megaphone.plans.strategies import make_plan
 from megaphone.plans.targets import balanced_target, target_moves
 from megaphone.routing.table import Move
 
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         follow(lambda: time.time() - started >= args.steady and bool(feed.rows),
                args.duration * 4)
         moves = scale_out_moves(pipe, 4)
-        plan = MigrationPlan.from_moves(pipe.routing, [[m] for m in moves], strategy="fluid")
+        plan = make_plan(pipe.routing, moves, "fluid")  # turns about the two new workers
         print(f"--- submitting a fluid plan: {len(moves)} bins to 2 new workers, one per epoch",
               flush=True)
         handle = feed.handle = pipe.migrate(plan)

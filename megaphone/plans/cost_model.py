@@ -12,7 +12,7 @@ epoch paying its share (``group_size``).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
@@ -273,6 +273,15 @@ def fixed_and_per_byte(extra: list[tuple[float, int]]) -> tuple[float, float]:
     return max(0.0, fixed or 0.0), per_byte
 
 
+def written_ahead(history: Sequence[EpochMetrics]) -> frozenset[int]:
+    """The bins whose senders held their files written ahead at the newest epoch's commit
+    (docs/transfer.md, "Bins written ahead"); empty without one."""
+    if not history:
+        return frozenset()
+    return frozenset(int(b) for wm in history[-1].per_worker.values()
+                     for b in (wm.ahead_bins or ()))
+
+
 def scanned_out(wm: WorkerMetrics) -> int:
     """The bytes a worker's export read and wrote in the epoch: its bins' bytes, less those of
     bins whose files were written ahead (docs/transfer.md), which cost it only their patches."""
@@ -293,4 +302,5 @@ def _jobs(records: list[EpochMetrics]) -> list[list[int]]:
     return jobs
 
 
-__all__ = ["APPLY", "EXPORT", "CostModel", "Slots", "Work", "stages_s"]
+__all__ = ["APPLY", "DISTINCT", "EXPORT", "CostModel", "Slots", "Work", "fixed_and_per_byte",
+           "scanned_out", "stages_s", "written_ahead"]

@@ -52,7 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, Slots, Work
+from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, Slots, Work, written_ahead
 from megaphone.plans.plan import PlanError
 from megaphone.plans.policy import EpochView, register_policy
 from megaphone.plans.relief import relief_first
@@ -116,9 +116,8 @@ class DeadlinePolicy:
     ``max_l0_files``: likewise, a worker receives at most as many bins in an epoch as its store
     lacks level-0 files to this many (``None``: no limit). The cheapest single move, which the
     probe, a stall and an oversized wait make, is a bin written ahead where there is one
-    (docs/transfer.md), else the smallest. An epoch moves at most twice the most bins any
-    epoch of the ``window`` moved, so the cost model sees an epoch move more before it
-    predicts from it (:func:`~megaphone.plans.cost_model.fixed_and_per_byte`).
+    (docs/transfer.md), else the smallest. An epoch moves at most twice the most bins an epoch
+    of the ``window`` moved (:func:`~megaphone.plans.cost_model.fixed_and_per_byte`).
     """
 
     def __init__(self, target_latency_s: float, margin: float = 1.2,
@@ -175,6 +174,7 @@ class DeadlinePolicy:
         self._starved = 0
         self._behind = 0
         self._ahead: frozenset[int] = frozenset()  # bins written ahead at the last commit
+        self._probed: int | None = None  # the first probe's epoch: not learned from
         self._idle_s = 0.0  # the model's epoch without moves, for this decision
 
     @classmethod
@@ -200,12 +200,14 @@ class DeadlinePolicy:
             return []
         par = Slots(view.parallelism, view.homes, view.host_slots)
         self._ahead = written_ahead(view.history)
-        model = CostModel.fit(view.history, par, self.window, view.traces)
+        # The first moving epoch also pays the transfer path's one-off costs: not learned from.
+        fit = [m for m in view.history if m.epoch != self._probed]
+        model = CostModel.fit(fit, par, self.window, view.traces)
         if not model.export_s_per_byte and self.model is not None:
             # Epochs whose bins all went written ahead measure no export: keep the last rate.
             model = replace(model, export_s_per_byte=self.model.export_s_per_byte)
         self.model = model
-        self.calibration = self._calibrate(model, view.history, par)
+        self.calibration = self._calibrate(model, fit, par)
         budget = self.target_latency_s - view.lag_s
         if model.epochs_seen < self.min_history:
             return self._decide(view, "warm-up", [], 0.0, budget)
@@ -244,6 +246,7 @@ class DeadlinePolicy:
                                 budget, note)
         self._behind = 0
         if model.transfers_seen == 0:
+            self._probed = view.epoch if self._probed is None else self._probed
             work = self._with(model, base, smallest, size[smallest], view)
             return self._decide(view, "probe", [smallest], self._predict(model, work, par),
                                 budget, "no transfer measured yet: the smallest bin alone")
@@ -386,15 +389,6 @@ class DeadlinePolicy:
         return moves
 
 
-def written_ahead(history: Sequence[EpochMetrics]) -> frozenset[int]:
-    """The bins whose senders held their files written ahead at the newest epoch's commit
-    (docs/transfer.md, "Bins written ahead"); empty without one."""
-    if not history:
-        return frozenset()
-    return frozenset(int(b) for wm in history[-1].per_worker.values()
-                     for b in (wm.ahead_bins or ()))
-
-
 register_policy("deadline", DeadlinePolicy.from_spec)
 
-__all__ = ["PRIORITIES", "DeadlinePolicy", "Priority", "StepDecision", "written_ahead"]
+__all__ = ["PRIORITIES", "DeadlinePolicy", "Priority", "StepDecision"]
