@@ -104,10 +104,10 @@ class DeadlinePolicy:
     ``target_latency_s`` is L; ``margin`` multiplies every prediction (safety); ``priority``
     orders the bins tried: ``auto`` (largest first while the largest fits, else smallest
     first to fill small slack), ``largest``, ``smallest``, ``hottest`` (most recent records
-    first), ``relief`` (most records off the busiest worker per byte moved first, see the
-    module) or a callable ``key(move, view)``. ``patience``: epochs with slack but nothing
-    fitting before an oversized bin moves alone. ``max_behind``: epochs behind in a row
-    before one bin moves anyway (the most relief per byte when the load is known, else the
+    first), ``relief`` (most records off the busiest worker per second of transfer first,
+    see the module) or a callable ``key(move, view)``. ``patience``: epochs with slack but
+    nothing fitting before an oversized bin moves alone. ``max_behind``: epochs behind in a row
+    before one bin moves anyway (the most relief per second when the load is known, else the
     smallest; ``None``: never). ``window``: epochs the cost model learns from;
     ``min_history``: epochs measured before the first move. ``max_compaction_debt``: a worker
     whose store reports more pending compaction bytes than this receives no bins until its

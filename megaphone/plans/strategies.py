@@ -109,8 +109,8 @@ def make_plan(
     in relief order may also send a sender/receiver pair's heaviest bins in its first
     matchings (its policy with each pair's heaviest bins first: the same pairs per step, so
     the same step sizes; relief keeps whichever order has the lower largest load); a deadline
-    plan lists its moves in that order and, in relief order, tries them by relief per byte
-    (``priority="relief"`` unless given). ``plan.meta`` records ``order`` (and
+    plan lists its moves in that order and, in relief order, tries them by relief per second
+    of transfer (``priority="relief"`` unless given). ``plan.meta`` records ``order`` (and
     ``order_reason`` when relief had no load to work with).
     """
     if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
