@@ -18,6 +18,8 @@ import socketserver
 import sys
 import threading
 
+import pyarrow as pa
+
 from megaphone.paths import host_dir_of, store_pid_path, store_socket_path
 from megaphone.state_backends.service import IDLE_EXIT_S, StoreService
 
@@ -29,6 +31,9 @@ def run(local_dir: str, idle_exit_s: float = IDLE_EXIT_S,
     """Serve ``local_dir``'s socket until shut down, idle, or the executors using it are gone;
     ``starter`` (pid, start time) is the process that started it, watched from the start as
     if it had already connected."""
+    # pyarrow imports pandas at its first conversion of Python or numpy data (0.3-0.4 s here);
+    # made before the service listens, it no longer slows the first epoch that exports a bin.
+    pa.array([0])
     service = StoreService(idle_exit_s, host_dir_of(local_dir))
     if starter is not None:
         service.watched.add(starter)

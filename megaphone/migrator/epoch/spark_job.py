@@ -63,44 +63,55 @@ def retryable(error_text: str) -> bool:
     return any(mark in error_text for mark in RETRYABLE)
 
 
-def map_projection(columns: dict[str, Column], owners: np.ndarray, spec: EpochSpec
-                   ) -> list[Column]:
-    """The map side of an epoch under one routing version: the records' shuffle columns.
+def _fixed_projection(columns: dict[str, Column], spec: EpochSpec
+                      ) -> tuple[list[Column | None], Column]:
+    """The map side of an epoch but its routing: the records' shuffle columns (``None`` where
+    the worker goes, :func:`_with_owners`) and their bin.
 
     ``columns`` are the batch's record columns by name (``key`` and, where used, ``value``,
-    ``_t``: :mod:`~megaphone.migrator.task.columns`); ``owners`` the routing version's worker of
-    every bin (kept while it holds: :class:`MapSides`). A null key is a key of its own, as in
+    ``_t``: :mod:`~megaphone.migrator.task.columns`). A null key is a key of its own, as in
     ``groupBy``: ``xxhash64`` of null is its seed, so it lives in bin 0.
     """
-    key = columns[KEY]
-    bin_ = bin_column(key, spec.num_bins, spec.key_type)
-    exprs = []
+    bin_ = bin_column(columns[KEY], spec.num_bins, spec.key_type)
+    exprs: list[Column | None] = []
     for f in spec.shuffle_schema:
         if f.name == BIN:
             exprs.append(bin_.alias(BIN))
         elif f.name == WORKER:
-            exprs.append(owner_column(owners, bin_).alias(WORKER))
+            exprs.append(None)
         elif f.name in columns:
             exprs.append(columns[f.name].alias(f.name))
         else:  # every row of the map side is a record
             value = int(RowKind.RECORD) if f.name == KIND else None
             exprs.append(F.lit(value).cast(from_arrow_type(f.type)).alias(f.name))
-    return exprs
+    return exprs, bin_
+
+
+def _with_owners(fixed: list[Column | None], bin_: Column, owners: np.ndarray) -> list[Column]:
+    """The map side under one routing version (``owners``: the worker of every bin)."""
+    worker = owner_column(owners, bin_).alias(WORKER)
+    return [worker if e is None else e for e in fixed]
 
 
 class MapSides:
-    """The map side of the last epoch's job, kept while its routing version, shuffle schema and
-    record columns hold: building one costs the driver a few hundred JVM calls."""
+    """The map side of the last epoch's job. Its columns but the worker are kept while the
+    shuffle schema and record columns hold (building them costs the driver a few hundred JVM
+    calls: 20-50 ms a moving epoch); the worker column is kept while the routing version holds.
+    """
 
     def __init__(self) -> None:
-        self._last: tuple[tuple, list[Column]] | None = None
+        self._fixed: tuple[tuple, list[Column | None], Column] | None = None
+        self._last: tuple[int, list[Column]] | None = None
 
     def get(self, version: int, columns: dict[str, Column], spec: EpochSpec,
             owners: Callable[[], np.ndarray]) -> list[Column]:
         """The map side for routing ``version`` (whose ``owners()`` are asked on a miss)."""
-        shape = (version, spec.shuffle_schema, tuple(columns))
-        if self._last is None or self._last[0] != shape:
-            self._last = (shape, map_projection(columns, owners(), spec))
+        shape = (spec.shuffle_schema, tuple(columns))
+        if self._fixed is None or self._fixed[0] != shape:
+            self._fixed = (shape, *_fixed_projection(columns, spec))
+            self._last = None
+        if self._last is None or self._last[0] != version:
+            self._last = (version, _with_owners(self._fixed[1], self._fixed[2], owners()))
         return self._last[1]
 
 
@@ -123,6 +134,28 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: list[Column], spe
     results = from_arrow_schema(result_schema(spec.output_schema, spec.grouped))
     return routed.repartitionById(partitions, F.col(WORKER)).mapInArrow(
         functools.partial(_apply_task, spec), results)
+
+
+_WARMED: set[int] = set()
+
+
+def warm_transfer_path(spark: SparkSession) -> None:
+    """Run, once per Spark session, a job of a moving epoch's shape (an export branch unioned
+    into the records, a shuffle by id, a task per partition) on three rows. A session's first
+    such job pays Spark's planning, code generation and class loading of that shape: 0.15-0.2 s
+    that a plan's first moving epoch would otherwise add to its latency (docs/transfer.md,
+    "A plan's first move")."""
+    if id(spark) in _WARMED:
+        return
+    _WARMED.add(id(spark))
+    schema = T.StructType([T.StructField("id", T.LongType())])
+    exports = spark.range(0, 1, 1, 1).mapInArrow(_pass, schema)
+    routed = spark.range(1, 3, 1, 2).unionByName(exports)
+    routed.repartitionById(2, (F.col("id") % 2).cast("int")).mapInArrow(_pass, schema).toArrow()
+
+
+def _pass(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield from batches
 
 
 def split_hot(routed: DataFrame, spec: EpochSpec, schema: T.StructType) -> DataFrame:
