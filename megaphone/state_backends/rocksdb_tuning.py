@@ -43,14 +43,17 @@ def _block_cache() -> Cache:
 
 
 def compactions_yield() -> None:
-    """Run this process's RocksDB compactions at the lowest CPU priority (nice 19; flushes keep
-    theirs). Dropping half of a store's bins made RocksDB rewrite all of it at once (1.7 GB,
-    41 CPU-seconds per store in the billion-key run), and at equal priority that took the
-    cores from the epochs for a minute; at nice 19 it runs in the time epochs leave idle.
-    Process-wide (RocksDB's default environment), so applied once."""
+    """Run this process's RocksDB compactions at the lowest CPU priority (nice 19) and in the
+    idle I/O class (flushes keep their priorities). Dropping half of a store's bins made RocksDB
+    rewrite all of it at once (1.7 GB, 41 CPU-seconds per store in the billion-key run), and at
+    equal priority that took the cores and the disk from the epochs for a minute
+    (docs/transfer.md, "The senders' compaction"). Process-wide (RocksDB's default
+    environment), so applied once."""
     global _COMPACTIONS_YIELD
     if not _COMPACTIONS_YIELD:
-        Env().lower_thread_pool_cpu_priority()
+        env = Env()
+        env.lower_thread_pool_cpu_priority()
+        env.lower_thread_pool_io_priority()
         _COMPACTIONS_YIELD = True
 
 

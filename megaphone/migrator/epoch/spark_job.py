@@ -136,28 +136,6 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: list[Column], spe
         functools.partial(_apply_task, spec), results)
 
 
-_WARMED: set[int] = set()
-
-
-def warm_transfer_path(spark: SparkSession) -> None:
-    """Run, once per Spark session, a job of a moving epoch's shape (an export branch unioned
-    into the records, a shuffle by id, a task per partition) on three rows. A session's first
-    such job pays Spark's planning, code generation and class loading of that shape: 0.15-0.2 s
-    that a plan's first moving epoch would otherwise add to its latency (docs/transfer.md,
-    "A plan's first move")."""
-    if id(spark) in _WARMED:
-        return
-    _WARMED.add(id(spark))
-    schema = T.StructType([T.StructField("id", T.LongType())])
-    exports = spark.range(0, 1, 1, 1).mapInArrow(_pass, schema)
-    routed = spark.range(1, 3, 1, 2).unionByName(exports)
-    routed.repartitionById(2, (F.col("id") % 2).cast("int")).mapInArrow(_pass, schema).toArrow()
-
-
-def _pass(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    yield from batches
-
-
 def split_hot(routed: DataFrame, spec: EpochSpec, schema: T.StructType) -> DataFrame:
     """Dual mode (docs/hot-keys.md, "Dual mode on Spark"): the split keys' records folded into
     one partial row per key and lessee task, by the input's partitions in the same pass or by

@@ -23,7 +23,6 @@ from megaphone.migrator.control.ds2_controller import DS2Controller
 from megaphone.migrator.epoch.config import AUTO, PipelineConfig
 from megaphone.migrator.epoch.driver import EpochDriver
 from megaphone.migrator.epoch.schemas import PipelineSchema
-from megaphone.migrator.epoch.spark_job import warm_transfer_path
 from megaphone.migrator.epoch.state_holder import StateHolder
 from megaphone.migrator.epoch.state_reader import read_state
 from megaphone.migrator.pipeline.stream_runner import Sink, StreamRunner
@@ -306,10 +305,7 @@ class Pipeline:
         posted = self._runner.post_plan(plan, policy)
         if posted is not None:  # the stream runs this pipeline on a Spark Connect server
             return posted
-        handle = self._holder.submit_plan(plan, policy)  # durable once this returns
-        if not plan.empty:
-            warm_transfer_path(self._driver.spark)
-        return handle
+        return self._holder.submit_plan(plan, policy)  # durable once this returns
 
     def autoscale(self, policy: Any = None, **kw: Any) -> Any:
         """Turn on DS2 autoscaling: a started controller that rescales this pipeline live.
