@@ -91,3 +91,23 @@ def test_a_writer_store_warms_its_tables_and_ingested_ones_a_reader_does_not(
     _join_warmers()
     writer.close()
     assert {name for name, _, _ in advised} >= tables  # a reopened writer starts warm
+
+
+def test_a_table_file_deleted_while_listed_is_left_out(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("000007.sst", "000008.sst"):
+        (tmp_path / name).write_bytes(b"x" * 10)
+    real_scandir = os.scandir
+
+    class Listing:  # 000007.sst goes (a compaction's input) after the listing saw it
+        def __enter__(self):
+            self.entries = real_scandir(tmp_path)
+            listed = list(self.entries.__enter__())
+            (tmp_path / "000007.sst").unlink()
+            return listed
+
+        def __exit__(self, *exc):
+            return self.entries.__exit__(*exc)
+
+    monkeypatch.setattr(page_cache.os, "scandir", lambda path: Listing())
+    assert page_cache.table_files(str(tmp_path)) == {"000008.sst": 10}

@@ -47,12 +47,17 @@ def available_memory() -> int | None:
 
 
 def table_files(path: str) -> dict[str, int]:
-    """The table files directly in the store directory ``path``: name -> size in bytes."""
+    """The table files directly in the store directory ``path``: name -> size in bytes. A file
+    a compaction deletes between the listing and its size is left out."""
     sizes = {}
     with os.scandir(path) as entries:
         for e in entries:
-            if e.name.endswith(TABLE_SUFFIX) and e.is_file():
-                sizes[e.name] = e.stat().st_size
+            if e.name.endswith(TABLE_SUFFIX):
+                try:
+                    if e.is_file():
+                        sizes[e.name] = e.stat().st_size
+                except FileNotFoundError:
+                    continue
     return sizes
 
 
