@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from rocksdict import Rdict, SstFileWriter, WriteBatch
 
 import megaphone.state_backends.rocksdb_tuning as tuning
+from megaphone.state_backends.encoding import bin_prefix, bin_range
 
 VARIANTS = ("equal", "yield")
 WORK_ROWS = 8_000_000  # one epoch's piece of CPU work: numpy sorts of this many floats
@@ -69,7 +70,7 @@ def load(path: str, keys: int, bins: int) -> None:
     per_bin = keys // bins
     value = b"\x01"
     for b in tqdm(range(bins), desc="load", unit="bin", leave=False):
-        prefix = b.to_bytes(4, "big")
+        prefix = bin_prefix(b)
         for k in range(per_bin):
             writer[prefix + k.to_bytes(8, "big")] = value
     writer.finish()
@@ -96,11 +97,11 @@ def run_variant(variant: str, keys: int, bins: int, period: float, rows: int
         started = time.time()
         wb = WriteBatch(raw_mode=True)
         for b in range(0, bins, 2):  # every other bin, as the billion-key half-out sender
-            wb.delete_range(b.to_bytes(4, "big"), (b + 1).to_bytes(4, "big"))
+            wb.delete_range(*bin_range(b))
         db.write(wb)
         for round_ in range(4):  # enough level-0 files to start a compaction
             for k in range(0, bins, 7):
-                db[k.to_bytes(4, "big") + round_.to_bytes(8, "big")] = b"\x02"
+                db[bin_prefix(k) + round_.to_bytes(8, "big")] = b"\x02"
             db.flush()
         time.sleep(0.5)
         while (db.property_int_value("rocksdb.num-running-compactions")

@@ -52,10 +52,9 @@ def table_files(path: str) -> dict[str, int]:
     sizes = {}
     with os.scandir(path) as entries:
         for e in entries:
-            if e.name.endswith(TABLE_SUFFIX):
+            if e.name.endswith(TABLE_SUFFIX) and e.is_file():
                 try:
-                    if e.is_file():
-                        sizes[e.name] = e.stat().st_size
+                    sizes[e.name] = e.stat().st_size
                 except FileNotFoundError:
                     continue
     return sizes
