@@ -334,8 +334,11 @@ class LiveRun:
         with tqdm(desc=self.name, unit="epoch", disable=not cfg.progress, leave=False) as bar:
             while self.stop_at is None or epoch < self.stop_at:
                 end = self.t0 + (epoch + 1) * cfg.interval
+                if self.mode == "live":  # planned while the epoch's input arrives
+                    pipe = self._maybe_reconfigure(pipe, epoch)
                 time.sleep(max(0.0, end - time.time()))
-                pipe = self._maybe_reconfigure(pipe, epoch)
+                if self.mode != "live":  # stopped once the input is complete
+                    pipe = self._maybe_reconfigure(pipe, epoch)
                 started = time.time()
                 pipe.process(self.ctx.workload.frame(self.ctx.spark, epoch), input_end=end)
                 finished = time.time()

@@ -140,6 +140,10 @@ class BackendBase:
         (see :class:`~megaphone.state_backends.rocksdb.RocksDBBackend`); whether it started."""
         return False
 
+    def warm_page_cache(self) -> None:
+        """Keep the table files' pages cached as they change (nothing for a backend without
+        files; see :class:`~megaphone.state_backends.rocksdb.RocksDBBackend`)."""
+
     def close(self) -> None:
         """Release the store (see :class:`StateBackend`)."""
         raise NotImplementedError

@@ -200,6 +200,11 @@ class StateBackend(Protocol):
         """Start a flush that cannot stall writes, without waiting; whether it started."""
         ...
 
+    def warm_page_cache(self) -> None:
+        """Read the table files written since the last call into the page cache and keep them
+        there while they exist (a no-op without table files)."""
+        ...
+
     def close(self) -> None:
         """Flush and release the store; the object must not be used afterwards."""
         ...

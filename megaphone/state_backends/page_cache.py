@@ -1,4 +1,5 @@
-"""Reading a store's table files into the OS page cache ahead of its point reads.
+"""Reading a store's table files into the OS page cache ahead of its point reads, and keeping
+them there.
 
 A point read that misses RocksDB's block cache reads a block of a table file. When that page is
 not in the OS page cache, the read goes to the disk: 82 us a key against 16 us from the page
@@ -10,12 +11,18 @@ the reads themselves takes hundreds of epochs at a billion keys.
 :class:`PageCacheWarmer` asks the kernel to read a store's table files ahead
 (``posix_fadvise(POSIX_FADV_WILLNEED)``: sequential reads, in the background) when they fit
 well in the memory available, and leaves them to the reads otherwise, so a store larger than
-memory never pushes the page cache of its neighbours out.
+memory never pushes the page cache of its neighbours out. It keeps the files it warmed mapped
+(read-only, never read through the mapping) while they exist: a machine that reclaims page
+cache proactively (DAMON's ``pageout`` of unmapped pages unused for a minute, as on the
+benchmark machines) then leaves them, where a read at random touching each page every few
+minutes would have them read from the disk again and again. Mapped pages stay reclaimable:
+under memory pressure the kernel unmaps and drops them like any other page cache.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import threading
 from dataclasses import dataclass, field
@@ -77,21 +84,47 @@ def read_ahead(paths: list[str]) -> None:
             os.close(fd)
 
 
+def map_resident(path: str) -> mmap.mmap | None:
+    """Map the file read-only with its pages faulted in (``MAP_POPULATE``); ``None`` where the
+    system cannot, or the file is empty or gone (a compaction's input)."""
+    flags = getattr(mmap, "MAP_POPULATE", None)
+    if flags is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | flags, prot=mmap.PROT_READ)
+    except (OSError, ValueError):  # empty, or not mappable
+        return None
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class PageCacheWarmer:
-    """Warms one store's table files once each: call :meth:`warm` after opening the store
-    and after every ingestion (new files appear then)."""
+    """Warms one store's table files once each and keeps them mapped while they exist: call
+    :meth:`warm` after opening the store, after every ingestion (new files appear then) and
+    now and then (a compaction's new files, its deleted inputs), and :meth:`close` with the
+    store."""
 
     path: str
     warmed: set[str] = field(default_factory=set)
+    _maps: dict[str, mmap.mmap] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _closed: bool = False
 
     def warm(self) -> threading.Thread | None:
-        """Start reading the table files not warmed yet into the page cache, in a daemon
-        thread (returned); ``None`` when there are none, the system cannot, or they total
-        more than ``1 / WARM_SHARE`` of the available memory (then they are left cold)."""
+        """Release the mappings of deleted files, then start reading and mapping the table
+        files not warmed yet, in a daemon thread (returned); ``None`` when there are none, the
+        system cannot, or they total more than ``1 / WARM_SHARE`` of the available memory (then
+        they are left cold)."""
         if not hasattr(os, "posix_fadvise"):
             return None
-        new = {n: s for n, s in table_files(self.path).items() if n not in self.warmed}
+        files = table_files(self.path)
+        self._release(set(files))
+        new = {n: s for n, s in files.items() if n not in self.warmed}
         if not new:
             return None
         self.warmed.update(new)
@@ -100,8 +133,42 @@ class PageCacheWarmer:
             log.info("not warming %s: %d bytes of tables, %s bytes of memory available",
                      self.path, total, available)
             return None
-        paths = [os.path.join(self.path, n) for n in sorted(new)]
-        thread = threading.Thread(target=read_ahead, args=(paths,), daemon=True,
+        thread = threading.Thread(target=self._load, args=(sorted(new),), daemon=True,
                                   name="megaphone-page-cache")
         thread.start()
         return thread
+
+    def mapped(self) -> list[str]:
+        """The table files kept mapped now (names)."""
+        with self._lock:
+            return sorted(self._maps)
+
+    def close(self) -> None:
+        """Release every mapping; files a running warm-up maps later are released at once."""
+        with self._lock:
+            self._closed = True
+            maps, self._maps = self._maps, {}
+        for m in maps.values():
+            m.close()
+
+    def _load(self, names: list[str]) -> None:
+        paths = [os.path.join(self.path, n) for n in names]
+        read_ahead(paths)
+        for name, path in zip(names, paths, strict=True):
+            m = map_resident(path)
+            if m is None:
+                continue
+            with self._lock:
+                if not self._closed:
+                    self._maps[name], m = m, None
+            if m is not None:
+                m.close()
+
+    def _release(self, live: set[str]) -> None:
+        """Unmap the files no longer in the store (a deleted file's pages and disk space stay
+        taken while it is mapped) and forget them."""
+        self.warmed &= live
+        with self._lock:
+            gone = [self._maps.pop(n) for n in list(self._maps) if n not in live]
+        for m in gone:
+            m.close()

@@ -113,6 +113,12 @@ class RocksDBBackend(BackendBase):
         if self._warmer is not None:
             self._warmer.warm()
 
+    def warm_page_cache(self) -> None:
+        """Warm and map the table files compactions wrote since the last call and unmap the ones
+        they deleted (:class:`~megaphone.state_backends.page_cache.PageCacheWarmer`)."""
+        if self._db is not None:
+            self._warm()
+
     def _load_header(self) -> BinCounters:
         info = self._db.get(meta_key(INFO_META))
         if info is None:
@@ -436,6 +442,8 @@ class RocksDBBackend(BackendBase):
         """Flush and close the DB; safe to call twice."""
         if self._db is not None:
             self._ahead.clear()
+            if self._warmer is not None:
+                self._warmer.close()
             self._db.close()
             self._db = None  # type: ignore[assignment]
 

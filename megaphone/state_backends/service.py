@@ -537,8 +537,9 @@ class StoreService:
             if entry.lock.acquire(blocking=False):  # not in the middle of an operation
                 try:
                     entry.log.trim(entry.store.backend, now)
+                    entry.store.backend.warm_page_cache()  # compactions' new and old files
                 except Exception as exc:  # a store closed meanwhile: nothing to flush
-                    log.warning("flushing %s failed: %s", entry.store.backend.path, exc)
+                    log.warning("housekeeping of %s failed: %s", entry.store.backend.path, exc)
                 finally:
                     entry.lock.release()
         # Exit once idle: at once if the executors using it are gone, else after idle_exit_s.
