@@ -164,13 +164,7 @@ def run_order(names: list[str] | tuple[str, ...]) -> list[str]:
     return fixed[:at] + deadlines + fixed[at:]
 
 
-
-
 # -- configuration ---------------------------------------------------------------------------
-
-
-
-
 
 
 def parser() -> argparse.ArgumentParser:
@@ -247,17 +241,7 @@ def resolve(args: argparse.Namespace) -> Config:
 # -- workload --------------------------------------------------------------------------------
 
 
-
-
-
-
-
-
-
-
 # -- megaphone runs --------------------------------------------------------------------------
-
-
 
 
 def plan_for(pipe: Pipeline, target: Target, strategy: str, per_worker: int = 1, gap: int = 0,
@@ -266,16 +250,6 @@ def plan_for(pipe: Pipeline, target: Target, strategy: str, per_worker: int = 1,
     goal: dict[str, Any] = {"workers": target} if isinstance(target, int) else {"target": target}
     return rescale(pipe, **goal, strategy=strategy, per_worker=per_worker, gap=gap,
                    target_latency=target_latency)
-
-
-
-
-
-
-
-
-
-
 
 
 class LiveRun:
@@ -447,10 +421,6 @@ def adaptive_note(label: str, handle) -> str:
 # -- native Spark ----------------------------------------------------------------------------
 
 
-
-
-
-
 def write_native_input(ctx: Context, directory: Path, preload: bool, epochs: int) -> None:
     """Parquet files, one per trigger, oldest first: the preload (optional) then each epoch.
 
@@ -547,8 +517,6 @@ def _native_total(spark, checkpoint: Path) -> int:
     return int(value) if value is not None else 0
 
 
-
-
 def native_schedule(starts: list[float], interval: float, slack: float = 0.1) -> list[float]:
     """The end of every native batch's input interval, from the batches' trigger times.
 
@@ -609,8 +577,6 @@ def prepare_template(cfg: Config, spark) -> tuple[Path, int, str]:
     took = time.time() - started
     marker.write_text(json.dumps({"setup": wanted, "load_s": took}))
     return template, total, f"loaded in {took:.1f} s"
-
-
 
 
 def measure_backend(cfg: Config, template: Path) -> dict[str, float]:

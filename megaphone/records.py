@@ -94,6 +94,9 @@ class WorkerMetrics(_Record):
     ahead_bytes_out: int | None = None
     #: The bins the worker's store held written ahead at its commit (docs/transfer.md).
     ahead_bins: list[int] | None = None
+    #: Of the bins named to write ahead, those large enough and not written yet at its commit;
+    #: ``None`` where the store writes none ahead (no bin files, or rows only).
+    ahead_pending: int | None = None
     #: Bytes (keys and values) of the bins that arrived as files pulled by the worker's home
     #: from their sender's home (docs/placement.md, home to home: across hosts at most once).
     h2h_bytes: int | None = None

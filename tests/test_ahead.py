@@ -116,21 +116,27 @@ def test_the_service_writes_bins_ahead_while_idle_and_a_move_sends_them_patched(
     moving = sorted({int(b) for b in bin_of(np.asarray(keys), BINS)})[:3]
     mine = [k for k in keys if int(bin_of(np.asarray([k]), BINS)[0]) in moving]
 
+    pending: list[int] = []
+
     def epoch(e: int, written: list[int]) -> list[int]:
         assert sender.begin(e, e - 1 if e else None, "r")[0]
         rk = raw(written)
         old = sender.read(rk)
         new = [msgpack.packb((msgpack.unpackb(v) if v else 0) + 1) for v in old]
-        return sender.commit(e, rk, new, old, b"", [], "r", ahead=moving)["ahead"]
+        reply = sender.commit(e, rk, new, old, b"", [], "r", ahead=moving)
+        pending.append(reply["ahead_pending"])
+        return reply["ahead"]
 
     e = 0
     ready = epoch(e, keys)
+    assert pending == [3]  # named at this commit: all still to write
     deadline = time.monotonic() + 30
     while ready != moving:  # the writer works between epochs
         assert time.monotonic() < deadline, f"bins {moving} not written ahead: {ready}"
         time.sleep(0.2)
         e += 1
         ready = epoch(e, [])
+    assert pending[-1] == 0
     e += 1
     epoch(e, mine[::3])  # after their files were written: into the patches
     sent = list(sender.export(moving, 1 << 20, e, e + 1, "r", file_min_bytes=0, link_as=0))

@@ -347,11 +347,50 @@ def test_a_bin_larger_than_the_budget_moves_alone_eventually_and_says_so(caplog)
 
 
 def test_no_transfer_measured_yet_probes_with_the_smallest_bin():
-    history = [epoch(), epoch()]
+    history = [epoch(), epoch()]  # stores that write nothing ahead (ahead_pending None)
     moves = [Move(b, 0, 1) for b in range(3)]
     policy = DeadlinePolicy(2.0)
     assert policy(view(moves, {0: 3 * MB, 1: MB, 2: 2 * MB}, history)) == [Move(1, 0, 1)]
     assert policy.decisions[-1].action == "probe"
+
+
+def _ahead(pending: int, written: tuple[int, ...] = ()) -> EpochMetrics:
+    """An epoch whose sender (worker 0) had ``pending`` bins still to write ahead at its
+    commit and held ``written``."""
+    m = epoch()
+    m.per_worker[0].ahead_pending, m.per_worker[0].ahead_bins = pending, list(written) or None
+    return m
+
+
+def test_the_probe_takes_a_bin_written_ahead_as_soon_as_one_is_reported():
+    """A plan's first epoch names the bins to write ahead, its idle time writes them and the
+    next commit reports them (docs/transfer.md): the probe waits for one, and moves it, not a
+    bin its sender would write in the epoch (at a billion keys the first two moves took
+    0.89-0.92 s against 0.49 s for a bin written ahead)."""
+    moves = [Move(b, 0, 1) for b in range(3)]
+    sizes = {0: 3 * MB, 1: MB, 2: 2 * MB}
+    policy = DeadlinePolicy(2.0)
+    assert policy(view(moves, sizes, (epoch(), _ahead(0)))) == []  # nothing named yet
+    assert policy(view(moves, sizes, (epoch(), _ahead(3)))) == []  # named, not written yet
+    assert policy(view(moves, sizes, (epoch(), _ahead(0, (2, 7))))) == [Move(2, 0, 1)]
+    assert [d.action for d in policy.decisions] == ["prepare", "prepare", "probe"]
+    assert "waiting 2/2" in policy.decisions[1].note
+
+
+def test_the_probe_waits_at_most_ahead_wait_epochs_and_not_for_bins_too_small_to_write():
+    moves = [Move(b, 0, 1) for b in range(3)]
+    sizes = {0: 3 * MB, 1: MB, 2: 2 * MB}
+    slow = DeadlinePolicy(2.0, ahead_wait=2)
+    assert [slow(view(moves, sizes, (epoch(), _ahead(3)))) for _ in range(3)] == \
+        [[], [], [Move(1, 0, 1)]]  # the smallest once the wait is over
+    small = DeadlinePolicy(2.0)  # the first commit after naming them: none to write
+    assert [small(view(moves, sizes, (epoch(), _ahead(0)))) for _ in range(2)] == \
+        [[], [Move(1, 0, 1)]]
+    assert [d.action for d in small.decisions] == ["prepare", "probe"]
+    assert DeadlinePolicy(2.0, ahead_wait=0)(view(moves, sizes, (epoch(), _ahead(3)))) == \
+        [Move(1, 0, 1)]
+    with pytest.raises(PlanError, match="ahead_wait"):
+        DeadlinePolicy(1.0, ahead_wait=-1)
 
 
 def test_warm_up_waits_for_metrics():

@@ -282,6 +282,34 @@ def written_ahead(history: Sequence[EpochMetrics]) -> frozenset[int]:
                      for b in (wm.ahead_bins or ()))
 
 
+def ahead_pending(history: Sequence[EpochMetrics]) -> int | None:
+    """Bins named to write ahead that no sender had written yet at the newest epoch's commit;
+    ``None`` where no store of it writes bins ahead (or without an epoch)."""
+    counts = [wm.ahead_pending for wm in history[-1].per_worker.values()
+              if wm.ahead_pending is not None] if history else []
+    return sum(counts) if counts else None
+
+
+def indebted(history: Sequence[EpochMetrics], max_debt: int | None,
+             max_l0_files: int | None) -> set[int]:
+    """Workers whose store owed more than ``max_debt`` bytes of compaction at the newest
+    epoch's commit, or held ``max_l0_files`` level-0 files or more (``None``: no limit)."""
+    if not history:
+        return set()
+    return {int(w) for w, wm in history[-1].per_worker.items()
+            if (max_debt is not None and (wm.pending_compaction_bytes or 0) > max_debt)
+            or (max_l0_files is not None and (wm.l0_files or 0) >= max_l0_files)}
+
+
+def l0_room(history: Sequence[EpochMetrics], max_l0_files: int | None) -> dict[int, int]:
+    """Per worker with a known level-0 count, the bins it may still receive this epoch (an
+    ingested bin may add a level-0 file; a burst made receivers compact in the epochs)."""
+    if max_l0_files is None or not history:
+        return {}
+    return {int(w): max_l0_files - int(wm.l0_files)
+            for w, wm in history[-1].per_worker.items() if wm.l0_files is not None}
+
+
 def scanned_out(wm: WorkerMetrics) -> int:
     """The bytes a worker's export read and wrote in the epoch: its bins' bytes, less those of
     bins whose files were written ahead (docs/transfer.md), which cost it only their patches."""
@@ -302,5 +330,6 @@ def _jobs(records: list[EpochMetrics]) -> list[list[int]]:
     return jobs
 
 
-__all__ = ["APPLY", "DISTINCT", "EXPORT", "CostModel", "Slots", "Work", "fixed_and_per_byte",
-           "scanned_out", "stages_s", "written_ahead"]
+__all__ = ["APPLY", "DISTINCT", "EXPORT", "CostModel", "Slots", "Work", "ahead_pending",
+           "fixed_and_per_byte", "indebted", "l0_room", "scanned_out", "stages_s",
+           "written_ahead"]

@@ -52,7 +52,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, Slots, Work, written_ahead
+from megaphone.plans import cost_model
+from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, Slots, Work
 from megaphone.plans.plan import PlanError
 from megaphone.plans.policy import EpochView, register_policy
 from megaphone.plans.relief import relief_first
@@ -67,6 +68,12 @@ EPSILON_S = 1e-9
 DEFAULT_COMPACTION_DEBT = 1 << 30
 #: Level-0 files a receiver may reach with this epoch's bins (each ingested bin can add one).
 DEFAULT_MAX_L0_FILES = 8
+#: Epochs a plan's first move waits for a bin written ahead (docs/transfer.md).
+DEFAULT_AHEAD_WAIT = 2
+#: The policy's integer parameters, their least values, and those that may be ``None``.
+_COUNT_MIN = {"patience": 1, "window": 1, "min_history": 1, "max_behind": 1,
+              "max_compaction_debt": 0, "max_l0_files": 1, "ahead_wait": 0}
+_OPTIONAL = {"max_behind", "max_compaction_debt", "max_l0_files"}
 PRIORITIES = ("auto", "largest", "smallest", "hottest", "relief")
 """Built-in orders in which the deadline policy tries bins (see :class:`DeadlinePolicy`)."""
 
@@ -79,9 +86,10 @@ class StepDecision:
     ``probe`` (no transfer measured yet: the smallest bin alone), ``fit`` (moves that fit),
     ``wait`` (slack, but no remaining bin fits yet), ``oversized`` (a bin larger than the
     whole budget, moved alone after ``patience`` waits) or ``stalled`` (behind for
-    ``max_behind`` epochs in a row: the smallest bin alone) or ``compaction`` (every remaining
+    ``max_behind`` epochs in a row: the smallest bin alone), ``compaction`` (every remaining
     move goes to a worker whose store still owes more than ``max_compaction_debt`` bytes of
-    compaction: nothing moves until it catches up).
+    compaction: nothing moves until it catches up) or ``prepare`` (before the probe, no bin
+    written ahead yet where stores write them: up to ``ahead_wait`` epochs to write one).
     """
 
     epoch: int
@@ -116,15 +124,20 @@ class DeadlinePolicy:
     ``max_l0_files``: likewise, a worker receives at most as many bins in an epoch as its store
     lacks level-0 files to this many (``None``: no limit). The cheapest single move, which the
     probe, a stall and an oversized wait make, is a bin written ahead where there is one
-    (docs/transfer.md), else the smallest. An epoch moves at most twice the most bins an epoch
-    of the ``window`` moved (:func:`~megaphone.plans.cost_model.fixed_and_per_byte`).
+    (docs/transfer.md), else the smallest; ``ahead_wait``: epochs the probe waits for one
+    where the stores write bins ahead (a plan's first epoch names the bins, its idle time
+    writes them, the next commit reports them; after the first, only while some are still
+    to write). An
+    epoch moves at most twice the most bins an epoch of the ``window`` moved
+    (:func:`~megaphone.plans.cost_model.fixed_and_per_byte`).
     """
 
     def __init__(self, target_latency_s: float, margin: float = 1.2,
                  priority: str | Priority = "auto", patience: int = 3, window: int = 20,
                  min_history: int = 2, max_behind: int | None = 20,
                  max_compaction_debt: int | None = DEFAULT_COMPACTION_DEBT,
-                 max_l0_files: int | None = DEFAULT_MAX_L0_FILES) -> None:
+                 max_l0_files: int | None = DEFAULT_MAX_L0_FILES,
+                 ahead_wait: int = DEFAULT_AHEAD_WAIT) -> None:
         def number(name: str, value: Any, low: float, integer: bool = False) -> None:
             ok = isinstance(value, int if integer else (int, float)) and \
                 not isinstance(value, bool) and math.isfinite(value) and value >= low
@@ -137,15 +150,12 @@ class DeadlinePolicy:
             raise PlanError(f"deadline policy: target_latency_s must be > 0, got "
                             f"{target_latency_s!r}")
         number("margin", margin, 1.0)
-        number("patience", patience, 1, integer=True)
-        number("window", window, 1, integer=True)
-        number("min_history", min_history, 1, integer=True)
-        if max_behind is not None:
-            number("max_behind", max_behind, 1, integer=True)
-        if max_compaction_debt is not None:
-            number("max_compaction_debt", max_compaction_debt, 0, integer=True)
-        if max_l0_files is not None:
-            number("max_l0_files", max_l0_files, 1, integer=True)
+        counts = {"patience": patience, "window": window, "min_history": min_history,
+                  "max_behind": max_behind, "max_compaction_debt": max_compaction_debt,
+                  "max_l0_files": max_l0_files, "ahead_wait": ahead_wait}
+        for name, value in counts.items():
+            if value is not None or name not in _OPTIONAL:
+                number(name, value, _COUNT_MIN[name], integer=True)
         if isinstance(priority, str) and priority not in PRIORITIES:
             raise PlanError(f"deadline policy: unknown priority {priority!r}; expected one of "
                             f"{', '.join(PRIORITIES)} or a callable")
@@ -161,13 +171,10 @@ class DeadlinePolicy:
         self.max_behind = max_behind
         self.max_compaction_debt = max_compaction_debt
         self.max_l0_files = max_l0_files
+        self.ahead_wait = ahead_wait
         self.spec: dict[str, Any] = {
             "name": "deadline", "target_latency_s": self.target_latency_s, "margin": self.margin,
-            "priority": priority if isinstance(priority, str) else "custom",
-            "patience": patience, "window": window, "min_history": min_history,
-            "max_behind": max_behind, "max_compaction_debt": max_compaction_debt,
-            "max_l0_files": max_l0_files,
-        }
+            "priority": priority if isinstance(priority, str) else "custom", **counts}
         self.decisions: deque[StepDecision] = deque(maxlen=10_000)
         self.model: CostModel | None = None
         self.calibration = 1.0
@@ -175,13 +182,13 @@ class DeadlinePolicy:
         self._behind = 0
         self._ahead: frozenset[int] = frozenset()  # bins written ahead at the last commit
         self._probed: int | None = None  # the first probe's epoch: not learned from
+        self._prepared = 0  # epochs the probe waited for a bin written ahead
         self._idle_s = 0.0  # the model's epoch without moves, for this decision
 
     @classmethod
     def from_spec(cls, params: Mapping[str, Any]) -> DeadlinePolicy:
         """The policy of a plan's ``{"name": "deadline", ...}`` (without ``name``)."""
-        known = {"target_latency_s", "margin", "priority", "patience", "window", "min_history",
-                 "max_behind", "max_compaction_debt", "max_l0_files"}
+        known = {"target_latency_s", "margin", "priority", *_COUNT_MIN}
         unknown = set(params) - known
         if unknown:
             raise PlanError(f"deadline policy has unknown fields {sorted(unknown)}")
@@ -199,7 +206,7 @@ class DeadlinePolicy:
         if not view.remaining:
             return []
         par = Slots(view.parallelism, view.homes, view.host_slots)
-        self._ahead = written_ahead(view.history)
+        self._ahead = cost_model.written_ahead(view.history)
         # The first moving epoch also pays the transfer path's one-off costs: not learned from.
         fit = [m for m in view.history if m.epoch != self._probed]
         model = CostModel.fit(fit, par, self.window, view.traces)
@@ -211,7 +218,8 @@ class DeadlinePolicy:
         budget = self.target_latency_s - view.lag_s
         if model.epochs_seen < self.min_history:
             return self._decide(view, "warm-up", [], 0.0, budget)
-        indebted = self._indebted(view.history)
+        indebted = cost_model.indebted(view.history, self.max_compaction_debt,
+                                       self.max_l0_files)
         movable = [m for m in view.remaining if m.dst not in indebted]
         if not movable:
             return self._decide(view, "compaction", [], 0.0, budget,
@@ -246,13 +254,21 @@ class DeadlinePolicy:
                                 budget, note)
         self._behind = 0
         if model.transfers_seen == 0:
+            pending = cost_model.ahead_pending(view.history)
+            if self._probed is None and self._prepared < self.ahead_wait and \
+                    pending is not None and (pending or not self._prepared) and \
+                    not self._ahead & {m.bin for m in view.remaining}:
+                self._prepared += 1
+                return self._decide(view, "prepare", [], idle, budget,
+                                    f"no bin written ahead yet: waiting {self._prepared}/"
+                                    f"{self.ahead_wait} before the probe")
             self._probed = view.epoch if self._probed is None else self._probed
             work = self._with(model, base, smallest, size[smallest], view)
             return self._decide(view, "probe", [smallest], self._predict(model, work, par),
                                 budget, "no transfer measured yet: the smallest bin alone")
         chosen: list[Move] = []
         work = dict(base)
-        room = self._l0_room(view.history)
+        room = cost_model.l0_room(view.history, self.max_l0_files)
         most = max((m.bins_moved for m in view.history[-self.window:]), default=0)
         for move in self._order(view, model, base, size, budget, par):
             if most and len(chosen) >= 2 * most:
@@ -282,24 +298,6 @@ class DeadlinePolicy:
                 f"with full slack; moving it alone after {self.patience} epochs")
         log.warning("deadline policy, epoch %d: %s", view.epoch, note)
         return self._decide(view, "oversized", [smallest], alone, budget, note)
-
-    def _indebted(self, history: Sequence[EpochMetrics]) -> set[int]:
-        """Workers whose store owed more compaction than allowed at the newest epoch, or held
-        ``max_l0_files`` level-0 files or more."""
-        if not history:
-            return set()
-        debt, full = self.max_compaction_debt, self.max_l0_files
-        return {int(w) for w, wm in history[-1].per_worker.items()
-                if (debt is not None and (wm.pending_compaction_bytes or 0) > debt)
-                or (full is not None and (wm.l0_files or 0) >= full)}
-
-    def _l0_room(self, history: Sequence[EpochMetrics]) -> dict[int, int]:
-        """Per worker with a known level-0 count, the bins it may still receive this epoch (an
-        ingested bin may add a level-0 file; a burst made receivers compact in the epochs)."""
-        if self.max_l0_files is None or not history:
-            return {}
-        return {int(w): self.max_l0_files - int(wm.l0_files)
-                for w, wm in history[-1].per_worker.items() if wm.l0_files is not None}
 
     def _calibrate(self, model: CostModel, history: Sequence[EpochMetrics],
                    parallelism: Slots) -> float:

@@ -333,6 +333,13 @@ class RocksDBBackend(BackendBase):
         """The bins whose file is written ahead."""
         return self._ahead.ready()
 
+    def ahead_pending(self, bins: Iterable[int], min_bytes: int) -> int:
+        """How many of ``bins`` :meth:`start_ahead` would still write: not written or being
+        written ahead, and holding at least ``min_bytes`` bytes."""
+        ids = self._check_bin_ids(list(bins))
+        return sum(1 for b in ids.tolist() if b not in self._ahead
+                   and self._counters.keys[b] and self._counters.bytes[b] >= min_bytes)
+
     def forget_ahead(self, keep: Iterable[int]) -> None:
         """Delete the files written ahead of every bin not in ``keep`` (no longer wanted)."""
         wanted = {int(b) for b in keep}

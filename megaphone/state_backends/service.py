@@ -380,21 +380,23 @@ class StoreService:
                                        req.get("group_start"))
             seconds = time.perf_counter() - started
             entry.ahead.committed(req.get("ahead"), req.get("ahead_min_bytes", 1))
-            backend, ahead = entry.store.backend, []
+            backend, ahead, pending = entry.store.backend, [], None
             if backend.supports_bin_files:
                 backend.forget_ahead(entry.ahead.bins)  # those no longer named go now
                 ahead = backend.ahead_bins()
+                if req.get("ahead") is not None:  # None: rows only, nothing written ahead
+                    pending = backend.ahead_pending(entry.ahead.bins, entry.ahead.min_bytes)
         if entry.ahead.bins:
             self.ahead_writer.wake()
-        return {"seconds": seconds, "token": token, "ahead": ahead, **entry.store.health()}
+        return {"seconds": seconds, "token": token, "ahead": ahead, "ahead_pending": pending,
+                **entry.store.health()}
 
     def _export(self, sock: socket.socket, req: dict[str, Any], owner) -> None:
         """Stream bins as ``(k, v)`` chunks; with ``file_min_bytes`` (and a backend that can),
         each bin of at least that many bytes goes as one file instead (its descriptor). With
         ``keep`` (and a listener), a file stays here for the receiver's home to pull
         (:mod:`~megaphone.state_backends.handoff`): its reference goes instead."""
-        entry = self.entry(req, owner)
-        min_bytes = req.get("file_min_bytes")
+        entry, min_bytes = self.entry(req, owner), req.get("file_min_bytes")
         current = req.get("current")
         source = self.network.address if self.network is not None and req.get("keep") and \
             isinstance(current, int) and isinstance(req.get("worker"), int) else None

@@ -264,6 +264,7 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
                           ahead=spec.ahead.get(worker, ()) if min_bytes is not None else None,
                           ahead_min_bytes=max(1, min_bytes or 0))
     metrics.ahead_bins = health.get("ahead") or None
+    metrics.ahead_pending = health.get("ahead_pending")
     metrics.commit_s = time.perf_counter() - t0
     marks["committed"] = time.time()
     metrics.store_commit_s = health["seconds"]
