@@ -31,6 +31,11 @@ LOG_TRIM_AGE_S = 120.0
 #: A background flush is started only below this many L0 files (RocksDB compacts at 4 and
 #: slows writes at 20).
 _L0_QUIET = 4
+#: A table file being written is handed to the disk every this many bytes (RocksDB's
+#: ``bytes_per_sync``), by the writing thread and so at its I/O priority (a compaction's: idle),
+#: instead of piling up dirty pages that the kernel's flusher later writes in one burst while
+#: an epoch's ingestion waits for its own sync.
+BYTES_PER_SYNC = 1 << 20
 _CACHE: Cache | None = None
 _COMPACTIONS_YIELD = False
 
@@ -79,6 +84,7 @@ def db_options() -> Options:
     opts.set_level_compaction_dynamic_level_bytes(True)
     opts.set_compression_type(DBCompressionType.lz4())
     opts.set_keep_log_file_num(2)
+    opts.set_bytes_per_sync(BYTES_PER_SYNC)
     table = BlockBasedOptions()
     table.set_block_cache(_block_cache())
     table.set_block_size(4 << 10)
