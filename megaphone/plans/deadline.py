@@ -68,8 +68,6 @@ EPSILON_S = 1e-9
 DEFAULT_COMPACTION_DEBT = 1 << 30
 #: Level-0 files a receiver may reach with this epoch's bins (each ingested bin can add one).
 DEFAULT_MAX_L0_FILES = 8
-#: Newest moving epochs whose median calibration follows a sudden slowdown (``_calibrate``).
-RECENT_MOVES = 3
 #: Epochs a plan's first move waits for a bin written ahead (docs/transfer.md).
 DEFAULT_AHEAD_WAIT = 2
 #: The policy's integer parameters, their least values, and those that may be ``None``.
@@ -303,14 +301,11 @@ class DeadlinePolicy:
 
     def _calibrate(self, model: CostModel, history: Sequence[EpochMetrics],
                    parallelism: Slots) -> float:
-        """What moving added to the epochs of the newest ``window`` that moved state, as
-        measured over what the model replays: the 75th percentile, or the median of the newest
-        ``RECENT_MOVES`` when higher (1 without any; never below 1). The median follows a sudden
-        slowdown within two epochs: the senders' compaction at the billion-key move made its
-        moving epochs 0.2-0.4 s longer at once, and the window's percentile rose only after
-        five. It scales only what moves add (:meth:`_predict`): a slow moving epoch once scaled
-        the whole prediction, and kept a pipeline idling at half its target "behind" for 20
-        epochs (bench/RESULTS.md, "The billion-key move, bins written ahead")."""
+        """The 75th percentile, over the epochs of the newest ``window`` that moved state, of
+        what moving added to the epoch as measured over what the model replays (1 without any;
+        never below 1). It scales only what moves add (:meth:`_predict`): a slow moving epoch
+        once scaled the whole prediction, and kept a pipeline idling at half its target
+        "behind" for 20 epochs (bench/RESULTS.md, "The billion-key move, bins written ahead")."""
         ratios = []
         for m in history[-self.window:]:
             if m.bytes_moved and m.per_worker:
@@ -320,10 +315,8 @@ class DeadlinePolicy:
                     ratios.append((m.duration_s - idle) / added)
         if not ratios:
             return 1.0
-        recent = sorted(ratios[-RECENT_MOVES:])[len(ratios[-RECENT_MOVES:]) // 2] \
-            if len(ratios) >= RECENT_MOVES else 1.0
         ratios.sort()
-        return max(1.0, recent, ratios[min(len(ratios) - 1, int(0.75 * len(ratios)))])
+        return max(1.0, ratios[min(len(ratios) - 1, int(0.75 * len(ratios)))])
 
     def _fits(self, predicted: float, budget: float) -> bool:
         """Whether ``predicted`` seconds, with the margin, stay within ``budget``."""
