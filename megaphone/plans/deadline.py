@@ -127,8 +127,7 @@ class DeadlinePolicy:
     (docs/transfer.md), else the smallest; ``ahead_wait``: epochs the probe waits for one
     where the stores write bins ahead (a plan's first epoch names the bins, its idle time
     writes them, the next commit reports them; after the first, only while some are still
-    to write). An
-    epoch moves at most twice the most bins an epoch of the ``window`` moved
+    to write). An epoch moves at most twice the most bins an epoch of the ``window`` moved
     (:func:`~megaphone.plans.cost_model.fixed_and_per_byte`).
     """
 
