@@ -12,6 +12,7 @@ import pytest
 import megaphone.state_backends.page_cache as page_cache
 from megaphone.state_backends import EXPORT_SCHEMA, encode_keys, open_backend, pack_values
 from megaphone.state_backends.page_cache import READ_AHEAD_CHUNK, PageCacheWarmer
+from tests.helpers.mapped_files import mapped_tables
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise")
 
@@ -113,13 +114,6 @@ def test_a_table_file_deleted_while_listed_is_left_out(tmp_path: Path,
     assert page_cache.table_files(str(tmp_path)) == {"000008.sst": 10}
 
 
-def _mapped_by_this_process(path: Path) -> set[str]:
-    """Names of the files under ``path`` this process maps now (``/proc/self/maps``)."""
-    with open("/proc/self/maps", encoding="utf-8") as f:
-        return {os.path.basename(line.split()[-1]) for line in f
-                if line.rstrip().endswith(".sst") and str(path) in line}
-
-
 needs_populate = pytest.mark.skipif(
     not hasattr(page_cache.mmap, "MAP_POPULATE") or not os.path.exists("/proc/self/maps"),
     reason="no MAP_POPULATE or /proc/self/maps")
@@ -133,17 +127,17 @@ def test_warmed_files_stay_mapped_until_deleted_or_closed(tmp_path: Path, advise
     warmer = PageCacheWarmer(str(tmp_path))
     warmer.warm().join()
     assert warmer.mapped() == ["000001.sst", "000002.sst"]
-    assert _mapped_by_this_process(tmp_path) == {"000001.sst", "000002.sst"}
+    assert mapped_tables(tmp_path) == {"000001.sst", "000002.sst"}
     (tmp_path / "000001.sst").unlink()  # a compaction's input
     _table(tmp_path, "000004.sst", 4096)  # its output
     warmer.warm().join()
     assert warmer.mapped() == ["000002.sst", "000004.sst"]
-    assert _mapped_by_this_process(tmp_path) == {"000002.sst", "000004.sst"}
+    assert mapped_tables(tmp_path) == {"000002.sst", "000004.sst"}
     warmer.close()
-    assert warmer.mapped() == [] and _mapped_by_this_process(tmp_path) == set()
+    assert warmer.mapped() == [] and mapped_tables(tmp_path) == set()
     _table(tmp_path, "000005.sst", 4096)
     warmer._load(["000005.sst"])  # a warm-up still running when the store closed
-    assert warmer.mapped() == [] and _mapped_by_this_process(tmp_path) == set()
+    assert warmer.mapped() == [] and mapped_tables(tmp_path) == set()
 
 
 @needs_populate
@@ -158,12 +152,12 @@ def test_a_store_maps_its_compactions_files_and_unmaps_all_when_closed(
     store.warm_page_cache()
     _join_warmers()
     before = {n for n in os.listdir(path) if n.endswith(".sst")}
-    assert before and _mapped_by_this_process(path) == before
+    assert before and mapped_tables(path) == before
     store._db.compact_range(None, None)
     after = {n for n in os.listdir(path) if n.endswith(".sst")}
     assert after != before
     store.warm_page_cache()
     _join_warmers()
-    assert _mapped_by_this_process(path) == after  # the inputs' mappings released
+    assert mapped_tables(path) == after  # the inputs' mappings released
     store.close()
-    assert _mapped_by_this_process(path) == set()
+    assert mapped_tables(path) == set()

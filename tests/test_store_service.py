@@ -29,6 +29,7 @@ from megaphone.state_backends.service import StoreService
 from megaphone.state_backends.service_identity import process_start
 from megaphone.state_backends.wire import MAX_FRAME_BYTES, recv_frame, send_frame
 from megaphone.state_backends.worker_store import StoreVersionError, WorkerStore
+from tests.helpers.mapped_files import mapped_tables
 
 BINS = 16
 
@@ -315,12 +316,6 @@ def test_a_slowly_written_store_has_its_log_trimmed_between_epochs(tmp_path, mon
     service.close_stores(lambda p, e: True, "test")
 
 
-def _mapped_tables(path) -> set[str]:
-    with open("/proc/self/maps", encoding="utf-8") as f:
-        return {os.path.basename(line.split()[-1]) for line in f
-                if line.rstrip().endswith(".sst") and str(path) in line}
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="no /proc/self/maps")
 def test_housekeeping_keeps_a_compactions_new_tables_mapped_and_drops_its_old(tmp_path):
     """Table files stay mapped, out of the reach of a proactive reclaim of unmapped page cache
@@ -339,14 +334,14 @@ def test_housekeeping_keeps_a_compactions_new_tables_mapped_and_drops_its_old(tm
 
     def mapped_soon() -> set[str]:
         deadline = time.monotonic() + 10
-        while _mapped_tables(path) != tables and time.monotonic() < deadline:
+        while mapped_tables(path) != tables and time.monotonic() < deadline:
             time.sleep(0.05)
-        return _mapped_tables(path)
+        return mapped_tables(path)
 
     service.housekeeping()
     assert tables and mapped_soon() == tables
     service.close_stores(lambda p, e: True, "test")
-    assert _mapped_tables(path) == set()
+    assert mapped_tables(path) == set()
 
 
 def _frame(body: bytes) -> bytes:

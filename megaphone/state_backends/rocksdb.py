@@ -106,18 +106,15 @@ class RocksDBBackend(BackendBase):
         # A writer's point reads go to its table files: read them ahead while they fit in
         # memory (an exporter scans each bin once and needs no warming).
         self._warmer = None if read_only else PageCacheWarmer(self.path)
-        self._warm()
+        self.warm_page_cache()
         self._ahead = PreparedBins()  # bins written ahead (docs/transfer.md)
 
-    def _warm(self) -> None:
-        if self._warmer is not None:
-            self._warmer.warm()
-
     def warm_page_cache(self) -> None:
-        """Warm and map the table files compactions wrote since the last call and unmap the ones
-        they deleted (:class:`~megaphone.state_backends.page_cache.PageCacheWarmer`)."""
-        if self._db is not None:
-            self._warm()
+        """Warm and map the table files written since the last call (an ingestion's, a
+        compaction's) and unmap the ones deleted
+        (:class:`~megaphone.state_backends.page_cache.PageCacheWarmer`)."""
+        if self._warmer is not None and self._db is not None:
+            self._warmer.warm()
 
     def _load_header(self) -> BinCounters:
         info = self._db.get(meta_key(INFO_META))
@@ -265,7 +262,7 @@ class RocksDBBackend(BackendBase):
         writer.finish()
         self._db.ingest_external_file([*files, meta_file], _MOVED)
         self._counters = counters
-        self._warm()  # the writer dropped the new files' pages
+        self.warm_page_cache()  # the writer dropped the new files' pages
 
     # ------------------------------------------------------------------ whole-bin files
 
@@ -296,7 +293,7 @@ class RocksDBBackend(BackendBase):
         :meth:`finish_ahead` (with it)."""
         b = int(self._check_bin_ids([b])[0])
         self._check_writable()
-        if b in self._ahead or not self._counters.keys[b] or self._counters.bytes[b] < min_bytes:
+        if not self._wants_ahead(b, min_bytes):
             return None
         ro = ReadOptions()
         ro.set_iterate_upper_bound(bin_prefix(b + 1))
@@ -336,9 +333,14 @@ class RocksDBBackend(BackendBase):
     def ahead_pending(self, bins: Iterable[int], min_bytes: int) -> int:
         """How many of ``bins`` :meth:`start_ahead` would still write: not written or being
         written ahead, and holding at least ``min_bytes`` bytes."""
-        ids = self._check_bin_ids(list(bins))
-        return sum(1 for b in ids.tolist() if b not in self._ahead
-                   and self._counters.keys[b] and self._counters.bytes[b] >= min_bytes)
+        return sum(1 for b in self._check_bin_ids(list(bins)).tolist()
+                   if self._wants_ahead(b, min_bytes))
+
+    def _wants_ahead(self, b: int, min_bytes: int) -> bool:
+        """Whether bin ``b`` is still to write ahead: not written or being written, and holding
+        at least ``min_bytes`` bytes."""
+        return b not in self._ahead and bool(self._counters.keys[b]) \
+            and self._counters.bytes[b] >= min_bytes
 
     def forget_ahead(self, keep: Iterable[int]) -> None:
         """Delete the files written ahead of every bin not in ``keep`` (no longer wanted)."""
@@ -419,7 +421,7 @@ class RocksDBBackend(BackendBase):
         except Exception:
             self.drop_bins(bins.tolist())  # back to empty bins and matching counters
             raise
-        self._warm()  # files a writer made on this host come without their pages
+        self.warm_page_cache()  # files a writer made on this host come without their pages
         return ImportStats("files", sum(f.keys for f in files), sum(f.bytes for f in files))
 
     # ------------------------------------------------------------------ lifecycle
