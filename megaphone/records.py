@@ -81,6 +81,9 @@ class WorkerMetrics(_Record):
     stall_s: float | None = None
     pending_compaction_bytes: int | None = None
     l0_files: int | None = None
+    #: Whether the worker's store was running or owed a compaction at its commit (``None``
+    #: for stores without compactions): the deadline policy learns such epochs apart.
+    compacting: bool | None = None
     token: str | None = None
     useful_s: float | None = None
     bins_out: int | None = None

@@ -171,6 +171,35 @@ def test_a_slow_moving_epoch_scales_only_what_moves_add():
     assert policy.decisions[-1].action == "wait"  # not "behind": 0.7 s of its own fits 1 s
 
 
+def compacted(m: EpochMetrics, worker: int = 0) -> EpochMetrics:
+    """``m`` with ``worker``'s store reporting a compaction at its commit."""
+    m.per_worker[worker].compacting = True
+    return m
+
+
+def test_a_compaction_starting_halves_the_moves_until_measured():
+    """A store that starts compacting slows the moves of every epoch beside it (two to three
+    times at the billion-key move): the next epoch moves at most half the bins of the last
+    moving one; once two moving epochs were measured while compacting, they alone calibrate."""
+    moves = [Move(b, 0, 1) for b in range(20)]
+    sizes = dict.fromkeys(range(20), MB)
+    steady = (*HISTORY, moving(bins=4), moving(bins=4))
+    policy = DeadlinePolicy(2.0, margin=1.0)
+    assert len(policy(view(moves, sizes, steady))) == 6
+    assert len(policy(view(moves, sizes, (*steady[:-1], compacted(moving(bins=4)))))) == 2
+    assert "compacting" in policy.decisions[-1].note
+    # Two slow epochs measured while compacting: their ratio rules, not the quiet ones'.
+    slow = (*steady, compacted(moving(0.4, bins=2)), compacted(moving(0.4, bins=2)))
+    assert 1 <= len(policy(view(moves, sizes, slow))) < 6
+    assert policy.calibration > 2
+    # The compaction over: the quiet epochs of the window calibrate again.
+    assert len(policy(view(moves, sizes, (*slow, moving(bins=2))))) == 6
+    assert policy.calibration == 1.0
+    # Without a moving epoch to halve, the usual rules hold.
+    assert len(DeadlinePolicy(2.0, margin=1.0)(
+        view(moves, sizes, (*HISTORY[:-1], compacted(epoch()))))) == 6
+
+
 def test_a_moving_jobs_fixed_cost_is_told_from_its_cost_per_byte():
     """What moving epochs take beyond their stages is a fixed cost per moving job plus a cost
     per byte (Theil-Sen over pairs of epochs that moved clearly different bytes); epochs of

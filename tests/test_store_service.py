@@ -73,6 +73,21 @@ def test_commit_replay_and_rollback_of_a_worker_store(tmp_path, kind):
         assert again.epoch == 0 and counts(again, [1, 2, 3]) == [1, 1, None]
 
 
+@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+def test_a_commit_reports_whether_the_store_is_compacting(tmp_path, kind, monkeypatch):
+    """The deadline policy learns epochs beside a compaction apart (docs/transfer.md): a
+    RocksDB store's commit says whether a compaction runs or is due; a memory store has none."""
+    with WorkerStore.open(kind, tmp_path / "w", "int64", BINS) as store:
+        one_epoch(store, 0, [1, 2])
+        expected = None if kind == "memory" else False
+        assert store.health()["compacting"] is expected
+        if kind == "rocksdb":
+            real = store.backend.property
+            monkeypatch.setattr(store.backend, "property", lambda name: "1" if name ==
+                                "rocksdb.num-running-compactions" else real(name))
+            assert store.health()["compacting"] is True
+
+
 def test_a_store_stays_open_in_the_service_and_survives_its_kill(tmp_path, local):
     path = str(tmp_path / "w")
     store = RemoteStore(local, path, "rocksdb", "int64", BINS, 0)

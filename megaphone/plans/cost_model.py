@@ -290,6 +290,45 @@ def ahead_pending(history: Sequence[EpochMetrics]) -> int | None:
     return sum(counts) if counts else None
 
 
+def compacting(m: EpochMetrics) -> bool:
+    """Whether some worker's store was compacting (a compaction running or due) at the commit
+    of epoch ``m``. Such an epoch's moves took longer: at the billion-key move, 10 bins added
+    0.3-0.6 s to an epoch while a sender compacted against 0.1-0.2 s before, with epochs
+    without moves unchanged (docs/transfer.md, "The senders' compaction")."""
+    return any(wm.compacting for wm in m.per_worker.values())
+
+
+#: Moving epochs measured in the next epoch's regime (a store compacting or none) before the
+#: calibration learns from them alone (:func:`calibration`).
+REGIME_EPOCHS = 2
+
+
+def calibration(model: CostModel, history: Sequence[EpochMetrics], parallelism: Slots,
+                window: int, compacting_now: bool) -> tuple[float, int]:
+    """How much longer than ``model`` replays it moving made an epoch, and how many epochs that
+    tells from the next epoch's regime.
+
+    Over the moving epochs of the newest ``window``, each epoch's measured time beyond the
+    model's epoch without moves, over the time the model replays for its moves: the 75th
+    percentile (never below 1; 1 without any). Only the epochs whose commit found a store
+    compacting as the newest one did (``compacting_now``) count, once there are
+    :data:`REGIME_EPOCHS` of them; before that, all. A slow moving epoch only scales what
+    moves add: scaling the whole prediction kept a pipeline idling at half its target
+    "behind" for 20 epochs (bench/RESULTS.md, "The billion-key move, bins written ahead")."""
+    ratios: dict[bool, list[float]] = {False: [], True: []}
+    for m in history[-window:]:
+        if m.bytes_moved and m.per_worker:
+            idle = model.replay_s(m, parallelism, moved=False)
+            added = model.replay_s(m, parallelism) - idle
+            if added > 0:
+                ratios[compacting(m)].append((m.duration_s - idle) / added)
+    same = ratios[compacting_now]
+    pool = sorted(same if len(same) >= REGIME_EPOCHS else same + ratios[not compacting_now])
+    if not pool:
+        return 1.0, 0
+    return max(1.0, pool[min(len(pool) - 1, int(0.75 * len(pool)))]), len(same)
+
+
 def indebted(history: Sequence[EpochMetrics], max_debt: int | None,
              max_l0_files: int | None) -> set[int]:
     """Workers whose store owed more than ``max_debt`` bytes of compaction at the newest
@@ -330,6 +369,6 @@ def _jobs(records: list[EpochMetrics]) -> list[list[int]]:
     return jobs
 
 
-__all__ = ["APPLY", "DISTINCT", "EXPORT", "CostModel", "Slots", "Work", "ahead_pending",
-           "fixed_and_per_byte", "indebted", "l0_room", "scanned_out", "stages_s",
-           "written_ahead"]
+__all__ = ["APPLY", "DISTINCT", "EXPORT", "REGIME_EPOCHS", "CostModel", "Slots", "Work",
+           "ahead_pending", "calibration", "compacting", "fixed_and_per_byte", "indebted",
+           "l0_room", "scanned_out", "stages_s", "written_ahead"]

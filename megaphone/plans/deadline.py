@@ -23,7 +23,12 @@ those it receives, ``processing_w`` its records (plus the records of the bins it
 The model checks itself: for the recent epochs that moved state it predicts each one's
 duration from what the epoch did (records, bytes sent and received per worker) and scales its
 predictions by the 75th percentile of measured / predicted (never below 1), so a model that
-underestimates large moves corrects itself, also for a new plan or after a restart.
+underestimates large moves corrects itself, also for a new plan or after a restart. It learns
+that from the epochs that ran as the next one will, with a store compacting or without
+(:func:`~megaphone.plans.cost_model.calibration`): a compaction makes moves two to three times
+as slow for a minute or more. The first epoch after a store starts compacting moves at most
+half the bins of the last moving epoch, until two moving epochs measured while compacting
+tell how much slower.
 
 So the policy moves more while there is slack, nothing while the pipeline is behind, and
 never lets a move push an epoch past its deadline by prediction -- except a bin that does not
@@ -48,7 +53,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -57,7 +62,6 @@ from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, Slots, Work
 from megaphone.plans.plan import PlanError
 from megaphone.plans.policy import EpochView, register_policy
 from megaphone.plans.relief import relief_first
-from megaphone.records import EpochMetrics
 from megaphone.routing.table import Move
 
 log = logging.getLogger("megaphone.deadline")
@@ -213,7 +217,9 @@ class DeadlinePolicy:
             # Epochs whose bins all went written ahead measure no export: keep the last rate.
             model = replace(model, export_s_per_byte=self.model.export_s_per_byte)
         self.model = model
-        self.calibration = self._calibrate(model, fit, par)
+        compacting = bool(view.history) and cost_model.compacting(view.history[-1])
+        self.calibration, measured = cost_model.calibration(model, fit, par, self.window,
+                                                            compacting)
         budget = self.target_latency_s - view.lag_s
         if model.epochs_seen < self.min_history:
             return self._decide(view, "warm-up", [], 0.0, budget)
@@ -269,8 +275,15 @@ class DeadlinePolicy:
         work = dict(base)
         room = cost_model.l0_room(view.history, self.max_l0_files)
         most = max((m.bins_moved for m in view.history[-self.window:]), default=0)
+        cap, note = 2 * most or None, ""
+        if compacting and measured < cost_model.REGIME_EPOCHS:
+            last = next((m.bins_moved for m in reversed(view.history) if m.bins_moved), 0)
+            if last:
+                cap = max(1, last // 2)
+                note = (f"a store is compacting: at most {cap} bins until "
+                        f"{cost_model.REGIME_EPOCHS} moving epochs are measured while it does")
         for move in self._order(view, model, base, size, budget, par):
-            if most and len(chosen) >= 2 * most:
+            if cap is not None and len(chosen) >= cap:
                 break
             if room.get(move.dst, 1) <= 0:
                 continue
@@ -282,7 +295,8 @@ class DeadlinePolicy:
                     room[move.dst] -= 1
         if chosen:
             self._starved = 0
-            return self._decide(view, "fit", chosen, self._predict(model, work, par), budget)
+            return self._decide(view, "fit", chosen, self._predict(model, work, par), budget,
+                                note)
         self._starved += 1
         alone = self._predict(model, self._with(model, base, smallest, size[smallest], view),
                               par)
@@ -297,25 +311,6 @@ class DeadlinePolicy:
                 f"with full slack; moving it alone after {self.patience} epochs")
         log.warning("deadline policy, epoch %d: %s", view.epoch, note)
         return self._decide(view, "oversized", [smallest], alone, budget, note)
-
-    def _calibrate(self, model: CostModel, history: Sequence[EpochMetrics],
-                   parallelism: Slots) -> float:
-        """The 75th percentile, over the epochs of the newest ``window`` that moved state, of
-        what moving added to the epoch as measured over what the model replays (1 without any;
-        never below 1). It scales only what moves add (:meth:`_predict`): a slow moving epoch
-        once scaled the whole prediction, and kept a pipeline idling at half its target
-        "behind" for 20 epochs (bench/RESULTS.md, "The billion-key move, bins written ahead")."""
-        ratios = []
-        for m in history[-self.window:]:
-            if m.bytes_moved and m.per_worker:
-                idle = model.replay_s(m, parallelism, moved=False)
-                added = model.replay_s(m, parallelism) - idle
-                if added > 0:
-                    ratios.append((m.duration_s - idle) / added)
-        if not ratios:
-            return 1.0
-        ratios.sort()
-        return max(1.0, ratios[min(len(ratios) - 1, int(0.75 * len(ratios)))])
 
     def _fits(self, predicted: float, budget: float) -> bool:
         """Whether ``predicted`` seconds, with the margin, stay within ``budget``."""

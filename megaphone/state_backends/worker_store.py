@@ -353,12 +353,18 @@ class WorkerStore:
     def health(self) -> dict[str, Any]:
         """Maintenance figures for an epoch's metrics: write stalls since :meth:`check_can_apply`
         (``stall_s``, time flushes and compactions held this epoch's writes up) and the
-        compaction work RocksDB still owes (``pending_compaction_bytes``)."""
+        compaction work RocksDB still owes (``pending_compaction_bytes``), its level-0 files,
+        and whether it is compacting (``compacting``: a compaction running or due; ``None``
+        for a store without compactions), which slows every epoch on the host while it runs
+        (docs/transfer.md, "The senders' compaction")."""
+        running = self.backend.property("rocksdb.num-running-compactions")
+        due = self.backend.property("rocksdb.compaction-pending")
         return {
             "stall_s": max(0.0, self.stall_seconds() - self._stall_at_begin),
             "pending_compaction_bytes": int(
                 self.backend.property("rocksdb.estimate-pending-compaction-bytes") or 0),
             "l0_files": int(self.backend.property("rocksdb.num-files-at-level0") or 0),
+            "compacting": None if running is None else bool(int(running) or int(due or 0)),
         }
 
     def close(self) -> None:

@@ -268,7 +268,7 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     metrics.commit_s = time.perf_counter() - t0
     marks["committed"] = time.time()
     metrics.store_commit_s = health["seconds"]
-    for name in ("stall_s", "pending_compaction_bytes", "l0_files"):
+    for name in ("stall_s", "pending_compaction_bytes", "l0_files", "compacting"):
         setattr(metrics, name, health[name])
     return outputs, load
 
