@@ -447,3 +447,21 @@ def test_a_pipeline_turns_off_row_by_row_projection_of_local_data_keeping_other_
         pipe.close()
     finally:
         spark.conf.set(key, before or LOCAL_RELATION_RULE)
+
+
+def test_bin_sizes_are_read_once_per_committed_epoch(spark, tmp_path, monkeypatch):
+    """A plan made between two epochs and its policy's first decision share one read of the
+    workers' bin statistics (each read opens every store); a commit makes the next one read."""
+    from megaphone.migrator.epoch import state_holder
+
+    reads = []
+    real = state_holder.worker_bin_stats
+    monkeypatch.setattr(state_holder, "worker_bin_stats",
+                        lambda state: reads.append(1) or real(state))
+    pipe = make(spark, tmp_path, workers=2)
+    pipe.process(spark.createDataFrame([(k,) for k in range(20)], "k long"))
+    assert pipe.bin_sizes().keys.sum() == 20 and pipe.bin_sizes().keys.sum() == 20
+    assert len(reads) == 1
+    pipe.process(spark.createDataFrame([(k,) for k in range(20, 30)], "k long"))
+    assert pipe.bin_sizes().keys.sum() == 30 and len(reads) == 2
+    pipe.close()

@@ -9,30 +9,45 @@ from pathlib import Path
 import pytest
 from rocksdict import Rdict
 
-from megaphone.state_backends.rocksdb_tuning import db_options
+from megaphone.state_backends.rocksdb import RocksDBBackend
+from megaphone.state_backends.rocksdb_tuning import compaction_threads_idle, db_options
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc")
 
 
-def _compaction_nices() -> list[int]:
-    nices = []
+def _compaction_threads() -> list[tuple[int, int]]:
+    """``(scheduling class, nice)`` of this process's compaction threads (``rocksdb:low``)."""
+    threads = []
     for task in os.listdir("/proc/self/task"):
         with open(f"/proc/self/task/{task}/comm") as fh:
             if fh.read().strip() != "rocksdb:low":
                 continue
         with open(f"/proc/self/task/{task}/stat") as fh:
-            nices.append(int(fh.read().rsplit(")", 1)[1].split()[16]))
-    return nices
+            nice = int(fh.read().rsplit(")", 1)[1].split()[16])
+        threads.append((os.sched_getscheduler(int(task)), nice))
+    return threads
 
 
-def test_a_compaction_runs_at_the_lowest_cpu_priority(tmp_path: Path) -> None:
-    db = Rdict(str(tmp_path / "db"), options=db_options())
+def _compact(db: Rdict) -> None:
+    for round_ in range(3):  # three overlapping files, then one compaction of them all
+        for i in range(2_000):
+            db[i.to_bytes(8, "big")] = bytes([round_]) * 16
+        db.flush()
+    db.compact_range(None, None)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no SCHED_IDLE")
+def test_compactions_run_in_the_idle_scheduling_class(tmp_path: Path) -> None:
+    """A store's open moves RocksDB's compaction threads to SCHED_IDLE, and they stay there
+    through a compaction (RocksDB no longer lowers their priority itself, which would reset
+    the class); flushes keep theirs."""
+    store = RocksDBBackend(str(tmp_path / "db"), "int64", 16)
     try:
-        for round_ in range(3):  # three overlapping files, then one compaction of them all
-            for i in range(2_000):
-                db[i.to_bytes(8, "big")] = bytes([round_]) * 16
-            db.flush()
-        db.compact_range(None, None)
+        compaction_threads_idle()  # as the service's housekeeping does
+        _compact(store._db)
+        threads = _compaction_threads()
+        assert threads and all(cls == os.SCHED_IDLE for cls, _ in threads)
+        assert compaction_threads_idle() == 0  # nothing left to move
     finally:
-        db.close()
-    assert 19 in _compaction_nices()  # the thread that ran it; flushes keep theirs
+        store.close()
+

@@ -46,6 +46,7 @@ from megaphone.state_backends.memory import STATE_FILE
 from megaphone.state_backends.page_cache import PageCacheWarmer
 from megaphone.state_backends.prepared_bins import AheadWrite, PreparedBins, StoreClosed
 from megaphone.state_backends.rocksdb_tuning import (
+    compaction_threads_idle,
     db_options,
     flush_in_background,
     memtable_bytes,
@@ -107,6 +108,8 @@ class RocksDBBackend(BackendBase):
         # memory (an exporter scans each bin once and needs no warming).
         self._warmer = None if read_only else PageCacheWarmer(self.path)
         self.warm_page_cache()
+        if not read_only:
+            compaction_threads_idle()  # the threads RocksDB started for it
         self._ahead = PreparedBins()  # bins written ahead (docs/transfer.md)
 
     def warm_page_cache(self) -> None:

@@ -6,11 +6,10 @@ be opened read-write by one process only. So each worker store of a host lives i
 of its own kind (one per core; a worker always in the same one), started on demand by the first
 task that needs it (``start_new_session``: it outlives the task), and every task of every epoch
 reaches it over a Unix socket. The task keeps the computation (grouping, the update function,
-outputs); the service does the storage
-operations: the epoch's version check, drops, installs, reads, the commit, exports. Opening a
-store, flushing its memtable and compacting no longer happen inside an epoch: the memtable
-lives on, and RocksDB flushes and compacts it in its background threads
-(``docs/worker-store.md`` and ``bench/RESULTS.md`` have the numbers that chose this design).
+outputs); the service does the storage operations: the epoch's version check, drops,
+installs, reads, the commit, exports. Opening a store, flushing its memtable and compacting no
+longer happen inside an epoch: the memtable lives on, and RocksDB flushes and compacts it in
+its background threads (``docs/worker-store.md`` and ``bench/RESULTS.md`` have the numbers).
 
 Lifecycle: the service closes a store when the executor JVM that last used it is gone (a killed
 driver in local mode, a lost executor; a client with no JVM above it, such as a driver's own
@@ -63,7 +62,7 @@ from megaphone.state_backends.network import (
     NetworkRefused,
     check_pipeline_id,
 )
-from megaphone.state_backends.rocksdb_tuning import LogTrim
+from megaphone.state_backends.rocksdb_tuning import LogTrim, compaction_threads_idle
 from megaphone.state_backends.service_client import register_at, service_shards
 from megaphone.state_backends.service_identity import code_id, process_start
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
@@ -535,6 +534,7 @@ class StoreService:
         with self._lock:
             idle = not self.stores and self.connections == 0
             entries = list(self.stores.values())
+        compaction_threads_idle()  # RocksDB's threads of stores opened meanwhile
         for entry in entries:
             if entry.lock.acquire(blocking=False):  # not in the middle of an operation
                 try:

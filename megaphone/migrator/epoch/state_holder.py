@@ -18,9 +18,9 @@ from pyspark.sql import SparkSession
 from megaphone.migrator.epoch.config import PipelineConfig, check_config, check_restore
 from megaphone.migrator.epoch.state_reader import (
     DurableRead,
-    bin_sizes,
     read_bin_stats,
     release_local_stores,
+    worker_bin_stats,
 )
 from megaphone.migrator.statedir.commit import Commit
 from megaphone.migrator.statedir.directory import StateDir
@@ -73,6 +73,7 @@ class StateHolder:
         # This session's run: an epoch a worker applied in another run (one that crashed or
         # failed before its commit point) is rolled back there, never replayed.
         self.run_id = uuid.uuid4().hex
+        self._bin_stats: tuple[int, Any] | None = None  # (committed epoch, per-worker stats)
 
     # -- what is open --------------------------------------------------------------------
 
@@ -257,14 +258,21 @@ class StateHolder:
         return DurableRead.at(self.state_dir, self.commit, self.local_dir, self.run_id)
 
     def bin_sizes(self, owners: np.ndarray | None = None) -> BinSizes:
-        """As :meth:`Pipeline.bin_sizes <megaphone.Pipeline.bin_sizes>`."""
+        """As :meth:`Pipeline.bin_sizes <megaphone.Pipeline.bin_sizes>`. The workers' statistics
+        are read once per committed epoch: a plan made between two epochs and its policy's
+        first decision share one read (reading them again opened every store and took 0.4 s of
+        the billion-key move's first epoch; docs/transfer.md, "A plan's first move")."""
         owners = self.routing.owners() if owners is None else owners
-        if self.config.checkpoint is None:
-            return bin_sizes(self.state_dir, owners)
-        with self.lock:  # nothing committed yet: every bin is empty
-            stats: Any = {} if self.epoch < 0 else read_bin_stats(
-                self.spark, self.durable_read(), self.routing.owners(self.epoch))
-        return BinSizes.at(stats, owners)
+        epoch = self.epoch
+        if self._bin_stats is None or self._bin_stats[0] != epoch:
+            if self.config.checkpoint is None:
+                stats: Any = worker_bin_stats(self.state_dir)
+            else:
+                with self.lock:  # nothing committed yet: every bin is empty
+                    stats = {} if epoch < 0 else read_bin_stats(
+                        self.spark, self.durable_read(), self.routing.owners(epoch))
+            self._bin_stats = (epoch, stats)
+        return BinSizes.at(self._bin_stats[1], owners)
 
 
 __all__ = ["POLICY_HISTORY", "StateHolder"]

@@ -141,6 +141,12 @@ def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
     of a stopped pipeline (:func:`durable_bin_stats`)."""
     if state.manifest.get("checkpoint") is not None:
         return BinSizes.at(durable_bin_stats(state), owners)
+    return BinSizes.at(worker_bin_stats(state), owners)
+
+
+def worker_bin_stats(state: StateDir) -> dict[int, dict[int, tuple[int, int]]]:
+    """``{worker: {bin: (keys, bytes)}}`` of a state directory without a checkpoint location,
+    read read-only from every worker's backend."""
     fp = state.fingerprint
     kind = state.manifest.get("backend", "rocksdb")
     per_worker: dict[int, dict[int, tuple[int, int]]] = {}
@@ -148,7 +154,7 @@ def bin_sizes(state: StateDir, owners: np.ndarray) -> BinSizes:
         with open_backend(kind, state.paths.worker(w), fp.key_type, fp.num_bins,
                           read_only=True) as backend:
             per_worker[w] = {b: (s.keys, s.bytes) for b, s in backend.bin_stats().items()}
-    return BinSizes.at(per_worker, owners)
+    return per_worker
 
 
 def durable_bin_stats(state: StateDir) -> dict[int, dict[int, tuple[int, int]]]:
