@@ -6,8 +6,9 @@ that on one store and measures what it costs work beside it. Each variant runs i
 process (the priority is process-wide):
 
 - ``equal``: compactions at the priority of everything else (RocksDB's default);
-- ``yield``: :func:`~megaphone.state_backends.rocksdb_tuning.compactions_yield` (nice 19, idle
-  I/O class), as every megaphone store runs.
+- ``yield``: :func:`~megaphone.state_backends.rocksdb_tuning.compactions_yield` and
+  :func:`~megaphone.state_backends.rocksdb_tuning.compaction_threads_idle` (the idle I/O class
+  and Linux's ``SCHED_IDLE``, else nice 19), as every megaphone store runs.
 
 A variant loads ``--keys`` keys into ``--bins`` bins as one ingested table file, starts two
 "epoch" processes (two cores' worth of Spark tasks) that each do a fixed piece of CPU work
@@ -88,6 +89,8 @@ def run_variant(variant: str, keys: int, bins: int, period: float, rows: int
         path = str(Path(root) / "db")
         load(path, keys, bins)
         db = Rdict(path, options=tuning.db_options())
+        if variant == "yield":
+            tuning.compaction_threads_idle()  # as a store's open does
         stop, out = mp.Event(), mp.Queue()
         epochs = [mp.Process(target=epoch_loop, args=(period, rows, stop, out))
                   for _ in range(2)]

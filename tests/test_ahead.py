@@ -148,3 +148,37 @@ def test_the_service_writes_bins_ahead_while_idle_and_a_move_sends_them_patched(
     receiver.commit(e + 1, [], [], [], b"", moving, "r")
     assert counts(receiver, mine) == counts(sender, mine)
     assert sorted(set(counts(receiver, mine))) == [1, 2]
+
+
+def test_the_writer_stops_when_the_next_epoch_is_due():
+    """Epochs that start at a steady pace tell the service when the next is due: the writer
+    waits from a tenth of the spacing before it until the epoch's first request (or half a
+    spacing after, if none comes); a repeated or unknown start changes nothing."""
+    import threading
+
+    from megaphone.state_backends.ahead_writer import AheadWishes, AheadWriter
+
+    wishes = AheadWishes()
+    for t in (100.0, 102.0, 104.0):
+        wishes.opened(t)
+        assert not wishes.due(t + 0.5)  # too few starts before the third
+    wishes.opened(104.0)
+    wishes.opened(None)
+    wishes.opened("soon")
+    assert list(wishes.starts) == [100.0, 102.0, 104.0]
+    assert not wishes.due(105.7)
+    assert wishes.due(105.85) and wishes.due(106.9)
+    assert not wishes.due(107.1)  # the epoch did not come: the writer may work again
+
+    class Entry:
+        ahead = wishes
+
+    writer = AheadWriter(lambda: [Entry()], lambda: 0, threading.Event())
+    wishes.committed(None, 1)
+    now = time.time()
+    for t in (now - 5.9, now - 3.9, now - 1.9):  # the next is due in 0.1 s
+        wishes.opened(t)
+    wishes.committed(None, 1)
+    assert writer.busy()
+    wishes.starts.clear()
+    assert not writer.busy()

@@ -10,7 +10,7 @@ import pytest
 from rocksdict import Rdict
 
 from megaphone.state_backends.rocksdb import RocksDBBackend
-from megaphone.state_backends.rocksdb_tuning import compaction_threads_idle, db_options
+from megaphone.state_backends.rocksdb_tuning import compaction_threads_idle
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc")
 

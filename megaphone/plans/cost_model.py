@@ -298,6 +298,10 @@ def compacting(m: EpochMetrics) -> bool:
     return any(wm.compacting for wm in m.per_worker.values())
 
 
+#: The percentile of measured over replayed time that calibrates predictions: a latency target
+#: holds for every epoch, and at the 75th a billion-key move's epochs beside a compaction
+#: reached 1.23x their prediction (bench/RESULTS.md).
+CALIBRATION_PERCENTILE = 90
 #: Moving epochs measured in the next epoch's regime (a store compacting or none) before the
 #: calibration learns from them alone (:func:`calibration`).
 REGIME_EPOCHS = 2
@@ -309,9 +313,9 @@ def calibration(model: CostModel, history: Sequence[EpochMetrics], parallelism: 
     tells from the next epoch's regime.
 
     Over the moving epochs of the newest ``window``, each epoch's measured time beyond the
-    model's epoch without moves, over the time the model replays for its moves: the 75th
-    percentile (never below 1; 1 without any). Only the epochs whose commit found a store
-    compacting as the newest one did (``compacting_now``) count, once there are
+    model's epoch without moves, over the time the model replays for its moves: their
+    :data:`CALIBRATION_PERCENTILE` (never below 1; 1 without any). Only the epochs whose
+    commit found a store compacting as the newest one did (``compacting_now``) count, once there are
     :data:`REGIME_EPOCHS` of them; before that, all. A slow moving epoch only scales what
     moves add: scaling the whole prediction kept a pipeline idling at half its target
     "behind" for 20 epochs (bench/RESULTS.md, "The billion-key move, bins written ahead")."""
@@ -326,7 +330,8 @@ def calibration(model: CostModel, history: Sequence[EpochMetrics], parallelism: 
     pool = sorted(same if len(same) >= REGIME_EPOCHS else same + ratios[not compacting_now])
     if not pool:
         return 1.0, 0
-    return max(1.0, pool[min(len(pool) - 1, int(0.75 * len(pool)))]), len(same)
+    rank = min(len(pool) - 1, CALIBRATION_PERCENTILE * len(pool) // 100)
+    return max(1.0, pool[rank]), len(same)
 
 
 def indebted(history: Sequence[EpochMetrics], max_debt: int | None,
@@ -369,6 +374,6 @@ def _jobs(records: list[EpochMetrics]) -> list[list[int]]:
     return jobs
 
 
-__all__ = ["APPLY", "DISTINCT", "EXPORT", "REGIME_EPOCHS", "CostModel", "Slots", "Work",
-           "ahead_pending", "calibration", "compacting", "fixed_and_per_byte", "indebted",
-           "l0_room", "scanned_out", "stages_s", "written_ahead"]
+__all__ = ["APPLY", "CALIBRATION_PERCENTILE", "DISTINCT", "EXPORT", "REGIME_EPOCHS", "CostModel",
+           "Slots", "Work", "ahead_pending", "calibration", "compacting", "fixed_and_per_byte",
+           "indebted", "l0_room", "scanned_out", "stages_s", "written_ahead"]

@@ -22,7 +22,7 @@ those it receives, ``processing_w`` its records (plus the records of the bins it
 
 The model checks itself: for the recent epochs that moved state it predicts each one's
 duration from what the epoch did (records, bytes sent and received per worker) and scales its
-predictions by the 75th percentile of measured / predicted (never below 1), so a model that
+predictions by the 90th percentile of measured / predicted (never below 1), so a model that
 underestimates large moves corrects itself, also for a new plan or after a restart. It learns
 that from the epochs that ran as the next one will, with a store compacting or without
 (:func:`~megaphone.plans.cost_model.calibration`): a compaction makes moves two to three times

@@ -1,15 +1,19 @@
 """The store service's writer of bins ahead (docs/transfer.md, "Bins written ahead"): while no
 epoch runs at the service, it writes the files of the bins its stores are to send next, one bin
 at a time, a few thousand keys at a time, and stops between two chunks as soon as an epoch
-begins. The bins come with each commit (:class:`AheadWishes`); the files live in the stores
+begins or the next is due (its stores' epochs came at a steady pace: it is their time again).
+The bins come with each commit (:class:`AheadWishes`); the files live in the stores
 (:meth:`~megaphone.state_backends.rocksdb.RocksDBBackend.start_ahead`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +27,12 @@ log = logging.getLogger("megaphone.store_service")
 EPOCH_OPEN_S = 30.0
 #: How often the idle writer looks for work without being woken.
 IDLE_POLL_S = 0.5
+#: Epoch starts a store remembers to learn their pace, and how many it needs first.
+PACE_STARTS = 8
+MIN_PACE_STARTS = 3
+#: The writer stops this share of the epochs' spacing before the next is due (an epoch's job
+#: first routes its records, so its first request here comes later than its start).
+DUE_LEAD = 0.1
 
 
 @dataclass
@@ -34,10 +44,28 @@ class AheadWishes:
     bins: list[int] = field(default_factory=list)
     min_bytes: int = 1
     open_until: float = 0.0
+    starts: deque[float] = field(default_factory=lambda: deque(maxlen=PACE_STARTS))
 
-    def opened(self) -> None:
-        """An epoch's request reached the store: it runs until its commit."""
+    def opened(self, started: object = None) -> None:
+        """An epoch's request reached the store: it runs until its commit. ``started``: when
+        the driver started it (``time.time()``), on an epoch's first request."""
         self.open_until = time.monotonic() + EPOCH_OPEN_S
+        if isinstance(started, (int, float)) and started > 0 and \
+                (not self.starts or started > self.starts[-1]):
+            self.starts.append(float(started))
+
+    def due(self, now: float) -> bool:
+        """Whether the next epoch is due at wall-clock time ``now``: the epochs started at a
+        steady pace (the median spacing of the last :data:`PACE_STARTS`) and the next one's
+        time, less :data:`DUE_LEAD` of the spacing, has come, for up to half a spacing (an
+        epoch that does not come frees the writer again). A first billion-key move's epochs
+        took 0.65-0.7 s against 0.4 s while the writer wrote into their start."""
+        if len(self.starts) < MIN_PACE_STARTS:
+            return False
+        starts = list(self.starts)
+        spacing = statistics.median(b - a for a, b in itertools.pairwise(starts))
+        due = starts[-1] + spacing
+        return due - DUE_LEAD * spacing <= now < due + spacing / 2
 
     def committed(self, bins: Iterable[int] | None, min_bytes: int) -> None:
         """The epoch committed; ``bins`` (``None``: unchanged) are the next to write."""
@@ -60,9 +88,11 @@ class AheadWriter:
 
     def busy(self) -> bool:
         """Whether a request is being answered, or an epoch runs at one of the stores (from
-        its first request to its commit): the writer waits meanwhile."""
-        now = time.monotonic()
-        return self._in_flight() > 0 or any(e.ahead.open_until > now for e in self._entries())
+        its first request to its commit) or is due there (:meth:`AheadWishes.due`): the writer
+        waits meanwhile."""
+        now, wall = time.monotonic(), time.time()
+        return self._in_flight() > 0 or any(e.ahead.open_until > now or e.ahead.due(wall)
+                                            for e in self._entries())
 
     def wake(self) -> None:
         """Look for work now (a commit named new bins), starting the thread on first use."""
@@ -109,4 +139,5 @@ class AheadWriter:
         return False
 
 
-__all__ = ["EPOCH_OPEN_S", "AheadWishes", "AheadWriter"]
+__all__ = ["DUE_LEAD", "EPOCH_OPEN_S", "MIN_PACE_STARTS", "PACE_STARTS", "AheadWishes",
+           "AheadWriter"]

@@ -177,15 +177,19 @@ class RemoteStore:
             raise
 
     def begin(self, epoch: int, required: int | None = None, run: str = "",
-              group_start: int | None = None) -> tuple[bool, bytes]:
+              group_start: int | None = None, started: float = 0.0) -> tuple[bool, bytes]:
         """Start this attempt of ``epoch`` in run ``run``: ``(True, b"")`` to apply it,
         ``(False, outputs)`` if this run already applied it (a retry: re-emit the stored
         outputs; an epoch another run applied is rolled back and applied again). ``required``:
         the epoch the driver committed for this worker; a store behind it is restored from its
         durable copy first (:attr:`restored`). ``group_start``: the first epoch of the group
-        ``epoch`` runs in (docs/groups.md); the driver's last commit is the epoch before it."""
+        ``epoch`` runs in (docs/groups.md); the driver's last commit is the epoch before it.
+        ``started``: when the driver started the epoch (``time.time()``; 0 unknown), from which
+        the service learns when the next is due
+        (:class:`~megaphone.state_backends.ahead_writer.AheadWishes`)."""
         fields = {"epoch": epoch, "current": epoch if group_start is None else group_start,
-                  "required": required, "run": run, "group_start": group_start}
+                  "required": required, "run": run, "group_start": group_start,
+                  "started": started}
         try:
             reply = self._call("begin", **fields)
         except StoreUnavailable:  # a service that died since the last epoch: nothing changed

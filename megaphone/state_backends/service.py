@@ -235,7 +235,7 @@ class StoreService:
         a new lease, the stored outputs on replay."""
         entry = self.entry(req, owner)
         with entry.lock:
-            entry.ahead.opened()
+            entry.ahead.opened(req.get("started"))
             restored = self._catch_up(entry, req)
             apply = entry.store.check_can_apply(epoch := req["epoch"], req.get("group_start"))
             drop_kept(req["path"], req.get("current", epoch))  # their epochs are committed

@@ -186,7 +186,7 @@ class EpochRun:
         with self.phase("layout"):
             with queue.lock:
                 layout = epoch_layout(queue.table, holder.commit, epoch, state)
-            spec = self._spec(update, shuffle, outputs, layout, labels)
+            spec = self._spec(update, shuffle, outputs, layout, labels, started)
         with self.phase("submit"):
             rows = self.source.batch
             if self.grouped:
@@ -271,7 +271,7 @@ class EpochRun:
             host_slots=holder.commit.slots)
 
     def _spec(self, update: Update, shuffle: pa.Schema, outputs: pa.Schema, layout: EpochLayout,
-              labels: tuple[int, ...]) -> EpochSpec:
+              labels: tuple[int, ...], started: float) -> EpochSpec:
         """The metadata every task of the group gets (built by
         :func:`~megaphone.migrator.epoch.routing_operator.epoch_spec`): for a group its labels
         and labelled shuffle; for an event-time operator each epoch's watermark, as one job per
@@ -307,6 +307,7 @@ class EpochRun:
             local_dir=holder.local_dir,
             run_id=holder.run_id,
             ahead=holder.plans.upcoming(AHEAD_BINS),
+            started_at=started,
             **fields,
             **self.driver.hot.spec_fields(update, layout, self.driver.task_slots or 1),
         )

@@ -88,6 +88,9 @@ class EpochSpec:
     #: Per worker, the bins it is to send next, in order: its store service writes their files
     #: ahead while idle (docs/transfer.md, "Bins written ahead").
     ahead: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    #: When the driver started the epoch (``time.time()``; 0 unknown): store services learn
+    #: the epochs' rhythm from it and write no bins ahead when the next is due.
+    started_at: float = 0.0
 
     @property
     def grouped(self) -> bool:

@@ -145,7 +145,7 @@ def apply_worker(
     metrics, marks = _new_metrics(host, len(incoming), task_started)
     t0 = time.perf_counter()
     apply, stored = store.begin(spec.epoch, spec.required_epoch(worker), spec.run_id,
-                                group_start=group_start)
+                                group_start=group_start, started=spec.started_at)
     metrics.begin_s = time.perf_counter() - t0
     marks["begun"] = time.time()
     metrics.restored = store.restored
