@@ -32,8 +32,9 @@ LOG_TRIM_AGE_S = 120.0
 #: slows writes at 20).
 _L0_QUIET = 4
 #: A table file being written is handed to the disk every this many bytes (RocksDB's
-#: ``bytes_per_sync``), by the writing thread, instead of piling up dirty pages that the
-#: kernel's flusher later writes in one burst while an epoch's ingestion waits for its own sync.
+#: ``bytes_per_sync``), by the writing thread and so at its I/O priority (a compaction's: idle),
+#: instead of piling up dirty pages that the kernel's flusher later writes in one burst while
+#: an epoch's ingestion waits for its own sync.
 BYTES_PER_SYNC = 1 << 20
 _CACHE: Cache | None = None
 _COMPACTIONS_YIELD = False
@@ -52,18 +53,19 @@ def _block_cache() -> Cache:
 
 
 def compactions_yield() -> None:
-    """Where Linux's ``SCHED_IDLE`` is missing, run this process's RocksDB compactions at nice
-    19 (flushes keep their priority); with it, :func:`compaction_threads_idle` puts them in
-    that class. Dropping half of a store's bins made RocksDB rewrite all of it at once (1.7 GB,
-    41 CPU-seconds per store in the billion-key run), and at equal priority that took the cores
-    from the epochs for a minute (docs/transfer.md, "The senders' compaction"). Their I/O keeps
-    its class: an epoch's fsync may wait for a compaction's writes (ext4 commits them first),
-    and in the idle I/O class those wait behind every other write. Process-wide (RocksDB's
-    default environment), so applied once."""
+    """Run this process's RocksDB compactions in the idle I/O class and, where Linux's
+    ``SCHED_IDLE`` is missing, at nice 19 (flushes keep their priorities); with it,
+    :func:`compaction_threads_idle` puts them in that class. Dropping half of a store's bins
+    made RocksDB rewrite all of it at once (1.7 GB, 41 CPU-seconds per store in the billion-key
+    run), and at equal priority that took the cores and the disk from the epochs for a minute
+    (docs/transfer.md, "The senders' compaction"). Process-wide (RocksDB's default
+    environment), so applied once."""
     global _COMPACTIONS_YIELD
     if not _COMPACTIONS_YIELD:
+        env = Env()
         if _SCHED_IDLE is None:
-            Env().lower_thread_pool_cpu_priority()
+            env.lower_thread_pool_cpu_priority()
+        env.lower_thread_pool_io_priority()
         _COMPACTIONS_YIELD = True
 
 
