@@ -93,7 +93,6 @@ def compaction_threads_idle() -> int:
     return moved
 
 
-
 def db_options() -> Options:
     """RocksDB options for a streaming state store (raw keys, LZ4, bloom filters, shared cache).
 
