@@ -59,7 +59,7 @@ class AheadWishes:
         steady pace (the median spacing of the last :data:`PACE_STARTS`) and the next one's
         time, less :data:`DUE_LEAD` of the spacing, has come, for up to half a spacing (an
         epoch that does not come frees the writer again). A billion-key plan's second and third
-        epochs took 0.59-0.78 s while the writer wrote into their start, 0.39-0.55 s since."""
+        epochs took 0.68-0.82 s while the writer wrote into their start, 0.42-0.59 s since."""
         if len(self.starts) < MIN_PACE_STARTS:
             return False
         starts = list(self.starts)
