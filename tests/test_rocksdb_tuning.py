@@ -15,17 +15,14 @@ from megaphone.state_backends.rocksdb_tuning import compaction_threads_idle
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc")
 
 
-def _compaction_threads() -> list[tuple[int, int]]:
-    """``(scheduling class, nice)`` of this process's compaction threads (``rocksdb:low``)."""
-    threads = []
+def _thread_classes(name: str) -> list[int]:
+    """The scheduling class of each of this process's threads called ``name``."""
+    classes = []
     for task in os.listdir("/proc/self/task"):
         with open(f"/proc/self/task/{task}/comm") as fh:
-            if fh.read().strip() != "rocksdb:low":
-                continue
-        with open(f"/proc/self/task/{task}/stat") as fh:
-            nice = int(fh.read().rsplit(")", 1)[1].split()[16])
-        threads.append((os.sched_getscheduler(int(task)), nice))
-    return threads
+            if fh.read().strip() == name:
+                classes.append(os.sched_getscheduler(int(task)))
+    return classes
 
 
 def _compact(db: Rdict) -> None:
@@ -45,9 +42,10 @@ def test_compactions_run_in_the_idle_scheduling_class(tmp_path: Path) -> None:
     try:
         compaction_threads_idle()  # as the service's housekeeping does
         _compact(store._db)
-        threads = _compaction_threads()
-        assert threads and all(cls == os.SCHED_IDLE for cls, _ in threads)
+        compactions = _thread_classes("rocksdb:low")
+        assert compactions and all(cls == os.SCHED_IDLE for cls in compactions)
         assert compaction_threads_idle() == 0  # nothing left to move
+        assert os.SCHED_IDLE not in _thread_classes("rocksdb:high")  # flushes
     finally:
         store.close()
 
