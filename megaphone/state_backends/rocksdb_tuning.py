@@ -75,8 +75,9 @@ def compaction_threads_idle() -> int:
     They then run only on a core nothing else wants, and a task that wakes takes the core from
     them at once; at nice 19 a waking task could wait out the compaction's time slice, and
     epochs without any move took up to 0.8 s against 0.4 s while a billion-key sender compacted
-    (docs/transfer.md, "The senders' compaction"). RocksDB starts its threads as a store opens,
-    so a writing store's open and the store service's housekeeping call this."""
+    (docs/transfer.md, "The senders' compaction"). RocksDB starts and names its threads while a
+    store opens and never changes their class itself (it is not asked for nice 19, see
+    :func:`compactions_yield`), so a writing store's open calls this once."""
     if _SCHED_IDLE is None or not os.path.isdir("/proc/self/task"):
         return 0
     moved = 0

@@ -62,7 +62,7 @@ from megaphone.state_backends.network import (
     NetworkRefused,
     check_pipeline_id,
 )
-from megaphone.state_backends.rocksdb_tuning import LogTrim, compaction_threads_idle
+from megaphone.state_backends.rocksdb_tuning import LogTrim
 from megaphone.state_backends.service_client import register_at, service_shards
 from megaphone.state_backends.service_identity import code_id, process_start
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches, recv_frame, send_frame
@@ -534,7 +534,6 @@ class StoreService:
         with self._lock:
             idle = not self.stores and self.connections == 0
             entries = list(self.stores.values())
-        compaction_threads_idle()  # RocksDB's threads of stores opened meanwhile
         for entry in entries:
             if entry.lock.acquire(blocking=False):  # not in the middle of an operation
                 try:
