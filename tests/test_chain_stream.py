@@ -161,21 +161,24 @@ def run_driver(base: Path, crash_at: str | None = None) -> subprocess.CompletedP
 def test_q4_on_a_stream_rescaled_live_and_killed_between_stages_equals_batch_sql(
         spark, tmp_path):
     # Killed once the first stage committed epoch 2 (the second step of both plans), before
-    # the second stage ran it; the restart resumes the stream at micro-batch 2.
+    # the second stage ran it; the restart resumes the stream at micro-batch 2 (the second
+    # stage alone), then loses its store service in epoch 3's one job, which runs again.
     write_source(spark, tmp_path)
     result = run_driver(tmp_path, "cleanup:2")
     assert result.returncode == -9, result.stderr[-3000:]
     wait_for_service_exit(tmp_path / "state")
     first = [json.loads(line) for line in (tmp_path / "sink.jsonl").read_text().splitlines()]
     assert [d["epoch"] for d in first] == [0, 1]
-    result = run_driver(tmp_path)
+    result = run_driver(tmp_path, "apply:3:store")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert list((tmp_path / "local").glob("crashed-*")), "the store service was not killed"
     out = json.loads((tmp_path / "out.json").read_text())
     deliveries = [json.loads(line) for line in (tmp_path / "sink.jsonl").read_text().splitlines()]
     assert out["opened"] == [2, 1]  # the first stage was ahead
     assert [d["epoch"] for d in deliveries] == list(range(EPOCHS))
     assert out["epochs"] == [EPOCHS - 1] * 2 and out["in_flight"] == [0, 0]
     assert out["workers"] == [[0, 1, 2], [0, 1, 2, 3]]
+    assert [a["3"] for a in out["job_attempts"]] == [2, 2]  # one job for both stages
     for epochs in out["metric_epochs"]:  # no stage ran an epoch twice
         assert set(Counter(epochs).values()) == {1} and set(epochs) <= set(range(EPOCHS))
     # Each category's last average, against the batch SQL up to the last epoch's watermark

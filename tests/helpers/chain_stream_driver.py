@@ -8,7 +8,7 @@ SOURCE holds one parquet file per epoch, Q4's first-stage input
 delivery to SINK (``{"epoch": ..., "rows": [[category, average, auctions], ...]}``) and, at
 epoch 0, submits two live plans (batched, from epoch 1 on): stage 0 from 2 to 3 workers,
 stage 1 from 2 to 4. At the end OUT (JSON) gets each stage's epoch when opened and at the end, its
-workers, its plans in flight and the epochs of its metrics records.
+workers, its plans in flight, the epochs of its metrics records and each epoch's job runs.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ def main(state_dir: str, source: str, checkpoint: str, sink_path: str, out: str)
         json.dump({"opened": opened, "epochs": [s.epoch for s in stages],
                    "workers": [s.routing.workers() for s in stages],
                    "in_flight": [len(s.in_flight) for s in stages],
-                   "metric_epochs": [[m["epoch"] for m in s.metrics()] for s in stages]}, fh)
+                   "metric_epochs": [[m["epoch"] for m in s.metrics()] for s in stages],
+                   "job_attempts": [{m["epoch"]: m["job_attempts"] for m in s.metrics()}
+                                    for s in stages]}, fh)
     query.close()
     spark.stop()
 

@@ -62,9 +62,17 @@ def main(root: str, out: str, kill_between: str | None = None) -> None:
                     update=Join(how="left", within_us=WITHIN_US), key_type="int64",
                     pipeline_id="et-join", transfer="rows", **common)
 
+    if kill_between is not None:  # once the first stage recorded the epoch it committed
+        recorded = windows._holder.recorded
+
+        def recorded_then_killed(records, trace) -> None:
+            recorded(records, trace)
+            if records[-1].epoch == int(kill_between):
+                os.killpg(os.getsid(0), signal.SIGKILL)
+
+        windows._holder.recorded = recorded_then_killed
+
     def link(outputs: DataFrame) -> DataFrame:
-        if kill_between is not None and windows.epoch == int(kill_between) > best.epoch:
-            os.killpg(os.getsid(0), signal.SIGKILL)
         return outputs.select(F.unix_micros(outputs.output.end).alias("end"),
                               outputs.output.value.alias("v"))
 

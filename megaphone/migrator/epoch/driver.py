@@ -11,6 +11,7 @@ from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
+from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
@@ -47,6 +48,8 @@ class EpochDriver:
         self.bin_load = np.zeros(config.num_bins)  # records per bin per epoch, smoothed
         #: Spark's task slots, asked once (the hot-key and adaptive policies' parallelism).
         self.task_slots: int | None = None
+        #: Where a chain's stage run as one job hands its results over (made at first use).
+        self.task_results: Accumulator | None = None
         self.slots_per_host = config.slots_per_host
         self._slots_unknown_said = False
         self._empty_frames: dict[str, DataFrame] = {}  # by the schema's JSON

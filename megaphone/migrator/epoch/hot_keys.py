@@ -53,6 +53,12 @@ class HotKeys:
                 "watch_hot_keys() to only detect them")
         self._hot_setting = (policy or ShareThreshold(), check_positive("capacity", capacity))
 
+    @property
+    def may_split(self) -> bool:
+        """Whether :meth:`split_hot_keys` is on: an epoch may split keys, and its job may then
+        read its input twice (the lessees' share apart from the rest)."""
+        return self._hot_setting is not None and self._hot_setting[0] is not no_split
+
     def hot_keys(self) -> HeavyHitters:
         """As :meth:`Pipeline.hot_keys <megaphone.Pipeline.hot_keys>`."""
         return HeavyHitters.from_json(self._holder.commit.hot)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,7 +28,14 @@ from megaphone.migrator.epoch.routing_operator import (
     epoch_spec,
     ran_on,
 )
-from megaphone.migrator.epoch.spark_job import EpochReport, collect_epochs, epoch_job
+from megaphone.migrator.epoch.spark_job import (
+    EpochReport,
+    PassedOn,
+    epoch_job,
+    report_epochs,
+    run_job,
+    task_results,
+)
 from megaphone.migrator.epoch.state_holder import POLICY_HISTORY
 from megaphone.migrator.epoch.state_reader import bins_by_owner
 from megaphone.migrator.statedir.commit import StreamPosition
@@ -46,6 +52,7 @@ from megaphone.routing.placement import away
 from megaphone.spark import check_python_workers, task_slots
 
 if TYPE_CHECKING:
+    from pyspark.accumulators import Accumulator
     from pyspark.sql import SparkSession
 
     from megaphone.migrator.epoch.groups import GroupSizes
@@ -68,6 +75,7 @@ class DriverState(Protocol):
     map_sides: MapSides
     bin_load: np.ndarray
     task_slots: int | None
+    task_results: Accumulator | None
 
     def host_slots(self, hosts: Sequence[str]) -> dict[str, int]:
         """Each host's task slots, for the commit record (empty when unknown)."""
@@ -114,6 +122,13 @@ class EpochRun:
     ``driver``'s pipeline through :data:`DRIVER_PHASES` (call :meth:`run` once; :attr:`size`
     epochs ran). The run does the work of its epochs itself (admission, task spec, commits,
     metrics) and reads of its driver only what epochs keep from one to the next."""
+
+    # Set by :meth:`prepare`: the group's start (``time.time()``), its update, who holds which
+    # bins, and the spec every task of its job gets.
+    started: float
+    update: Update
+    layout: EpochLayout
+    spec: EpochSpec
 
     def __init__(self, driver: DriverState, source: EpochSource, limit: int,
                  input_end: float | None) -> None:
@@ -162,16 +177,26 @@ class EpochRun:
         workers that cannot run megaphone fail the run before it changes anything."""
         check_python_workers(self.driver.spark)
         try:
-            return self._run(before_commit)
+            self.prepare()
+            with self.phase("submit"):
+                first = self.job()
+            with self.phase("collect"):
+                table, self.attempts = run_job(first, self.job, self.epoch)
+                reports = self.reports(table)
+                if before_commit is not None:
+                    before_commit(reports[0].outputs)
+            return self.finish(reports)
         except BaseException:
             self.holder.failed(self.last)
             raise
 
-    def _run(self, before_commit: Callable[[pa.Table], None] | None) -> list[pa.Table]:
+    def prepare(self) -> None:
+        """The phases before the job: ``admit`` (the batch checked, the plans' steps due, the
+        group's size) and ``layout`` (who holds which bins, the tasks' spec)."""
         driver, holder, epoch = self.driver, self.holder, self.epoch
-        started = time.time()
+        self.started = started = time.time()
         with self.phase("admit"):
-            columns, update, shuffle, outputs = self._admit()  # creates the state dir at first
+            self._columns, self.update, shuffle, outputs = self._admit()  # state dir at first
             state, queue = holder.state_dir, holder.plans
             inbox = PlanInbox.of_state_dir(state)  # plans posted by `megaphone migrate`
             inbox.take(queue.to_list(), holder.submit_plan)
@@ -182,28 +207,47 @@ class EpochRun:
                     queue.table.save(state.paths.routing)
                 self.size = queue.group_end(epoch, epoch + self.limit - 1,
                                             driver.groups.adaptive) - epoch + 1
-        labels = self.source.labels[:self.size]
         with self.phase("layout"):
             with queue.lock:
-                layout = epoch_layout(queue.table, holder.commit, epoch, state)
-            spec = self._spec(update, shuffle, outputs, layout, labels, started)
-        with self.phase("submit"):
-            rows = self.source.batch
-            if self.grouped:
-                label = F.col(self.source.column)
-                columns = {**columns, LABEL: label.cast("long")}
-                rows = rows.where(label.between(labels[0], labels[-1]))
-            map_side = driver.map_sides.get(layout.version, columns, spec,
-                                            lambda: queue.table.owners(epoch))
-            job = functools.partial(epoch_job, driver.spark, rows, map_side, spec,
-                                    layout.partitions)
-            first = job()
-        with self.phase("collect"):
-            stream = self.source.stream
-            reports, self.attempts = collect_epochs(
-                first, job, layout, spec, started, stream.batch_id if stream is not None else None)
-            if before_commit is not None:
-                before_commit(reports[0].outputs)
+                self.layout = epoch_layout(queue.table, holder.commit, epoch, state)
+            self.spec = self._spec(self.update, shuffle, outputs, self.layout,
+                                   self.source.labels[:self.size], started)
+
+    def job(self, passed_on: PassedOn | None = None) -> DataFrame:
+        """The group's Spark job over its source's batch (a new DataFrame each call: a rerun
+        needs one); ``passed_on``: as :func:`~megaphone.migrator.epoch.spark_job.epoch_job`'s."""
+        driver, spec, layout = self.driver, self.spec, self.layout
+        rows, columns = self.source.batch, self._columns
+        if self.grouped:
+            labels = spec.labels
+            label = F.col(self.source.column)
+            columns = {**columns, LABEL: label.cast("long")}
+            rows = rows.where(label.between(labels[0], labels[-1]))
+        queue = self.holder.plans
+        map_side = driver.map_sides.get(layout.version, columns, spec,
+                                        lambda: queue.table.owners(layout.epoch))
+        return epoch_job(driver.spark, rows, map_side, spec, layout.partitions, passed_on)
+
+    def passed_on(self) -> PassedOn:
+        """A new hand-over of the group's results for a job whose rows are its outputs (a
+        stage of a chain run as one job)."""
+        driver = self.driver
+        if driver.task_results is None:
+            driver.task_results = task_results(driver.spark)
+        return PassedOn(driver.task_results, driver.schema.outputs(self.holder.key_type,
+                                                                   self.update))
+
+    def reports(self, table: pa.Table) -> list[EpochReport]:
+        """Each epoch's report from the group job's results ``table``."""
+        stream = self.source.stream
+        return report_epochs(table, self.layout, self.spec, self.started,
+                             stream.batch_id if stream is not None else None)
+
+    def finish(self, reports: list[EpochReport]) -> list[pa.Table]:
+        """The phases after the job: ``commit`` (each epoch's, in order) and ``cleanup`` (kept
+        outputs pruned), then the group's metrics and trace recorded; each epoch's outputs."""
+        holder, epoch, layout = self.holder, self.epoch, self.layout
+        state, stream = holder.state_dir, self.source.stream
         with self.phase("commit"):
             self._commit_all(layout, reports)
         with self.phase("cleanup"):

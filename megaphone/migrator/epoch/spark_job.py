@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
+from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -45,6 +47,7 @@ from megaphone.migrator.task.updates import UpdateError
 from megaphone.plans.hot_keys import epoch_summary
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column, owner_column
+from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches
 
 log = logging.getLogger("megaphone.epoch")
 
@@ -116,10 +119,14 @@ class MapSides:
 
 
 def epoch_job(spark: SparkSession, batch: DataFrame, map_side: list[Column], spec: EpochSpec,
-              partitions: int) -> DataFrame:
+              partitions: int, passed_on: PassedOn | None = None) -> DataFrame:
     """The epoch's job; collecting it runs the epoch and yields its outputs and reports
     (:func:`split_results`). The map side is one projection: each DataFrame operation costs the
     driver an analysis.
+
+    With ``passed_on`` (a stage of a chain run as one job, docs/operators.md, "Chains"), the
+    workers' outputs are the job's rows, for the next stage to read, and all their results go
+    to the driver through ``passed_on`` instead.
     """
     routed = batch.select(*map_side)
     spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
@@ -131,9 +138,12 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: list[Column], spe
         exports = spark.range(0, len(senders), 1, len(senders)).mapInArrow(
             functools.partial(_export_task, spec, senders), spark_shuffle)
         routed = routed.unionByName(exports)
+    workers = routed.repartitionById(partitions, F.col(WORKER))
+    if passed_on is not None:
+        task = functools.partial(_pass_on_task, spec, passed_on.results, passed_on.token)
+        return workers.mapInArrow(task, passed_on.outputs)
     results = from_arrow_schema(result_schema(spec.output_schema, spec.grouped))
-    return routed.repartitionById(partitions, F.col(WORKER)).mapInArrow(
-        functools.partial(_apply_task, spec), results)
+    return workers.mapInArrow(functools.partial(_apply_task, spec), results)
 
 
 def split_hot(routed: DataFrame, spec: EpochSpec, schema: T.StructType) -> DataFrame:
@@ -164,6 +174,66 @@ def _apply_task(spec: EpochSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[
     """A worker's task: partition ``w`` of the shuffle is worker ``w``."""
     worker = TaskContext.get().partitionId()
     yield from apply_worker(spec, worker, _checked(batches, worker))
+
+
+def _pass_on_task(spec: EpochSpec, results: Accumulator, token: str,
+                  batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A worker's task in a stage that passes its outputs on (:class:`PassedOn`): yields its
+    outputs, and adds all its results (outputs and reports), tagged ``token``, to ``results``
+    for the driver."""
+    worker = TaskContext.get().partitionId()
+    names = [f.name for f in spec.output_schema]
+    schema = result_schema(spec.output_schema, spec.grouped)
+    kept: list[pa.RecordBatch] = []
+    for batch in apply_worker(spec, worker, _checked(batches, worker)):
+        kept.append(batch)
+        outputs = batch.filter(pc.is_null(batch.column(REPORT)))
+        if outputs.num_rows:
+            yield outputs.select(names)
+    results.add([(token, worker, batch_to_ipc(pa.Table.from_batches(kept, schema=schema)))])
+
+
+class _TaskResults(AccumulatorParam):
+    """Tasks' results as ``(token, worker, Arrow IPC bytes)``, gathered into one list."""
+
+    def zero(self, value: list) -> list:
+        return []
+
+    def addInPlace(self, value1: list, value2: list) -> list:
+        value1.extend(value2)
+        return value1
+
+
+def task_results(spark: SparkSession) -> Accumulator:
+    """A Spark accumulator for :class:`PassedOn` (one per pipeline, reused epoch after
+    epoch: Spark keeps every accumulator it made for the session's life)."""
+    return spark.sparkContext.accumulator([], _TaskResults())
+
+
+class PassedOn:
+    """How a stage of a chain run as one Spark job hands its results over: its workers'
+    ``outputs`` (a Spark schema) are the rows of its job, which the next stage reads, and their
+    whole results reach the driver in ``results``, an accumulator of :func:`task_results` (Spark
+    merges a task's update once the task succeeded). A new one per run of the job: its token
+    tells its tasks' results from those of an earlier run still finishing."""
+
+    def __init__(self, results: Accumulator, outputs: T.StructType) -> None:
+        self.results = results
+        self.outputs = outputs
+        self.token = uuid.uuid4().hex
+        del results.value[:]  # what earlier runs left
+
+    def table(self, spec: EpochSpec) -> pa.Table:
+        """The stage's results as :func:`run_job` would collect them, one task per worker: a
+        worker's task that Spark ran again (a lost shuffle file) replayed the same outputs, and
+        its first report is kept."""
+        seen: dict[int, bytes] = {}
+        for token, worker, data in self.results.value:
+            if token == self.token:
+                seen.setdefault(worker, data)
+        schema = result_schema(spec.output_schema, spec.grouped)
+        batches = [b for data in seen.values() for b in ipc_to_batches(data)]
+        return pa.Table.from_batches(batches, schema=schema)
 
 
 def run_job(job: DataFrame, rebuild: Callable[[], DataFrame], epoch: int
@@ -249,13 +319,11 @@ class EpochReport:
     load: np.ndarray
 
 
-def collect_epochs(job: DataFrame, rebuild: Callable[[], DataFrame], layout: EpochLayout,
-                   spec: EpochSpec, started: float, batch_id: int | None
-                   ) -> tuple[list[EpochReport], int]:
-    """Run the job of the group ``spec`` (:func:`run_job`) and report each of its epochs
-    (:func:`epoch_metrics`); also how many runs the job took. The group's moves count at its
-    first epoch, and its duration is shared evenly."""
-    table, attempts = run_job(job, rebuild, layout.epoch)
+def report_epochs(table: pa.Table, layout: EpochLayout, spec: EpochSpec, started: float,
+                  batch_id: int | None) -> list[EpochReport]:
+    """Report each epoch of the group ``spec`` (:func:`epoch_metrics`) from its job's results
+    ``table``. The group's moves count at its first epoch, and its duration is shared
+    evenly."""
     finished = time.time()
     labels = spec.labels
     size = max(1, len(labels))
@@ -270,7 +338,7 @@ def collect_epochs(job: DataFrame, rebuild: Callable[[], DataFrame], layout: Epo
             record.group, record.group_size, record.label = layout.epoch, size, labels[i]
         load = np.bincount(part.load_bins, weights=part.load_counts, minlength=spec.num_bins)
         reports.append(EpochReport(part.outputs, record, bytes_by_bin, load))
-    return reports, attempts
+    return reports
 
 
 def epoch_metrics(layout: EpochLayout, started: float, finished: float,

@@ -1,5 +1,6 @@
 """A chain of stateful pipelines: each epoch runs them one after the other, each stage's
-outputs (through an optional ``link`` transform) the next one's input.
+outputs (through an optional ``link`` transform) the next one's input, all in one Spark job
+where it can (:func:`~megaphone.migrator.epoch.chain_job.run_chain_epoch`).
 
 Every stage keeps its own bins, routing table and state directory and migrates on its own;
 the stages share epoch numbers, so a stage that committed an epoch (or a stream's batch id)
@@ -8,21 +9,27 @@ already hands on its kept outputs instead of applying it twice (docs/operators.m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame
 
+from megaphone.migrator.epoch.chain_job import Link, run_chain_epoch
 from megaphone.migrator.pipeline.facade import Pipeline
 from megaphone.migrator.pipeline.stream_runner import Sink
+from megaphone.migrator.statedir.commit import StreamPosition
 from megaphone.spark import is_connect
-
-Link = Callable[[DataFrame], DataFrame]
 
 
 class Chain:
     """Pipelines run in order every epoch; ``links[i]`` turns stage ``i``'s outputs into stage
     ``i + 1``'s input (default: as they are).
+
+    With ``one_job`` (the default), an epoch that every stage still has to run is one Spark
+    job: each stage's outputs reach the next stage's workers through Spark's shuffle, not
+    through the driver, which gets the earlier stages' outputs and reports beside the job.
+    ``one_job=False`` runs a job per stage (the stages' outputs through the driver), as an
+    epoch that only the later stages still have to run always does, and over Spark Connect.
 
     >>> windows = Pipeline(spark, "/tmp/q5a", key="auction", event_time="time",
     ...                    update=WindowAggregate(size_us=10_000_000))  # doctest: +SKIP
@@ -36,7 +43,8 @@ class Chain:
     >>> hottest.migrate(megaphone.rescale(hottest, workers=3))  # live  # doctest: +SKIP
     """
 
-    def __init__(self, stages: Sequence[Pipeline], links: Sequence[Link | None] = ()) -> None:
+    def __init__(self, stages: Sequence[Pipeline], links: Sequence[Link | None] = (), *,
+                 one_job: bool = True) -> None:
         if not stages:
             raise ValueError("a chain needs at least one pipeline")
         if len(links) > len(stages) - 1:
@@ -46,6 +54,7 @@ class Chain:
             raise ValueError("a pipeline can be only one stage of a chain")
         self.stages = list(stages)
         self.links: list[Link | None] = [*links, *[None] * (len(stages) - 1 - len(links))]
+        self.one_job = one_job
         self._check_epochs()
 
     def _check_epochs(self) -> None:
@@ -69,6 +78,11 @@ class Chain:
         outputs go on to the next stage.
         """
         epoch = self.epoch + 1
+        if self._in_one_job(epoch):
+            if any(s.streaming for s in self.stages):
+                raise RuntimeError("a stage of the chain is running a stream; process() is not "
+                                   "allowed")
+            return self._one_epoch(batch, input_end, [None] * len(self.stages))
         data = batch
         for stage, link in zip(self.stages, [*self.links, None], strict=True):
             if stage.epoch >= epoch:
@@ -77,6 +91,22 @@ class Chain:
                 data = stage.process(data, input_end=input_end)
             data = data if link is None else link(data)
         return data
+
+    def _in_one_job(self, epoch: int) -> bool:
+        """Whether ``epoch`` runs as one Spark job: ``one_job``, two stages or more, none of
+        which ran it already, a classic Spark session (the stages' results reach the driver
+        through an accumulator, which Spark Connect does not have), and no later stage that
+        splits hot keys (its job reads its input twice, which would run the stage before's
+        workers twice)."""
+        return (self.one_job and len(self.stages) > 1 and not is_connect(self.stages[0].spark)
+                and all(s.epoch == epoch - 1 for s in self.stages)
+                and not any(s._driver.hot.may_split for s in self.stages[1:]))
+
+    def _one_epoch(self, batch: DataFrame, input_end: float | None,
+                   streams: list[StreamPosition | None]) -> DataFrame:
+        """The next epoch of every stage as one Spark job: the last stage's outputs."""
+        return run_chain_epoch([s._driver for s in self.stages], self.links, batch, input_end,
+                               streams)[1]
 
     @property
     def streaming(self) -> bool:
@@ -112,6 +142,11 @@ class Chain:
         outputs (:meth:`StreamRunner.run_batch
         <megaphone.migrator.pipeline.stream_runner.StreamRunner.run_batch>`)."""
         data, epoch = batch, self.epoch
+        if self._in_one_job(epoch + 1) and all(
+                s._holder.commit.stream.ran(location) < batch_id for s in self.stages):
+            position = StreamPosition(location, batch_id)
+            data = self._one_epoch(batch, None, [position] * len(self.stages))
+            return data, self.stages[-1].epoch
         for stage, link in zip(self.stages, [*self.links, None], strict=True):
             data, epoch = stage._runner.run_batch(data, batch_id, location)
             data = data if link is None else link(data)

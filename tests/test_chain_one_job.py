@@ -1,0 +1,110 @@
+"""A chain's epoch as one Spark job (``Chain(one_job=True)``, the default): with any plans on
+either stage (random bins and epochs, scale out and in), each stage's outputs, kept outputs,
+metrics and final state equal a plain-Python run of the chain epoch by epoch, and the first
+stage's outputs never become a DataFrame on the driver. ``one_job=False`` runs a job per stage,
+with the same results."""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from megaphone import Chain, MigrationPlan, Move, Pipeline
+from megaphone.migrator.epoch.driver import EpochDriver
+
+NUM_BINS = 8
+
+
+def reference(batches: list[list[int]]) -> tuple[list[dict], list[dict], dict]:
+    """A count per key, then per key the sum of the counts it emitted: each epoch's outputs of
+    both stages, and the second stage's final state."""
+    counts: Counter = Counter()
+    sums: Counter = Counter()
+    firsts, seconds = [], []
+    for keys in batches:
+        counts.update(keys)
+        firsts.append({k: counts[k] for k in set(keys)})
+        for k in set(keys):
+            sums[k] += counts[k]
+        seconds.append({k: sums[k] for k in set(keys)})
+    return firsts, seconds, dict(sums)
+
+
+def chain_of(spark, root: Path, one_job: bool) -> Chain:
+    """Counts per key, then the sum per key of those counts, both in memory."""
+    opts = {"workers": 2, "num_bins": NUM_BINS, "key_type": "int64", "backend": "memory",
+            "keep_outputs": 10}
+    counts = Pipeline(spark, str(root / "counts"), key="k", update="count",
+                      pipeline_id=uuid.uuid4().hex, **opts)
+    sums = Pipeline(spark, str(root / "sums"), key="k", value="count", update="sum",
+                    pipeline_id=uuid.uuid4().hex, **opts)
+    return Chain([counts, sums], one_job=one_job)
+
+
+def plan_for(stage: Pipeline, moves: list[tuple[int, int]]) -> MigrationPlan:
+    """Moves of (bin, new worker) in steps of two, from the stage's routing now."""
+    routing = stage.routing
+    picked = [Move(b, routing.owner(b), w) for b, w in dict(moves).items()
+              if w != routing.owner(b)]
+    return MigrationPlan.from_moves(routing, [picked[i:i + 2] for i in range(0, len(picked), 2)])
+
+
+def as_dict(table) -> dict[int, int]:
+    return dict(zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True))
+
+
+# Plans of each stage: (epoch submitted, [(bin, new worker)]): workers 0-3 (out and in).
+PLANS = st.tuples(st.integers(0, 3), st.lists(st.tuples(st.integers(0, NUM_BINS - 1),
+                                                        st.integers(0, 3)), max_size=6))
+
+
+@settings(max_examples=6, deadline=None, phases=[Phase.explicit, Phase.generate])
+@given(batches=st.lists(st.lists(st.integers(0, 15), max_size=10), min_size=1, max_size=4),
+       plans=st.tuples(PLANS, PLANS))
+def test_one_job_equals_the_reference_with_any_plans(spark, batches, plans):
+    firsts, seconds, final = reference(batches)
+    with tempfile.TemporaryDirectory() as root:
+        chain = chain_of(spark, Path(root), one_job=True)
+        counts, sums = chain.stages
+        for epoch, keys in enumerate(batches):
+            for stage, (at, moves) in zip(chain.stages, plans, strict=True):
+                if at == epoch and moves:
+                    stage.migrate(plan_for(stage, moves))
+            out = chain.process(spark.createDataFrame([(k,) for k in keys], "k long"))
+            assert as_dict(out.toArrow()) == seconds[epoch]
+            assert as_dict(counts.state_dir.read_outputs(epoch)) == firsts[epoch]
+            assert as_dict(sums.state_dir.read_outputs(epoch)) == seconds[epoch]
+        assert {r[0]: r[1] for r in sums.state().collect()} == final
+        for stage in chain.stages:
+            records = stage.metric_records()
+            assert [r.epoch for r in records] == list(range(len(batches)))
+            assert [r.job_attempts for r in records] == [1] * len(batches)
+        assert [r.records_in for r in counts.metric_records()] == [len(b) for b in batches]
+        chain.close()
+
+
+def test_the_first_stage_outputs_skip_the_driver_unless_one_job_is_off(spark, tmp_path,
+                                                                        monkeypatch):
+    frames: list[str] = []
+    made = EpochDriver.outputs_frame
+
+    def outputs_frame(self, outputs):
+        frames.append(self.holder.state_dir.path.name)
+        return made(self, outputs)
+
+    monkeypatch.setattr(EpochDriver, "outputs_frame", outputs_frame)
+    batches = [[1, 2, 2], [2, 3]]
+    _, seconds, _ = reference(batches)
+    for one_job in (True, False):
+        frames.clear()
+        chain = chain_of(spark, tmp_path / str(one_job), one_job)
+        for epoch, keys in enumerate(batches):
+            out = chain.process(spark.createDataFrame([(k,) for k in keys], "k long"))
+            assert as_dict(out.toArrow()) == seconds[epoch]
+        assert frames == (["sums", "sums"] if one_job else ["counts", "sums"] * 2)
+        chain.close()
