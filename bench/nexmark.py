@@ -23,6 +23,8 @@ and the query's plans; ``t0`` is set after them. Runs per query, on the same eve
   stops with an error. ``--operator-paths vectorized,per-key`` runs each of them twice: with
   the windows and joins computing an epoch in columns (``vectorized``, the default) and key
   by key (``per-key``, runs named ``<run>-per-key``), a before/after in one run;
+  ``per-stage`` runs a chain's stages (Q4, Q5, Q7) as a Spark job each instead of one job
+  per epoch (``Chain(one_job=False)``, runs named ``<run>-per-stage``);
 * ``steady`` -- megaphone with no rescale: ``--steady-epochs`` open-loop epochs, checked the
   same way;
 * ``native`` -- the query in Structured Streaming (``bench/nexmark_native.py``; Q4 cannot be
@@ -78,7 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from nexmark_input import InputFeeder
 from nexmark_native import NATIVE_RUNS, UNSUPPORTED, run_native
-from nexmark_report import PER_KEY, NexRow, deadline_target, write_outputs
+from nexmark_report import PER_KEY, PER_STAGE, NexRow, deadline_target, write_outputs
 from nexmark_sweep import NATIVE, Point, climb, hopeless, judge, write_sweep
 from procmem import RssSampler
 from report import RunResult, Window, label_phases, write_csv
@@ -96,8 +98,9 @@ STRATEGIES = ("all-at-once", "fluid", "batched")
 DEADLINE = "deadline@"
 #: The megaphone run that rescales nothing: the sweep's, and the reference for ``native``.
 STEADY = "steady"
-#: How the windows and joins run an epoch: in columns, or key by key (their ``vectorized``).
-OPERATOR_PATHS = ("vectorized", PER_KEY)
+#: How the windows and joins run an epoch: in columns, or key by key (their ``vectorized``);
+#: or in columns with a chain's stages as a job each.
+OPERATOR_PATHS = ("vectorized", PER_KEY, PER_STAGE)
 #: Settings by size. ``quick``: every query and run in a few minutes; ``full``: 20-40 minutes
 #: on two quiet cores. ``sweep_rates`` and ``sweep_seconds``: the capacity sweep's.
 PROFILES: dict[str, dict[str, Any]] = {
@@ -176,7 +179,8 @@ def parser() -> argparse.ArgumentParser:
                                   "native-repartition)")
     p.add_argument("--operator-paths", default="vectorized",
                    help="comma-separated: vectorized (windows and joins in columns), per-key "
-                        "(key by key; runs named <run>-per-key); both for a before/after")
+                        "(key by key; runs named <run>-per-key), per-stage (a chain's stages as "
+                        "a Spark job each; <run>-per-stage); several for a before/after")
     p.add_argument("--rate", type=float, help="events per second")
     p.add_argument("--interval", type=float, help="epoch length in seconds")
     p.add_argument("--bins", type=int, help="bins per stage (a power of two)")
@@ -305,7 +309,8 @@ class LiveRun:
                  give_up: Callable[[list[float]], bool] | None = None):
         self.bench, self.cfg, self.query_name = bench, bench.cfg, query
         self.name = name if path == "vectorized" else f"{name}-{path}"
-        self.vectorized = path == "vectorized"
+        self.vectorized = path != PER_KEY
+        self.one_job = path != PER_STAGE
         self.steady, self.give_up = name == STEADY, give_up
         self.target = deadline_target(name)
         self.strategy = "deadline" if self.target else name
@@ -324,6 +329,7 @@ class LiveRun:
             self.bench.spark, path, config=cfg.nexmark, workers=cfg.workers,
             num_bins=cfg.bins, backend=cfg.backend, vectorized=self.vectorized,
             **cfg.sizes(self.query_name))
+        query.chain.one_job = self.one_job
         self.feeder = InputFeeder(query, cfg.nexmark, cfg.per_epoch, path / "input-files",
                                   cfg.interval)
         load_before = load_avg()

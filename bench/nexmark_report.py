@@ -33,12 +33,15 @@ class NexRow(EpochRow):
 
 #: The operator path that runs windows and joins key by key, and the suffix of its runs' names.
 PER_KEY = "per-key"
+#: The path that runs a chain's stages as a Spark job each (``Chain(one_job=False)``), and the
+#: suffix of its runs' names.
+PER_STAGE = "per-stage"
 
 
 def deadline_target(run: str) -> float | None:
-    """``L`` of a ``deadline@L`` run name (L > 0 seconds; also ``deadline@L-per-key``), else
-    None."""
-    run = run.removesuffix(f"-{PER_KEY}")
+    """``L`` of a ``deadline@L`` run name (L > 0 seconds; also ``deadline@L-per-key`` and
+    ``-per-stage``), else None."""
+    run = run.removesuffix(f"-{PER_KEY}").removesuffix(f"-{PER_STAGE}")
     try:
         value = float(run[len("deadline@"):]) if run.startswith("deadline@") else math.nan
     except ValueError:

@@ -11,8 +11,9 @@ import weakref
 from typing import Any
 
 from pyspark import SparkContext
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from megaphone._version import __version__
 from megaphone.errors import MegaphoneError
@@ -216,3 +217,15 @@ def check_python_workers(spark: SparkSession) -> None:
         raise WorkerPythonError(f"Spark's Python workers cannot run megaphone: {driver}; "
                                 f"{workers}, running {'; '.join(sorted(bad))}; {advice}")
     _checked.add(key)
+
+
+def empty_frame(spark: SparkSession, schema: T.StructType) -> DataFrame:
+    """An empty DataFrame of ``schema`` that Spark plans as an empty local relation, so that
+    acting on it runs no Spark job: one made from an empty list is an RDD's, and collecting it
+    runs a job each time (0.25-0.3 s against 0.05 s here, on two cores). Made as one row of
+    nulls filtered out; a schema with a field that cannot be null gets the RDD's."""
+    if all(f.nullable for f in schema.fields):
+        frame = spark.createDataFrame([tuple(None for _ in schema.fields)], schema)
+        if frame.schema == schema:
+            return frame.where(F.lit(False))
+    return spark.createDataFrame([], schema)

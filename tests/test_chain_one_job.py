@@ -108,3 +108,18 @@ def test_the_first_stage_outputs_skip_the_driver_unless_one_job_is_off(spark, tm
             assert as_dict(out.toArrow()) == seconds[epoch]
         assert frames == (["sums", "sums"] if one_job else ["counts", "sums"] * 2)
         chain.close()
+
+
+def test_an_epoch_without_outputs_gives_a_frame_acting_on_it_runs_no_job(spark, tmp_path):
+    chain = chain_of(spark, tmp_path, one_job=True)
+    out = chain.process(spark.createDataFrame([], "k long"))
+    sc = spark.sparkContext
+    sc.setJobGroup("empty-outputs", "collecting an empty epoch's outputs")
+    try:
+        assert out.select("k").collect() == []
+        assert sc.statusTracker().getJobIdsForGroup("empty-outputs") == []
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert out.schema == chain.stages[1]._driver.outputs_frame(
+        chain.stages[1].state_dir.read_outputs(0)).schema
+    chain.close()

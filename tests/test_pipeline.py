@@ -465,3 +465,15 @@ def test_bin_sizes_are_read_once_per_committed_epoch(spark, tmp_path, monkeypatc
     pipe.process(spark.createDataFrame([(k,) for k in range(20, 30)], "k long"))
     assert pipe.bin_sizes().keys.sum() == 30 and len(reads) == 2
     pipe.close()
+
+
+def test_an_empty_local_batch_still_runs_the_epoch_at_every_worker(spark, tmp_path):
+    # Spark proves a filtered local table (or limit(0)) empty and would drop the shuffle and
+    # the workers' tasks after it: the workers would not run the epoch, and fall behind.
+    pipe = make(spark, tmp_path, workers=2)
+    local = spark.createDataFrame([(1,)], "k long")
+    for batch in (local.where(F.lit(False)), local.limit(0), local):
+        pipe.process(batch)
+        assert sorted(pipe.metric_records(1)[0].per_worker) == [0, 1]
+    assert pipe.epoch == 2 and counts(pipe) == {1: 1}
+    pipe.close()

@@ -26,7 +26,7 @@ from megaphone.migrator.epoch.state_holder import StateHolder
 from megaphone.migrator.statedir.commit import StreamPosition
 from megaphone.migrator.task.columns import EVENT_TIME
 from megaphone.migrator.task.updates import Update
-from megaphone.spark import local_slots
+from megaphone.spark import empty_frame, local_slots
 
 log = logging.getLogger("megaphone.driver")
 
@@ -82,15 +82,15 @@ class EpochDriver:
 
     def frame(self, table: pa.Table, schema: T.StructType) -> DataFrame:
         """Outputs collected on the driver as a DataFrame of ``schema``. An empty one is made
-        once per schema, from an empty list (PySpark cannot convert an empty Arrow table with
-        timestamps inside structs), and handed out again: PySpark builds it through its row
-        path, about 85 ms of the driver each time (bench/chain_epoch.py), and a chain's later
-        stages are empty in most epochs."""
+        once per schema (:func:`~megaphone.spark.empty_frame`: PySpark cannot convert an empty
+        Arrow table with timestamps inside structs) and handed out again: PySpark builds it
+        through its row path, about 85 ms of the driver each time (bench/chain_epoch.py), and a
+        chain's later stages are empty in most epochs."""
         if table.num_rows:
             return self.spark.createDataFrame(table, schema=schema)
         key = schema.json()
         if key not in self._empty_frames:
-            self._empty_frames[key] = self.spark.createDataFrame([], schema=schema)
+            self._empty_frames[key] = empty_frame(self.spark, schema)
         return self._empty_frames[key]
 
     def outputs_frame(self, outputs: pa.Table) -> DataFrame:

@@ -14,6 +14,7 @@ import functools
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -138,12 +139,30 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: list[Column], spe
         exports = spark.range(0, len(senders), 1, len(senders)).mapInArrow(
             functools.partial(_export_task, spec, senders), spark_shuffle)
         routed = routed.unionByName(exports)
+    routed = routed.unionByName(no_rows(spark, spark_shuffle))
     workers = routed.repartitionById(partitions, F.col(WORKER))
     if passed_on is not None:
         task = functools.partial(_pass_on_task, spec, passed_on.results, passed_on.token)
         return workers.mapInArrow(task, passed_on.outputs)
     results = from_arrow_schema(result_schema(spec.output_schema, spec.grouped))
     return workers.mapInArrow(functools.partial(_apply_task, spec), results)
+
+
+_NO_ROWS: weakref.WeakKeyDictionary[SparkSession, dict[str, DataFrame]] = \
+    weakref.WeakKeyDictionary()
+
+
+def no_rows(spark: SparkSession, schema: T.StructType) -> DataFrame:
+    """A DataFrame of ``schema`` without rows that Spark cannot prove empty (an RDD's without
+    partitions), made once per session and schema. In the epoch's shuffle it keeps Spark's
+    optimizer from removing the shuffle and the workers' tasks with it when the batch is an
+    empty local relation (``limit(0)``, a local table filtered to nothing): every worker runs
+    every epoch, records or not, or its store would fall behind."""
+    frames = _NO_ROWS.setdefault(spark, {})
+    key = schema.json()
+    if key not in frames:
+        frames[key] = spark.createDataFrame(spark.sparkContext.emptyRDD(), schema)
+    return frames[key]
 
 
 def split_hot(routed: DataFrame, spec: EpochSpec, schema: T.StructType) -> DataFrame:
