@@ -3,11 +3,14 @@ Connect), and what megaphone asks of any session without reaching into the JVM."
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
+import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from pyspark import SparkContext
@@ -56,6 +59,40 @@ def apply_pipeline_settings(spark: SparkSession) -> None:
     if LOCAL_RELATION_RULE not in excluded:
         spark.conf.set("spark.sql.optimizer.excludedRules",
                        ",".join([*excluded, LOCAL_RELATION_RULE]))
+
+
+#: Spark's switch for adaptive query execution, off while an epoch's job runs
+#: (:func:`adaptive_off`).
+ADAPTIVE = "spark.sql.adaptive.enabled"
+_adaptive_lock = threading.Lock()
+_adaptive_off: dict[int, tuple[int, str]] = {}  # id(session): (jobs inside, value to restore)
+
+
+@contextlib.contextmanager
+def adaptive_off(spark: SparkSession) -> Iterator[None]:
+    """Plan and run the Spark jobs inside without adaptive query execution, then restore the
+    session's setting (once the last of the jobs inside, on any thread, is done). An epoch's job
+    gains nothing from it (its partitions are its workers, never merged; it joins nothing) and
+    pays for it: adaptive execution runs a job a shuffle stage at a time, re-planning between
+    them, about 80 ms of a NEXMark Q7 epoch of 0.8 s (docs/operators.md, "A chain's epoch in
+    one job"). Other queries of the session planned meanwhile plan without it too: the same
+    results, planned as Spark did before 3.2."""
+    key = id(spark)
+    with _adaptive_lock:
+        inside, saved = _adaptive_off.get(key, (0, ""))
+        if not inside:
+            saved = spark.conf.get(ADAPTIVE)
+            spark.conf.set(ADAPTIVE, "false")
+        _adaptive_off[key] = (inside + 1, saved)
+    try:
+        yield
+    finally:
+        with _adaptive_lock:
+            inside, saved = _adaptive_off.pop(key)
+            if inside > 1:
+                _adaptive_off[key] = (inside - 1, saved)
+            else:
+                spark.conf.set(ADAPTIVE, saved)
 
 
 def spark_session(

@@ -477,3 +477,30 @@ def test_an_empty_local_batch_still_runs_the_epoch_at_every_worker(spark, tmp_pa
         assert sorted(pipe.metric_records(1)[0].per_worker) == [0, 1]
     assert pipe.epoch == 2 and counts(pipe) == {1: 1}
     pipe.close()
+
+
+def test_adaptive_execution_is_off_for_the_epoch_jobs_only_and_restored(spark):
+    from megaphone.spark import ADAPTIVE, adaptive_off
+
+    seen: list[str] = []
+    before = spark.conf.get(ADAPTIVE)
+    entered, release = threading.Event(), threading.Event()
+
+    def job() -> None:  # a second epoch job, on another thread, ending after the first
+        with adaptive_off(spark):
+            entered.set()
+            release.wait(10)
+            seen.append(spark.conf.get(ADAPTIVE))
+
+    other = threading.Thread(target=job)
+    with adaptive_off(spark):
+        other.start()
+        entered.wait(10)
+        seen.append(spark.conf.get(ADAPTIVE))
+    seen.append(spark.conf.get(ADAPTIVE))  # the other job is still running
+    release.set()
+    other.join(10)
+    assert seen == ["false", "false", "false"] and spark.conf.get(ADAPTIVE) == before
+    with pytest.raises(RuntimeError), adaptive_off(spark):
+        raise RuntimeError("a failed job")
+    assert spark.conf.get(ADAPTIVE) == before

@@ -48,6 +48,7 @@ from megaphone.migrator.task.updates import UpdateError
 from megaphone.plans.hot_keys import epoch_summary
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column, owner_column
+from megaphone.spark import adaptive_off
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches
 
 log = logging.getLogger("megaphone.epoch")
@@ -257,10 +258,11 @@ class PassedOn:
 
 def run_job(job: DataFrame, rebuild: Callable[[], DataFrame], epoch: int
             ) -> tuple[pa.Table, int]:
-    """Run an epoch's ``job`` (the first of ``epoch``'s group): its results and how many runs
-    it took; run again (``rebuild()``: a rerun is a new DataFrame, as adaptive execution keeps
-    a failed stage's error in the old one's plan) if it failed for a :data:`RETRYABLE` reason
-    (the epoch is idempotent: workers that committed replay their outputs, the others apply).
+    """Run an epoch's ``job`` (the first of ``epoch``'s group) without adaptive execution
+    (:func:`~megaphone.spark.adaptive_off`): its results and how many runs it took; run again
+    (``rebuild()``: a rerun is a new DataFrame, whose plan holds nothing of the failed run)
+    if it failed for a :data:`RETRYABLE` reason (the epoch is idempotent: workers that
+    committed replay their outputs, the others apply).
     A general update that failed on a key is raised as its :class:`UpdateError`, not as the
     Spark error that carried it (kept in its ``__context__``)."""
     attempts = 0
@@ -269,7 +271,8 @@ def run_job(job: DataFrame, rebuild: Callable[[], DataFrame], epoch: int
         if attempts > 1:
             job = rebuild()
         try:
-            return job.toArrow(), attempts
+            with adaptive_off(job.sparkSession):
+                return job.toArrow(), attempts
         except Exception as exc:
             text = str(exc)
             failed = UpdateError.from_text(text)
