@@ -123,3 +123,20 @@ def test_an_epoch_without_outputs_gives_a_frame_acting_on_it_runs_no_job(spark, 
     assert out.schema == chain.stages[1]._driver.outputs_frame(
         chain.stages[1].state_dir.read_outputs(0)).schema
     chain.close()
+
+
+def test_a_link_that_renumbers_partitions_runs_a_job_per_stage(spark, tmp_path):
+    # A self-union would run inside the first stage's tasks, renumbering its workers' partitions.
+    batches = [[1, 2, 2], [2, 3]]
+    for link, doubled in ((lambda out: out.unionByName(out), True),
+                          (lambda out: out.where("count > 0"), False)):
+        chain = chain_of(spark, tmp_path / str(doubled), one_job=True)
+        chain.links = [link]
+        sums: Counter = Counter()
+        for i, keys in enumerate(batches):
+            out = chain.process(spark.createDataFrame([(k,) for k in keys], "k long"))
+            for k in set(keys):
+                sums[k] += Counter(k for b in batches[:i + 1] for k in b)[k] * (2 if doubled else 1)
+            assert as_dict(out.toArrow()) == {k: sums[k] for k in set(keys)}
+        assert chain._links_keep_partitions() is not doubled
+        chain.close()

@@ -18,7 +18,10 @@ from megaphone.migrator.epoch.chain_job import Link, run_chain_epoch
 from megaphone.migrator.pipeline.facade import Pipeline
 from megaphone.migrator.pipeline.stream_runner import Sink
 from megaphone.migrator.statedir.commit import StreamPosition
-from megaphone.spark import is_connect
+from megaphone.spark import adaptive_off, is_connect
+
+#: Partitions of the probe a link is tried on (:meth:`Chain._links_keep_partitions`).
+PROBE_PARTITIONS = 3
 
 
 class Chain:
@@ -29,7 +32,8 @@ class Chain:
     job: each stage's outputs reach the next stage's workers through Spark's shuffle, not
     through the driver, which gets the earlier stages' outputs and reports beside the job.
     ``one_job=False`` runs a job per stage (the stages' outputs through the driver), as an
-    epoch that only the later stages still have to run always does, and over Spark Connect.
+    epoch that only the later stages still have to run always does, a chain whose link does
+    not keep its input's partitions (a union), and any chain over Spark Connect.
 
     >>> windows = Pipeline(spark, "/tmp/q5a", key="auction", event_time="time",
     ...                    update=WindowAggregate(size_us=10_000_000))  # doctest: +SKIP
@@ -55,6 +59,7 @@ class Chain:
         self.stages = list(stages)
         self.links: list[Link | None] = [*links, *[None] * (len(stages) - 1 - len(links))]
         self.one_job = one_job
+        self._links_keep: bool | None = None  # :meth:`_links_keep_partitions`, once known
         self._check_epochs()
 
     def _check_epochs(self) -> None:
@@ -100,7 +105,34 @@ class Chain:
         workers twice)."""
         return (self.one_job and len(self.stages) > 1 and not is_connect(self.stages[0].spark)
                 and all(s.epoch == epoch - 1 for s in self.stages)
-                and not any(s._driver.hot.may_split for s in self.stages[1:]))
+                and not any(s._driver.hot.may_split for s in self.stages[1:])
+                and self._links_keep_partitions())
+
+    def _links_keep_partitions(self) -> bool:
+        """Whether every link keeps its input's partitions as they are, as a projection or a
+        filter does. In one job Spark runs a link inside the tasks of the stage before it,
+        whose partition is their worker: a link that unions or coalesces would renumber them,
+        so such a chain runs a job per stage. Tried once per chain, on an empty probe of the
+        stage's outputs in :data:`PROBE_PARTITIONS` partitions; not known (and the epoch runs a
+        job per stage) while a stage's outputs schema is not, before its first epoch."""
+        if self._links_keep is None:
+            keep = True
+            for stage, link in zip(self.stages, self.links, strict=False):
+                if link is None:
+                    continue
+                driver, spark = stage._driver, stage.spark
+                if driver.holder.key_type is None:
+                    return False
+                try:
+                    schema = driver.schema.outputs(driver.holder.key_type, driver.update_for(None))
+                except (TypeError, ValueError):  # a value type the first epoch fixes
+                    return False
+                probe = spark.createDataFrame(
+                    spark.sparkContext.parallelize([], PROBE_PARTITIONS), schema)
+                with adaptive_off(spark):
+                    keep = keep and link(probe).rdd.getNumPartitions() == PROBE_PARTITIONS
+            self._links_keep = keep
+        return self._links_keep
 
     def _one_epoch(self, batch: DataFrame, input_end: float | None,
                    streams: list[StreamPosition | None]) -> DataFrame:
