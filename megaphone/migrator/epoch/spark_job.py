@@ -48,7 +48,7 @@ from megaphone.migrator.task.updates import UpdateError
 from megaphone.plans.hot_keys import epoch_summary
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column, owner_column
-from megaphone.spark import adaptive_off
+from megaphone.spark import adaptive_off, is_connect
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches
 
 log = logging.getLogger("megaphone.epoch")
@@ -126,9 +126,9 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: list[Column], spe
     (:func:`split_results`). The map side is one projection: each DataFrame operation costs the
     driver an analysis.
 
-    With ``passed_on`` (a stage of a chain run as one job, docs/operators.md, "Chains"), the
-    workers' outputs are the job's rows, for the next stage to read, and all their results go
-    to the driver through ``passed_on`` instead.
+    With ``passed_on`` (a stage of a chain run as one job: docs/operators.md, "A chain's epoch
+    in one job"), the workers' outputs are the job's rows, for the next stage to read, and all
+    their results go to the driver through ``passed_on`` instead.
     """
     routed = batch.select(*map_side)
     spark_shuffle = T.StructType([T.StructField(f.name, from_arrow_type(f.type))
@@ -154,15 +154,18 @@ _NO_ROWS: weakref.WeakKeyDictionary[SparkSession, dict[str, DataFrame]] = \
 
 
 def no_rows(spark: SparkSession, schema: T.StructType) -> DataFrame:
-    """A DataFrame of ``schema`` without rows that Spark cannot prove empty (an RDD's without
-    partitions), made once per session and schema. In the epoch's shuffle it keeps Spark's
-    optimizer from removing the shuffle and the workers' tasks with it when the batch is an
-    empty local relation (``limit(0)``, a local table filtered to nothing): every worker runs
-    every epoch, records or not, or its store would fall behind."""
+    """A DataFrame of ``schema`` without rows that Spark cannot prove empty, made once per
+    session and schema: an RDD's without partitions, or over Spark Connect (no RDDs) an empty
+    range of one partition. In the epoch's shuffle it keeps Spark's optimizer from removing
+    the shuffle and the workers' tasks with it when the batch is an empty local relation
+    (``limit(0)``, a local table filtered to nothing): every worker runs every epoch, records
+    or not, or its store would fall behind."""
     frames = _NO_ROWS.setdefault(spark, {})
     key = schema.json()
     if key not in frames:
-        frames[key] = spark.createDataFrame(spark.sparkContext.emptyRDD(), schema)
+        frames[key] = spark.range(0, 0, 1, 1).select(
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields]) \
+            if is_connect(spark) else spark.createDataFrame(spark.sparkContext.emptyRDD(), schema)
     return frames[key]
 
 
