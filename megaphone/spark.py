@@ -266,3 +266,23 @@ def empty_frame(spark: SparkSession, schema: T.StructType) -> DataFrame:
         if frame.schema == schema:
             return frame.where(F.lit(False))
     return spark.createDataFrame([], schema)
+
+
+_NO_ROWS: weakref.WeakKeyDictionary[SparkSession, dict[str, DataFrame]] = \
+    weakref.WeakKeyDictionary()
+
+
+def no_rows(spark: SparkSession, schema: T.StructType) -> DataFrame:
+    """A DataFrame of ``schema`` without rows that Spark cannot prove empty, made once per
+    session and schema: an RDD's without partitions, or over Spark Connect (no RDDs) an empty
+    range of one partition. In the epoch's shuffle it keeps Spark's optimizer from removing
+    the shuffle and the workers' tasks with it when the batch is an empty local relation
+    (``limit(0)``, a local table filtered to nothing): every worker runs every epoch, records
+    or not, or its store would fall behind."""
+    frames = _NO_ROWS.setdefault(spark, {})
+    key = schema.json()
+    if key not in frames:
+        frames[key] = spark.range(0, 0, 1, 1).select(
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields]) \
+            if is_connect(spark) else spark.createDataFrame(spark.sparkContext.emptyRDD(), schema)
+    return frames[key]

@@ -14,7 +14,6 @@ import functools
 import logging
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -48,7 +47,7 @@ from megaphone.migrator.task.updates import UpdateError
 from megaphone.plans.hot_keys import epoch_summary
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column, owner_column
-from megaphone.spark import adaptive_off, is_connect
+from megaphone.spark import adaptive_off, no_rows
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches
 
 log = logging.getLogger("megaphone.epoch")
@@ -147,26 +146,6 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: list[Column], spe
         return workers.mapInArrow(task, passed_on.outputs)
     results = from_arrow_schema(result_schema(spec.output_schema, spec.grouped))
     return workers.mapInArrow(functools.partial(_apply_task, spec), results)
-
-
-_NO_ROWS: weakref.WeakKeyDictionary[SparkSession, dict[str, DataFrame]] = \
-    weakref.WeakKeyDictionary()
-
-
-def no_rows(spark: SparkSession, schema: T.StructType) -> DataFrame:
-    """A DataFrame of ``schema`` without rows that Spark cannot prove empty, made once per
-    session and schema: an RDD's without partitions, or over Spark Connect (no RDDs) an empty
-    range of one partition. In the epoch's shuffle it keeps Spark's optimizer from removing
-    the shuffle and the workers' tasks with it when the batch is an empty local relation
-    (``limit(0)``, a local table filtered to nothing): every worker runs every epoch, records
-    or not, or its store would fall behind."""
-    frames = _NO_ROWS.setdefault(spark, {})
-    key = schema.json()
-    if key not in frames:
-        frames[key] = spark.range(0, 0, 1, 1).select(
-            *[F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields]) \
-            if is_connect(spark) else spark.createDataFrame(spark.sparkContext.emptyRDD(), schema)
-    return frames[key]
 
 
 def split_hot(routed: DataFrame, spec: EpochSpec, schema: T.StructType) -> DataFrame:
