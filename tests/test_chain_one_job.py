@@ -7,43 +7,17 @@ with the same results."""
 from __future__ import annotations
 
 import tempfile
-import uuid
 from collections import Counter
 from pathlib import Path
 
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from megaphone import Chain, MigrationPlan, Move, Pipeline
+from megaphone import MigrationPlan, Move, Pipeline
 from megaphone.migrator.epoch.driver import EpochDriver
+from tests.test_chain_stream import chain_of, reference
 
-NUM_BINS = 8
-
-
-def reference(batches: list[list[int]]) -> tuple[list[dict], list[dict], dict]:
-    """A count per key, then per key the sum of the counts it emitted: each epoch's outputs of
-    both stages, and the second stage's final state."""
-    counts: Counter = Counter()
-    sums: Counter = Counter()
-    firsts, seconds = [], []
-    for keys in batches:
-        counts.update(keys)
-        firsts.append({k: counts[k] for k in set(keys)})
-        for k in set(keys):
-            sums[k] += counts[k]
-        seconds.append({k: sums[k] for k in set(keys)})
-    return firsts, seconds, dict(sums)
-
-
-def chain_of(spark, root: Path, one_job: bool) -> Chain:
-    """Counts per key, then the sum per key of those counts, both in memory."""
-    opts = {"workers": 2, "num_bins": NUM_BINS, "key_type": "int64", "backend": "memory",
-            "keep_outputs": 10}
-    counts = Pipeline(spark, str(root / "counts"), key="k", update="count",
-                      pipeline_id=uuid.uuid4().hex, **opts)
-    sums = Pipeline(spark, str(root / "sums"), key="k", value="count", update="sum",
-                    pipeline_id=uuid.uuid4().hex, **opts)
-    return Chain([counts, sums], one_job=one_job)
+NUM_BINS = 8  # chain_of's
 
 
 def plan_for(stage: Pipeline, moves: list[tuple[int, int]]) -> MigrationPlan:

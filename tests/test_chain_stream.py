@@ -37,28 +37,29 @@ BATCHES = [[1, 2, 2], [2, 3], [1, 1, 4]]
 EPOCHS, PER_EPOCH = 4, 500
 
 
-def reference(batches) -> tuple[list[dict[int, int]], dict[int, int]]:
+def reference(batches) -> tuple[list[dict[int, int]], list[dict[int, int]], dict[int, int]]:
     """A count per key, then per key the sum of the counts it emitted: each batch's outputs
-    of the second stage, and its final state."""
+    of the first stage and of the second, and the second's final state."""
     counts: Counter = Counter()
     sums: Counter = Counter()
-    outputs = []
+    firsts, seconds = [], []
     for keys in batches:
         counts.update(keys)
+        firsts.append({k: counts[k] for k in set(keys)})
         for k in set(keys):
             sums[k] += counts[k]
-        outputs.append({k: sums[k] for k in set(keys)})
-    return outputs, dict(sums)
+        seconds.append({k: sums[k] for k in set(keys)})
+    return firsts, seconds, dict(sums)
 
 
-def chain_of(spark, tmp_path: Path) -> Chain:
-    """Counts per key, then the sum per key of those counts."""
+def chain_of(spark, tmp_path: Path, one_job: bool = True) -> Chain:
+    """Counts per key, then the sum per key of those counts (in memory, 8 bins)."""
     opts = {"workers": 2, "num_bins": 8, "key_type": "int64", "backend": "memory"}
     counts = Pipeline(spark, str(tmp_path / "counts"), key="k", update="count",
                       pipeline_id=uuid.uuid4().hex, **opts)
     sums = Pipeline(spark, str(tmp_path / "sums"), key="k", value="count", update="sum",
                     pipeline_id=uuid.uuid4().hex, **opts)
-    return Chain([counts, sums])
+    return Chain([counts, sums], one_job=one_job)
 
 
 def as_dict(outputs) -> dict[int, int]:
@@ -69,7 +70,7 @@ def test_a_micro_batch_cut_short_between_stages_is_applied_once_by_each(spark, t
     chain = chain_of(spark, tmp_path)
     counts, sums = chain.stages
     frames = [spark.createDataFrame([(k,) for k in keys], "k long") for keys in BATCHES]
-    expected, final = reference(BATCHES)
+    _, expected, final = reference(BATCHES)
     out, epoch = chain._run_batch(frames[0], 0, "q")
     assert (as_dict(out), epoch) == (expected[0], 0)
     counts._runner.run_batch(frames[1], 1, "q")  # the driver died before the second stage
@@ -122,7 +123,7 @@ def test_start_runs_each_micro_batch_as_a_chain_epoch(spark, tmp_path, monkeypat
         query.awaitTermination(120)
     chain.stop()
     assert query.exception() is None
-    expected, final = reference(BATCHES)
+    _, expected, final = reference(BATCHES)
     assert deliveries == list(enumerate(expected))
     assert len(refused) == 2 * len(BATCHES)
     assert "running a stream" in refused[0] and "running a stream" in refused[1]

@@ -57,37 +57,40 @@ def _run(drivers: Sequence[EpochDriver], links: Sequence[Link | None], batch: Da
          runs: list[EpochRun]) -> tuple[pa.Table, DataFrame]:
     passed: list[PassedOn] = []
 
-    def submit(run: EpochRun, link: Link | None) -> DataFrame:
-        """The run's job, and what the next stage reads of it: its outputs through the link."""
-        if run is runs[-1] and len(runs) == len(drivers):
+    last = len(drivers) - 1
+
+    def submit(k: int, run: EpochRun) -> DataFrame:
+        """Stage ``k``'s job; for all but the last, what the next stage reads of it: its
+        outputs through the link."""
+        if k == last:
             return run.job()
         passed.append(run.passed_on())
         job = run.job(passed[-1])
-        return job if link is None else link(job)
+        return job if links[k] is None else links[k](job)
 
     rows = batch
-    for driver, link, stream in zip(drivers, [*links, None], streams, strict=True):
+    for k, (driver, stream) in enumerate(zip(drivers, streams, strict=True)):
         run = EpochRun(driver, EpochSource(rows, stream=stream), 1, input_end)
         runs.append(run)
         run.prepare()
         with run.phase("submit"):
-            rows = submit(run, link)
+            rows = submit(k, run)
 
     def rebuild() -> DataFrame:
         """The whole job again (a rerun after a retryable failure), with new hand-overs."""
         passed.clear()
         again = batch
-        for run, link in zip(runs, [*links, None], strict=True):
+        for k, run in enumerate(runs):
             run.source = dataclasses.replace(run.source, batch=again)
-            again = submit(run, link)
+            again = submit(k, run)
         return again
 
     with contextlib.ExitStack() as phases:
         for run in runs:
             phases.enter_context(run.phase("collect"))
-        last, attempts = run_job(rows, rebuild, runs[0].epoch)
+        results, attempts = run_job(rows, rebuild, runs[0].epoch)
         tables = [hand_over.table(run.spec) for hand_over, run in zip(passed, runs, strict=False)]
-        reports = [run.reports(table) for run, table in zip(runs, [*tables, last], strict=True)]
+        reports = [run.reports(table) for run, table in zip(runs, [*tables, results], strict=True)]
         outputs = reports[-1][0].outputs
         frame = drivers[-1].outputs_frame(outputs)  # before any commit point
     for run, report in zip(runs, reports, strict=True):

@@ -93,9 +93,14 @@ class EpochDriver:
             self._empty_frames[key] = empty_frame(self.spark, schema)
         return self._empty_frames[key]
 
+    def outputs_schema(self) -> T.StructType:
+        """The Spark schema of the pipeline's outputs, as its key type and manifest fix it (a
+        ``TypeError`` or ``ValueError`` while they do not, before the first epoch)."""
+        return self.schema.outputs(self.holder.key_type, self.update_for(None))
+
     def outputs_frame(self, outputs: pa.Table) -> DataFrame:
         """An epoch's outputs (collected from its job) as a DataFrame (:meth:`frame`)."""
-        return self.frame(outputs, self.schema.outputs(self.holder.key_type, self.update_for(None)))
+        return self.frame(outputs, self.outputs_schema())
 
     def read_outputs(self, epoch: int) -> DataFrame:
         """The kept outputs of a committed ``epoch`` as a DataFrame."""

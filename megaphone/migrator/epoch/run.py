@@ -77,6 +77,10 @@ class DriverState(Protocol):
     task_slots: int | None
     task_results: Accumulator | None
 
+    def outputs_schema(self) -> T.StructType:
+        """The Spark schema of the pipeline's outputs."""
+        ...
+
     def host_slots(self, hosts: Sequence[str]) -> dict[str, int]:
         """Each host's task slots, for the commit record (empty when unknown)."""
         ...
@@ -123,10 +127,9 @@ class EpochRun:
     epochs ran). The run does the work of its epochs itself (admission, task spec, commits,
     metrics) and reads of its driver only what epochs keep from one to the next."""
 
-    # Set by :meth:`prepare`: the group's start (``time.time()``), its update, who holds which
-    # bins, and the spec every task of its job gets.
+    # Set by :meth:`prepare`: the group's start (``time.time()``), who holds which bins, and
+    # the spec every task of its job gets.
     started: float
-    update: Update
     layout: EpochLayout
     spec: EpochSpec
 
@@ -196,7 +199,7 @@ class EpochRun:
         driver, holder, epoch = self.driver, self.holder, self.epoch
         self.started = started = time.time()
         with self.phase("admit"):
-            self._columns, self.update, shuffle, outputs = self._admit()  # state dir at first
+            self._columns, update, shuffle, outputs = self._admit()  # state dir made at first use
             state, queue = holder.state_dir, holder.plans
             inbox = PlanInbox.of_state_dir(state)  # plans posted by `megaphone migrate`
             inbox.take(queue.to_list(), holder.submit_plan)
@@ -210,7 +213,7 @@ class EpochRun:
         with self.phase("layout"):
             with queue.lock:
                 self.layout = epoch_layout(queue.table, holder.commit, epoch, state)
-            self.spec = self._spec(self.update, shuffle, outputs, self.layout,
+            self.spec = self._spec(update, shuffle, outputs, self.layout,
                                    self.source.labels[:self.size], started)
 
     def job(self, passed_on: PassedOn | None = None) -> DataFrame:
@@ -234,8 +237,7 @@ class EpochRun:
         driver = self.driver
         if driver.task_results is None:
             driver.task_results = task_results(driver.spark)
-        return PassedOn(driver.task_results, driver.schema.outputs(self.holder.key_type,
-                                                                   self.update))
+        return PassedOn(driver.task_results, driver.outputs_schema())
 
     def reports(self, table: pa.Table) -> list[EpochReport]:
         """Each epoch's report from the group job's results ``table``."""

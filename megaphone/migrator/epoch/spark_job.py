@@ -183,15 +183,15 @@ def _pass_on_task(spec: EpochSpec, results: Accumulator, token: str,
     """A worker's task in a stage that passes its outputs on (:class:`PassedOn`): yields its
     outputs, and adds all its results (outputs and reports), tagged ``token``, to ``results``
     for the driver."""
-    worker = TaskContext.get().partitionId()
     names = [f.name for f in spec.output_schema]
     schema = result_schema(spec.output_schema, spec.grouped)
     kept: list[pa.RecordBatch] = []
-    for batch in apply_worker(spec, worker, _checked(batches, worker)):
+    for batch in _apply_task(spec, batches):
         kept.append(batch)
         outputs = batch.filter(pc.is_null(batch.column(REPORT)))
         if outputs.num_rows:
             yield outputs.select(names)
+    worker = TaskContext.get().partitionId()
     results.add([(token, worker, batch_to_ipc(pa.Table.from_batches(kept, schema=schema)))])
 
 

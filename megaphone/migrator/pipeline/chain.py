@@ -124,7 +124,7 @@ class Chain:
                 if driver.holder.key_type is None:
                     return False
                 try:
-                    schema = driver.schema.outputs(driver.holder.key_type, driver.update_for(None))
+                    schema = driver.outputs_schema()
                 except (TypeError, ValueError):  # a value type the first epoch fixes
                     return False
                 probe = spark.createDataFrame(
