@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import pytest
 from megaphone.paths import store_socket_path
 from megaphone.routing.bins import bin_of
 from megaphone.state_backends import wire
-from megaphone.state_backends.encoding import encode_keys
+from megaphone.state_backends.encoding import bins_of_raw, encode_keys
 from megaphone.state_backends.remote import (
     DurableSpec,
     RemoteStore,
@@ -329,6 +330,71 @@ def test_a_slowly_written_store_has_its_log_trimmed_between_epochs(tmp_path, mon
     assert wal_after < wal // 10 and sst_after > 0
     assert entry.store.backend.get_raw(keys[:3]) == [msgpack.packb(19)] * 3
     service.close_stores(lambda p, e: True, "test")
+
+
+def test_a_store_dropping_bins_keeps_its_memtable_until_the_drops_stop(tmp_path, monkeypatch):
+    """A flush in the middle of a move would carry its range deletions into the tree and start
+    a rewrite of the store; the trim waits until no bin was dropped for DROP_QUIET_S, or until
+    the memtable is LOG_TRIM_MAX_AGE_S old."""
+    import megaphone.state_backends.rocksdb_tuning as tuning
+
+    service = StoreService(idle_exit_s=3600)
+    path = tmp_path / "w"
+    req = {"path": str(path), "kind": "rocksdb", "key_type": "int64", "num_bins": BINS}
+    service.op_begin({**req, "epoch": 0}, None)
+    backend = service.stores[str(path)].store.backend
+    keys = raw(range(2000))
+    for i in range(20):
+        backend.write_raw(keys, [msgpack.packb(i)] * len(keys))
+    monkeypatch.setattr(tuning, "LOG_TRIM_BYTES", 256 << 10)
+    monkeypatch.setattr(tuning, "LOG_TRIM_AGE_S", 0.0)
+    backend.drop_bins([])  # drops nothing: no move under way
+    assert backend.last_drop_s == -math.inf
+    backend.drop_bins([bins_of_raw(keys[:1])[0]])
+    assert time.monotonic() - backend.last_drop_s < 5
+    wal, _ = _wal_and_sst_bytes(path)
+    service.housekeeping()  # a bin dropped just now: kept
+    assert _wal_and_sst_bytes(path) == (wal, 0)
+    monkeypatch.setattr(tuning, "LOG_TRIM_MAX_AGE_S", 0.0)  # too old to wait for the move
+    service.housekeeping()
+    deadline = time.monotonic() + 10
+    while _wal_and_sst_bytes(path)[1] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _wal_and_sst_bytes(path)[1] > 0
+    service.close_stores(lambda p, e: True, "test")
+
+
+def test_a_trim_is_due_once_the_drops_stop():
+    """The trim's rule alone: a memtable old and big enough waits while bins are dropped and
+    is flushed DROP_QUIET_S after the last drop."""
+    from megaphone.state_backends.rocksdb_tuning import (
+        DROP_QUIET_S,
+        LOG_TRIM_AGE_S,
+        LOG_TRIM_MAX_AGE_S,
+        LogTrim,
+    )
+
+    class Backend:
+        path = "w"
+        last_drop_s = -math.inf
+        flushes = 0
+
+        def memtable_bytes(self) -> int:
+            return 8 << 20
+
+        def flush_in_background(self) -> bool:
+            self.flushes += 1
+            return True
+
+    b, t0 = Backend(), 1000.0
+    trim = LogTrim(since=t0)
+    b.last_drop_s = t0 + LOG_TRIM_AGE_S
+    assert not trim.trim(b, t0 + LOG_TRIM_AGE_S + 1)  # dropping
+    assert not trim.trim(b, b.last_drop_s + DROP_QUIET_S - 1)
+    assert trim.trim(b, b.last_drop_s + DROP_QUIET_S) and b.flushes == 1
+    trim = LogTrim(since=t0)
+    b.last_drop_s = t0 + LOG_TRIM_MAX_AGE_S - 1  # still dropping, but the log is too old
+    assert trim.trim(b, t0 + LOG_TRIM_MAX_AGE_S) and b.flushes == 2
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="no /proc/self/maps")

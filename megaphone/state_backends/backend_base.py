@@ -9,6 +9,8 @@ once, so both backends behave identically byte for byte.
 from __future__ import annotations
 
 import itertools
+import math
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -59,6 +61,7 @@ class BackendBase:
     path: str | None
     read_only: bool
     _counters: BinCounters
+    last_drop_s: float = -math.inf
 
     def __init__(self, key_type: str, num_bins: int) -> None:
         """Validate and record the key type and bin count."""
@@ -366,6 +369,7 @@ class BackendBase:
         counters = self._counters.copy()
         counters.zero(arr)
         self._drop(arr, bin_runs(arr), counters)
+        self.last_drop_s = time.monotonic()
 
     # ------------------------------------------------------------------ reading back
 

@@ -68,6 +68,9 @@ class StateBackend(Protocol):
     """Directory holding the state, or ``None`` for a purely in-memory backend."""
     read_only: bool
     """True when opened for reading only; writes raise ``PermissionError``."""
+    last_drop_s: float
+    """``time.monotonic()`` of the last :meth:`drop_bins` that deleted keys (``-inf`` before):
+    the log trim holds a flush back while a move drops bins (``rocksdb_tuning.LogTrim``)."""
 
     # -- raw access -------------------------------------------------------------------------
 
