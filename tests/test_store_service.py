@@ -332,17 +332,18 @@ def test_a_slowly_written_store_has_its_log_trimmed_between_epochs(tmp_path, mon
     service.close_stores(lambda p, e: True, "test")
 
 
-def test_a_store_dropping_bins_keeps_its_memtable_until_the_drops_stop(tmp_path, monkeypatch):
+def test_a_store_a_move_takes_bins_from_keeps_its_memtable(tmp_path, monkeypatch):
     """A flush in the middle of a move would carry its range deletions into the tree and start
-    a rewrite of the store; the trim waits until no bin was dropped for DROP_QUIET_S, or until
-    the memtable is LOG_TRIM_MAX_AGE_S old."""
+    a rewrite of the store; the trim waits while the worker has bins to send or dropped some in
+    the last DROP_QUIET_S, or until the memtable is LOG_TRIM_MAX_AGE_S old."""
     import megaphone.state_backends.rocksdb_tuning as tuning
 
     service = StoreService(idle_exit_s=3600)
     path = tmp_path / "w"
     req = {"path": str(path), "kind": "rocksdb", "key_type": "int64", "num_bins": BINS}
     service.op_begin({**req, "epoch": 0}, None)
-    backend = service.stores[str(path)].store.backend
+    entry = service.stores[str(path)]
+    backend = entry.store.backend
     keys = raw(range(2000))
     for i in range(20):
         backend.write_raw(keys, [msgpack.packb(i)] * len(keys))
@@ -353,8 +354,12 @@ def test_a_store_dropping_bins_keeps_its_memtable_until_the_drops_stop(tmp_path,
     backend.drop_bins([bins_of_raw(keys[:1])[0]])
     assert time.monotonic() - backend.last_drop_s < 5
     wal, _ = _wal_and_sst_bytes(path)
-    service.housekeeping()  # a bin dropped just now: kept
-    assert _wal_and_sst_bytes(path) == (wal, 0)
+    service.housekeeping()  # a bin dropped just now: kept (no flush started)
+    assert entry.log.seen > 0 and _wal_and_sst_bytes(path) == (wal, 0)
+    backend.last_drop_s -= tuning.DROP_QUIET_S  # the drops paused, but bins are still to go
+    entry.ahead.bins = [3]
+    service.housekeeping()
+    assert entry.log.seen > 0 and _wal_and_sst_bytes(path) == (wal, 0)
     monkeypatch.setattr(tuning, "LOG_TRIM_MAX_AGE_S", 0.0)  # too old to wait for the move
     service.housekeeping()
     deadline = time.monotonic() + 10
@@ -364,9 +369,10 @@ def test_a_store_dropping_bins_keeps_its_memtable_until_the_drops_stop(tmp_path,
     service.close_stores(lambda p, e: True, "test")
 
 
-def test_a_trim_is_due_once_the_drops_stop():
-    """The trim's rule alone: a memtable old and big enough waits while bins are dropped and
-    is flushed DROP_QUIET_S after the last drop."""
+def test_a_trim_is_due_once_the_move_is_done_with_the_store():
+    """The trim's rule alone: a memtable old and big enough waits while its worker has bins
+    still to send and while bins are dropped, and is flushed DROP_QUIET_S after the last drop
+    once none are left to send."""
     from megaphone.state_backends.rocksdb_tuning import (
         DROP_QUIET_S,
         LOG_TRIM_AGE_S,
@@ -391,10 +397,12 @@ def test_a_trim_is_due_once_the_drops_stop():
     b.last_drop_s = t0 + LOG_TRIM_AGE_S
     assert not trim.trim(b, t0 + LOG_TRIM_AGE_S + 1)  # dropping
     assert not trim.trim(b, b.last_drop_s + DROP_QUIET_S - 1)
+    # a pause in the move's drops: bins still to send keep it waiting
+    assert not trim.trim(b, b.last_drop_s + DROP_QUIET_S, sending=True)
     assert trim.trim(b, b.last_drop_s + DROP_QUIET_S) and b.flushes == 1
     trim = LogTrim(since=t0)
     b.last_drop_s = t0 + LOG_TRIM_MAX_AGE_S - 1  # still dropping, but the log is too old
-    assert trim.trim(b, t0 + LOG_TRIM_MAX_AGE_S) and b.flushes == 2
+    assert trim.trim(b, t0 + LOG_TRIM_MAX_AGE_S, sending=True) and b.flushes == 2
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="no /proc/self/maps")

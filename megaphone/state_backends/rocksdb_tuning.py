@@ -28,11 +28,12 @@ BLOCK_CACHE_BYTES = 64 << 20
 #: soak's working copies grew 3 MiB a minute). A store written fast fills its memtable first.
 LOG_TRIM_BYTES = 1 << 20
 LOG_TRIM_AGE_S = 120.0
-#: A store that dropped bins in the last ``DROP_QUIET_S`` (a move under way) keeps its memtable
-#: unflushed until ``LOG_TRIM_MAX_AGE_S``: a flush carries the drops' range deletions into the
-#: tree, and RocksDB at once rewrites every table file they cover (``docs/transfer.md``, "The
-#: senders' compaction"); flushed after the move's last drop, the store is rewritten once,
-#: after the move, instead of once in its middle and again for the drops after the flush.
+#: A store that a move is taking bins from (its worker has bins still to send, or it dropped
+#: some in the last ``DROP_QUIET_S``) keeps its memtable unflushed until ``LOG_TRIM_MAX_AGE_S``:
+#: a flush carries the drops' range deletions into the tree, and RocksDB at once rewrites every
+#: table file they cover (``docs/transfer.md``, "The senders' compaction"); flushed after the
+#: move's last drop, the store is rewritten once, after the move, instead of once in its middle
+#: and again for the drops after the flush.
 DROP_QUIET_S = 30.0
 LOG_TRIM_MAX_AGE_S = 600.0
 #: A background flush is started only below this many L0 files (RocksDB compacts at 4 and
@@ -158,18 +159,19 @@ class LogTrim:
     since: float = field(default_factory=time.monotonic)  # the memtable's last flush
     seen: int = 0  # its size then
 
-    def trim(self, backend: StateBackend, now: float) -> bool:
-        """Flush ``backend``'s memtable if it is big and old enough, no move is dropping bins
-        from it (up to ``LOG_TRIM_MAX_AGE_S``) and the flush cannot stall writes (else a
-        later round tries again); whether a flush started."""
+    def trim(self, backend: StateBackend, now: float, sending: bool = False) -> bool:
+        """Flush ``backend``'s memtable if it is big and old enough, no move is taking bins
+        from it (``sending``: its worker has bins still to send; or it dropped some lately),
+        up to ``LOG_TRIM_MAX_AGE_S``, and the flush cannot stall writes (else a later round
+        tries again); whether a flush started."""
         size = backend.memtable_bytes()
         if size < self.seen:  # RocksDB flushed it meanwhile
             self.since = now
         self.seen = size
         age = now - self.since
-        dropping = now - backend.last_drop_s < DROP_QUIET_S
+        moving = sending or now - backend.last_drop_s < DROP_QUIET_S
         if size < LOG_TRIM_BYTES or age < LOG_TRIM_AGE_S \
-                or (dropping and age < LOG_TRIM_MAX_AGE_S) \
+                or (moving and age < LOG_TRIM_MAX_AGE_S) \
                 or not backend.flush_in_background():
             return False
         self.since, self.seen = now, 0

@@ -537,7 +537,7 @@ class StoreService:
         for entry in entries:
             if entry.lock.acquire(blocking=False):  # not in the middle of an operation
                 try:
-                    entry.log.trim(entry.store.backend, now)
+                    entry.log.trim(entry.store.backend, now, sending=bool(entry.ahead.bins))
                     entry.store.backend.warm_page_cache()  # compactions' new and old files
                 except Exception as exc:  # a store closed meanwhile: nothing to flush
                     log.warning("housekeeping of %s failed: %s", entry.store.backend.path, exc)
