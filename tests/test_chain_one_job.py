@@ -15,9 +15,7 @@ from hypothesis import strategies as st
 
 from megaphone import MigrationPlan, Move, Pipeline
 from megaphone.migrator.epoch.driver import EpochDriver
-from tests.test_chain_stream import chain_of, reference
-
-NUM_BINS = 8  # chain_of's
+from tests.test_chain_stream import CHAIN_BINS, chain_of, reference
 
 
 def plan_for(stage: Pipeline, moves: list[tuple[int, int]]) -> MigrationPlan:
@@ -33,7 +31,7 @@ def as_dict(table) -> dict[int, int]:
 
 
 # Plans of each stage: (epoch submitted, [(bin, new worker)]): workers 0-3 (out and in).
-PLANS = st.tuples(st.integers(0, 3), st.lists(st.tuples(st.integers(0, NUM_BINS - 1),
+PLANS = st.tuples(st.integers(0, 3), st.lists(st.tuples(st.integers(0, CHAIN_BINS - 1),
                                                         st.integers(0, 3)), max_size=6))
 
 

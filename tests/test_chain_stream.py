@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BATCHES = [[1, 2, 2], [2, 3], [1, 1, 4]]
 #: Q4's stream: micro-batches of generated events.
 EPOCHS, PER_EPOCH = 4, 500
+CHAIN_BINS = 8  # chain_of's stages
 
 
 def reference(batches) -> tuple[list[dict[int, int]], list[dict[int, int]], dict[int, int]]:
@@ -53,8 +54,8 @@ def reference(batches) -> tuple[list[dict[int, int]], list[dict[int, int]], dict
 
 
 def chain_of(spark, tmp_path: Path, one_job: bool = True) -> Chain:
-    """Counts per key, then the sum per key of those counts (in memory, 8 bins)."""
-    opts = {"workers": 2, "num_bins": 8, "key_type": "int64", "backend": "memory"}
+    """Counts per key, then the sum per key of those counts (in memory, CHAIN_BINS bins)."""
+    opts = {"workers": 2, "num_bins": CHAIN_BINS, "key_type": "int64", "backend": "memory"}
     counts = Pipeline(spark, str(tmp_path / "counts"), key="k", update="count",
                       pipeline_id=uuid.uuid4().hex, **opts)
     sums = Pipeline(spark, str(tmp_path / "sums"), key="k", value="count", update="sum",
