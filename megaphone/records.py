@@ -146,14 +146,22 @@ class WorkerMetrics(_Record):
 
     def merge(self, other: WorkerMetrics) -> None:
         """Fold ``other`` (the same worker's exporter row, or its receiver row) into this one:
-        the fields ``other`` reported win."""
+        the fields ``other`` reported win, but an exporter's are added up (receivers that pull
+        each report the part of a sender's export they read: docs/transfer.md)."""
         for f in dataclasses.fields(self):
             if f.name == "extra":
                 self.extra.update(other.extra)
                 continue
-            value = getattr(other, f.name)
-            if value is not None:
+            value, mine = getattr(other, f.name), getattr(self, f.name)
+            if value is not None and mine is not None and f.name in _EXPORT_SUMS:
+                setattr(self, f.name, mine + value)
+            elif value is not None:
                 setattr(self, f.name, value)
+
+
+#: The exporter's fields that :meth:`WorkerMetrics.merge` adds up.
+_EXPORT_SUMS = frozenset({"bins_out", "keys_out", "bytes_out", "files_out", "ahead_out",
+                          "ahead_bytes_out", "export_s", "export_spans"})
 
 
 @dataclass

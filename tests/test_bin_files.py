@@ -196,6 +196,45 @@ def test_a_live_move_ships_bins_as_files_and_the_durable_copy_has_them(spark, tm
     pipe.close()
 
 
+def test_receivers_pull_their_bins_in_their_own_tasks(spark, tmp_path, monkeypatch):
+    """On one host without a checkpoint location the receivers read the bins they install
+    from the senders' stores in their own tasks (docs/transfer.md, "Receivers that pull"): the
+    epoch's job has no export branch, a sender two receivers pull from reports the sum of both
+    parts, and the state is exact. With ``transfer="rows"`` the export tasks stay."""
+    from megaphone.migrator.epoch import spark_job
+
+    plans: list[str] = []
+    built = spark_job.epoch_job
+
+    def spied(*args, **kwargs):
+        job = built(*args, **kwargs)
+        plans.append(job._jdf.queryExecution().analyzed().toString())
+        return job
+
+    monkeypatch.setattr("megaphone.migrator.epoch.run.epoch_job", spied)
+    for transfer, pulled in (("files", True), ("rows", False)):
+        pipe = Pipeline(spark, str(tmp_path / transfer), key="k", update="count", workers=3,
+                        num_bins=BINS, key_type="int64", transfer=transfer,
+                        local_dir=str(tmp_path / f"local-{transfer}"))
+        expected = Counter(list(range(600)) * 2)
+        pipe.process_arrow(spark.createDataFrame([(k,) for k in expected.elements()], "k long"))
+        mine = [b for b in range(BINS) if pipe.routing.owner(b) == 0]
+        pipe.migrate(MigrationPlan.from_moves(pipe.routing, [
+            [Move(mine[0], 0, 1), Move(mine[1], 0, 2), Move(mine[2], 0, 2)]]))
+        keys = list(range(0, 600, 7))
+        expected.update(keys)
+        plans.clear()
+        pipe.process_arrow(spark.createDataFrame([(k,) for k in keys], "k long"))
+        m = pipe.metrics(last=1)[0]["per_worker"]
+        # The apply tasks' MapInArrow, and the export tasks' unless the receivers pull.
+        assert plans[0].count("MapInArrow") == (1 if pulled else 2)
+        assert (m["1"]["bins_in"], m["2"]["bins_in"], m["0"]["bins_out"]) == (1, 2, 3)
+        assert m["0"]["keys_out"] == m["1"]["keys_in"] + m["2"]["keys_in"] > 0
+        assert m["2"].get("files_in", 0) == (2 if pulled else 0)
+        assert {r[0]: r[1] for r in pipe.state().collect()} == dict(expected)
+        pipe.close()
+
+
 def test_without_a_checkpoint_a_kept_file_is_linked_not_shipped(spark, tmp_path):
     """Without a checkpoint location the stores share the state directory: a moving bin's file
     stays in the sender's store, one reference row crosses the shuffle and the receiver's

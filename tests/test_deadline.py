@@ -675,3 +675,26 @@ def test_a_deadline_bounds_a_group_by_its_latency_target():
     assert deadline_group_size(2.0, 0.4, 0.1, most=8) == 8
     assert deadline_group_size(0.3, 0.4, 0.1) == 1  # not even one epoch fits: alone
     assert deadline_group_size(2.0, 0.4, 0.0) == 64 and deadline_group_size(0.2, 0.4, 0.0) == 1
+
+
+def test_an_oversized_move_takes_the_bins_the_slack_would_hold(caplog):
+    """A moving job's fixed cost over the whole budget makes every bin oversized; the forced
+    epoch pays it once and takes as many more bins as the slack holds (a billion-key run whose
+    target was tighter than a one-bin epoch moved one bin every third epoch)."""
+    moves = [Move(b, 0, 1) for b in range(20)]
+    sizes = dict.fromkeys(range(20), MB)
+    # Every moving epoch took 1.5 s more than its stages, whatever it moved: a fixed cost.
+    history = (epoch(), epoch(), *(moving(1.5, nbytes=MB * n, bins=n) for n in (1, 4, 8)))
+    policy = DeadlinePolicy(2.0, margin=1.0, patience=1)
+    with caplog.at_level(logging.WARNING, logger="megaphone.deadline"):
+        chosen = policy(view(moves, sizes, history))
+    d = policy.decisions[-1]
+    # One bin: 0.7 s idle + 1.5 s fixed + 0.2 s = 2.4 s, over L = 2. The 1.3 s of slack an
+    # idle epoch leaves hold 6 more bins at 0.2 s each (2.4 + 1.2 <= 2.4 + 1.3), not a 7th.
+    assert policy.model.move_overhead_s == pytest.approx(1.5)
+    assert d.action == "oversized" and len(chosen) == 7
+    assert d.predicted_s == pytest.approx(3.6)
+    assert "moving it with 6 more bins (slack 1.30 s) after 1 epochs" in caplog.text
+    # No slack left (lag 1.3 s): the oversized bin goes alone, as before.
+    policy = DeadlinePolicy(2.0, margin=1.0, patience=1)
+    assert len(policy(view(moves, sizes, history, lag=1.3))) == 1

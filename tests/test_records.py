@@ -45,3 +45,15 @@ def test_an_epoch_record_round_trips_and_keeps_unknown_keys():
     newer = {**stored, "from_a_newer_version": 1}
     back = EpochMetrics.from_dict(newer)
     assert back.to_dict() == newer and back.total("records_in") == 5
+
+
+def test_an_exporters_parts_are_added_up_and_other_fields_win():
+    """Receivers that pull each report the part of a sender's export they read
+    (docs/transfer.md, "Receivers that pull"): merging adds those parts up; any other field
+    the later report holds wins, as before."""
+    merged = WorkerMetrics(bins_out=2, keys_out=10, export_s=0.5, export_spans=[[1, 0.0, 0.1]],
+                           records_in=7)
+    merged.merge(WorkerMetrics(bins_out=1, keys_out=5, export_s=0.25,
+                               export_spans=[[2, 0.1, 0.2]], records_in=9))
+    assert (merged.bins_out, merged.keys_out, merged.export_s) == (3, 15, 0.75)
+    assert merged.export_spans == [[1, 0.0, 0.1], [2, 0.1, 0.2]] and merged.records_in == 9

@@ -32,10 +32,11 @@ tell how much slower.
 
 So the policy moves more while there is slack, nothing while the pipeline is behind, and
 never lets a move push an epoch past its deadline by prediction -- except a bin that does not
-fit even into an epoch with full slack, which moves alone after ``patience`` such epochs and
-says so, and, if the pipeline stays behind for ``max_behind`` epochs in a row (the target cannot be
-met even without migrating, e.g. an overloaded pipeline that needs this very rescale), the
-smallest bin alone, so the plan still makes progress; both are logged as warnings.
+fit even into an epoch with full slack, which moves after ``patience`` such epochs with the
+bins the slack holds (over by a moving job's fixed cost once) and says so, and, if the
+pipeline stays behind for ``max_behind`` epochs in a row (the target is missed even without
+migrating: an overloaded pipeline that needs this very rescale), the smallest bin alone, so
+the plan still makes progress; both are logged as warnings.
 
 Relief per second of transfer: when the per-bin load is known (``bin_records``), a pipeline
 that is behind needs the moves that shrink its backlog fastest per second of transfer. An epoch
@@ -88,12 +89,13 @@ class StepDecision:
 
     ``action``: ``warm-up`` (too few epochs measured), ``behind`` (no slack: nothing moves),
     ``probe`` (no transfer measured yet: the smallest bin alone), ``fit`` (moves that fit),
-    ``wait`` (slack, but no remaining bin fits yet), ``oversized`` (a bin larger than the
-    whole budget, moved alone after ``patience`` waits) or ``stalled`` (behind for
-    ``max_behind`` epochs in a row: the smallest bin alone), ``compaction`` (every remaining
-    move goes to a worker whose store still owes more than ``max_compaction_debt`` bytes of
-    compaction: nothing moves until it catches up) or ``prepare`` (before the probe, no bin
-    written ahead yet where stores write them: up to ``ahead_wait`` epochs to write one).
+    ``wait`` (slack, but no remaining bin fits yet), ``oversized`` (a bin over the whole
+    budget, moved after ``patience`` waits with the bins the slack holds) or ``stalled``
+    (behind for ``max_behind`` epochs in a row: the smallest bin alone), ``compaction``
+    (every remaining move goes to a worker whose store still owes more than
+    ``max_compaction_debt`` bytes of compaction: nothing moves until it catches up) or
+    ``prepare`` (before the probe, no bin written ahead yet where stores write them: up to
+    ``ahead_wait`` epochs to write one).
     """
 
     epoch: int
@@ -118,13 +120,14 @@ class DeadlinePolicy:
     first to fill small slack), ``largest``, ``smallest``, ``hottest`` (most recent records
     first), ``relief`` (most records off the busiest worker per second of transfer first,
     see the module) or a callable ``key(move, view)``. ``patience``: epochs with slack but
-    nothing fitting before an oversized bin moves alone. ``max_behind``: epochs behind in a row
-    before one bin moves anyway (the most relief per second when the load is known, else the
-    smallest; ``None``: never). ``window``: epochs the cost model learns from;
-    ``min_history``: epochs measured before the first move. ``max_compaction_debt``: a worker
-    whose store reports more pending compaction bytes than this receives no bins until its
-    background compactions catch up (``None``: no limit), so installs never pile work onto a
-    store whose compactions would then compete with the epochs for the CPU.
+    nothing fitting before an oversized bin moves (with the bins the slack holds).
+    ``max_behind``: epochs behind in a row before one bin moves anyway (the most relief per
+    second when the load is known, else the smallest; ``None``: never). ``window``: epochs
+    the cost model learns from; ``min_history``: epochs measured before the first move.
+    ``max_compaction_debt``: a worker whose store reports more pending compaction bytes than
+    this receives no bins until its background compactions catch up (``None``: no limit), so
+    installs never pile work onto a store whose compactions would then compete with the
+    epochs for the CPU.
     ``max_l0_files``: likewise, a worker receives at most as many bins in an epoch as its store
     lacks level-0 files to this many (``None``: no limit). The cheapest single move, which the
     probe, a stall and an oversized wait make, is a bin written ahead where there is one
@@ -165,24 +168,17 @@ class DeadlinePolicy:
         if not isinstance(priority, str) and not callable(priority):
             raise PlanError(f"deadline policy: priority must be a name or a callable, got "
                             f"{priority!r}")
-        self.target_latency_s = float(target_latency_s)
-        self.margin = float(margin)
-        self.priority = priority
-        self.patience = patience
-        self.window = window
-        self.min_history = min_history
-        self.max_behind = max_behind
-        self.max_compaction_debt = max_compaction_debt
-        self.max_l0_files = max_l0_files
-        self.ahead_wait = ahead_wait
+        self.target_latency_s, self.margin = float(target_latency_s), float(margin)
+        self.priority, self.patience, self.window = priority, patience, window
+        self.min_history, self.max_behind, self.ahead_wait = min_history, max_behind, ahead_wait
+        self.max_compaction_debt, self.max_l0_files = max_compaction_debt, max_l0_files
         self.spec: dict[str, Any] = {
             "name": "deadline", "target_latency_s": self.target_latency_s, "margin": self.margin,
             "priority": priority if isinstance(priority, str) else "custom", **counts}
         self.decisions: deque[StepDecision] = deque(maxlen=10_000)
         self.model: CostModel | None = None
         self.calibration = 1.0
-        self._starved = 0
-        self._behind = 0
+        self._starved = self._behind = 0
         self._ahead: frozenset[int] = frozenset()  # bins written ahead at the last commit
         self._probed: int | None = None  # the first probe's epoch: not learned from
         self._prepared = 0  # epochs the probe waited for a bin written ahead
@@ -282,17 +278,8 @@ class DeadlinePolicy:
                 cap = max(1, last // 2)
                 note = (f"a store is compacting: at most {cap} bins until "
                         f"{cost_model.REGIME_EPOCHS} moving epochs are measured while it does")
-        for move in self._order(view, model, base, size, budget, par):
-            if cap is not None and len(chosen) >= cap:
-                break
-            if room.get(move.dst, 1) <= 0:
-                continue
-            trial = self._with(model, work, move, size[move], view)
-            if self._fits(self._predict(model, trial, par), budget):
-                work = trial
-                chosen.append(move)
-                if move.dst in room:
-                    room[move.dst] -= 1
+        work = self._fill(view, model, base, size, budget, par, chosen, work, room, cap,
+                          lambda predicted: self._fits(predicted, budget))
         if chosen:
             self._starved = 0
             return self._decide(view, "fit", chosen, self._predict(model, work, par), budget,
@@ -306,11 +293,38 @@ class DeadlinePolicy:
                                 f"(x{self.margin:g} margin); waiting {self._starved}/"
                                 f"{self.patience}")
         self._starved = 0
-        note = (f"bin {smallest.bin} ({size[smallest]:,} bytes) is predicted to take "
-                f"{alone:.2f} s x{self.margin:g} margin, over the {budget:.2f} s budget even "
-                f"with full slack; moving it alone after {self.patience} epochs")
+        # What no slack holds (a moving job's fixed cost) is paid once; the slack takes more.
+        forced, slack = [smallest], max(0.0, budget / self.margin - idle)
+        if smallest.dst in room:
+            room[smallest.dst] -= 1
+        work = self._fill(view, model, base, size, budget, par, forced, self._with(
+            model, base, smallest, size[smallest], view), room, cap,
+            lambda predicted: predicted <= alone + slack + EPSILON_S)
+        more = f"with {len(forced) - 1} more bins (slack {slack:.2f} s)" if forced[1:] else "alone"
+        note = (f"bin {smallest.bin} ({size[smallest]:,} bytes) is predicted to take {alone:.2f} "
+                f"s x{self.margin:g} margin, over the {budget:.2f} s budget even with full "
+                f"slack; moving it {more} after {self.patience} epochs")
         log.warning("deadline policy, epoch %d: %s", view.epoch, note)
-        return self._decide(view, "oversized", [smallest], alone, budget, note)
+        return self._decide(view, "oversized", forced, self._predict(model, work, par), budget,
+                            note)
+
+    def _fill(self, view: EpochView, model: CostModel, base: Work, size: Mapping[Move, int],
+              budget: float, par: Slots, chosen: list[Move], work: Work,
+              room: dict[int, int], cap: int | None, fits: Callable[[float], bool]) -> Work:
+        """Add to ``chosen`` (and ``work``, returned) the moves, in :meth:`_order`, whose epoch
+        still ``fits``: at most ``cap`` in all, none to a receiver out of level-0 ``room``."""
+        for move in self._order(view, model, base, size, budget, par):
+            if cap is not None and len(chosen) >= cap:
+                break
+            if move in chosen or room.get(move.dst, 1) <= 0:
+                continue
+            trial = self._with(model, work, move, size[move], view)
+            if fits(self._predict(model, trial, par)):
+                work = trial
+                chosen.append(move)
+                if move.dst in room:
+                    room[move.dst] -= 1
+        return work
 
     def _fits(self, predicted: float, budget: float) -> bool:
         """Whether ``predicted`` seconds, with the margin, stay within ``budget``."""

@@ -43,6 +43,9 @@ class AheadWishes:
 
     bins: list[int] = field(default_factory=list)
     min_bytes: int = 1
+    #: Bins leaving the worker in the epoch just committed, whose files written ahead stay
+    #: for receivers that pull them yet (docs/transfer.md); none are written anew.
+    leaving: list[int] = field(default_factory=list)
     open_until: float = 0.0
     starts: deque[float] = field(default_factory=lambda: deque(maxlen=PACE_STARTS))
 
@@ -67,11 +70,18 @@ class AheadWishes:
         due = starts[-1] + spacing
         return due - DUE_LEAD * spacing <= now < due + spacing / 2
 
-    def committed(self, bins: Iterable[int] | None, min_bytes: int) -> None:
-        """The epoch committed; ``bins`` (``None``: unchanged) are the next to write."""
+    def committed(self, bins: Iterable[int] | None, min_bytes: int,
+                  leaving: Iterable[int] | None = None) -> None:
+        """The epoch committed; ``bins`` (``None``: unchanged) are the next to write, and the
+        files of ``leaving`` bins are kept, not written."""
         self.open_until = 0.0
+        self.leaving = [int(b) for b in leaving or ()]
         if bins is not None:
             self.bins, self.min_bytes = [int(b) for b in bins], max(1, int(min_bytes))
+
+    def kept(self) -> list[int]:
+        """The bins whose files written ahead stay: those to write and those leaving."""
+        return [*self.bins, *self.leaving]
 
 
 class AheadWriter:
@@ -117,7 +127,7 @@ class AheadWriter:
                 if not backend.supports_bin_files or backend.read_only:
                     continue
                 wishes: AheadWishes = entry.ahead
-                backend.forget_ahead(wishes.bins)
+                backend.forget_ahead(wishes.kept())
                 job = next((j for b in wishes.bins
                             if (j := backend.start_ahead(b, wishes.min_bytes)) is not None), None)
             if job is None:
@@ -131,7 +141,7 @@ class AheadWriter:
                             backend.path, exc)
                 with entry.lock:
                     wishes.bins = [b for b in wishes.bins if b != job.entry.bin]
-                    backend.forget_ahead(wishes.bins)
+                    backend.forget_ahead(wishes.kept())
                 return False
             with entry.lock:
                 backend.finish_ahead(job, path)

@@ -266,17 +266,19 @@ class RemoteStore:
     def commit(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes | None],
                old: Sequence[bytes | None], outputs: bytes, installed: Sequence[int],
                run: str = "", group_start: int | None = None,
-               ahead: Sequence[int] | None = None, ahead_min_bytes: int = 1) -> dict[str, Any]:
+               ahead: Sequence[int] | None = None, ahead_min_bytes: int = 1,
+               leaving: Sequence[int] = ()) -> dict[str, Any]:
         """The epoch's atomic write; returns its duration, the store's health figures, the
         bins written ahead (``ahead``) and the application's ``token`` (also in :attr:`token`).
         ``group_start``: as in :meth:`begin`. ``ahead``: the bins the worker is to send next,
         in order, which the service writes ahead while idle if they hold at least
-        ``ahead_min_bytes`` (docs/transfer.md; ``None``: as before)."""
+        ``ahead_min_bytes`` (docs/transfer.md; ``None``: as before); ``leaving``: bins leaving
+        at this epoch, whose files written ahead stay for receivers that pull them."""
         reply = self._call("commit", lease=self.lease, epoch=epoch, keys=list(keys),
                            values=list(values), old=list(old), outputs=outputs,
                            installed=list(installed), run=run, group_start=group_start,
                            ahead=None if ahead is None else list(ahead),
-                           ahead_min_bytes=ahead_min_bytes)
+                           ahead_min_bytes=ahead_min_bytes, leaving=list(leaving))
         self.token = reply["token"]
         return reply
 

@@ -378,10 +378,11 @@ class StoreService:
                                        req["outputs"], req["installed"], req.get("run", ""),
                                        req.get("group_start"))
             seconds = time.perf_counter() - started
-            entry.ahead.committed(req.get("ahead"), req.get("ahead_min_bytes", 1))
+            entry.ahead.committed(req.get("ahead"), req.get("ahead_min_bytes", 1),
+                                  req.get("leaving"))
             backend, ahead, pending = entry.store.backend, [], None
             if backend.supports_bin_files:
-                backend.forget_ahead(entry.ahead.bins)  # those no longer named go now
+                backend.forget_ahead(entry.ahead.kept())  # those no longer named go now
                 ahead = backend.ahead_bins()
                 if req.get("ahead") is not None:  # None: rows only, nothing written ahead
                     pending = backend.ahead_pending(entry.ahead.bins, entry.ahead.min_bytes)
@@ -392,17 +393,17 @@ class StoreService:
 
     def _export(self, sock: socket.socket, req: dict[str, Any], owner) -> None:
         """Stream bins as ``(k, v)`` chunks; with ``file_min_bytes`` (and a backend that can),
-        each bin of at least that many bytes goes as one file instead (its descriptor). With
-        ``keep`` (and a listener), a file stays here for the receiver's home to pull
-        (:mod:`~megaphone.state_backends.handoff`): its reference goes instead."""
+        a bin of that many bytes as one file (its descriptor); with ``keep`` (and a listener),
+        kept here for the receiver's home to pull (:mod:`.handoff`): its reference instead."""
         entry, min_bytes = self.entry(req, owner), req.get("file_min_bytes")
         current = req.get("current")
         source = self.network.address if self.network is not None and req.get("keep") and \
             isinstance(current, int) and isinstance(req.get("worker"), int) else None
         link = bool(req.get("link")) and isinstance(current, int)
         with entry.lock:
-            entry.ahead.opened()
             self._catch_up(entry, req)
+            if not isinstance(current, int) or entry.store.epoch < current:  # yet to run here
+                entry.ahead.opened()
             backend = entry.store.backend
             if min_bytes is None or not backend.supports_bin_files:
                 _send_chunks(sock, backend, req["bins"], req["chunk_bytes"])

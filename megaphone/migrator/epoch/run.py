@@ -43,6 +43,7 @@ from megaphone.migrator.statedir.faults import crash_point
 from megaphone.migrator.statedir.inbox import PlanInbox
 from megaphone.migrator.task.columns import LABEL
 from megaphone.migrator.task.spec import EpochSpec, with_labels
+from megaphone.migrator.task.transfer import receivers_pull
 from megaphone.migrator.task.updates import Update
 from megaphone.migrator.trace import epoch_trace, take_marks, trace_enabled
 from megaphone.operators.process import watermark
@@ -354,6 +355,8 @@ class EpochRun:
             run_id=holder.run_id,
             ahead=holder.plans.upcoming(AHEAD_BINS),
             started_at=started,
+            pull_exports=receivers_pull(self.driver.local_slots, holder.state_dir.manifest,
+                                        config.transfer),
             **fields,
             **self.driver.hot.spec_fields(update, layout, self.driver.task_slots or 1),
         )

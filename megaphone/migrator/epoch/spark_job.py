@@ -1,7 +1,8 @@
 """The Spark side of an epoch: one job that routes records, ships moving state and applies.
 
 The map side gives records their bin and worker in the JVM and the old owners export moving
-bins (:func:`~megaphone.migrator.task.state_operator.export_worker`); one shuffle
+bins (:func:`~megaphone.migrator.task.state_operator.export_worker`; on one host the receivers
+read them in their own tasks instead, ``EpochSpec.pull_exports``); one shuffle
 (``repartitionById``) brings both to partition ``w`` = worker ``w``, whose task
 (:func:`~megaphone.migrator.task.state_operator.apply_worker`) returns its outputs and reports
 in the job's results, not through a shared filesystem.
@@ -134,7 +135,7 @@ def epoch_job(spark: SparkSession, batch: DataFrame, map_side: list[Column], spe
                                   for f in spec.shuffle_schema])
     if spec.split_keys:  # in a group, per key and epoch label
         routed = split_hot(routed, spec, spark_shuffle)
-    senders = sorted(spec.outgoing)
+    senders = [] if spec.pull_exports else sorted(spec.outgoing)
     if senders:
         exports = spark.range(0, len(senders), 1, len(senders)).mapInArrow(
             functools.partial(_export_task, spec, senders), spark_shuffle)

@@ -115,8 +115,11 @@ class Commit:
         return commit
 
     def to_dict(self) -> dict[str, Any]:
-        """The commit record as ``commit.json`` holds it."""
-        return {**dataclasses.asdict(self), "stream": self.stream.to_dict()}
+        """The commit record as ``commit.json`` holds it: the fields themselves, not copies
+        (it is written out at once; ``dataclasses.asdict`` deep-copied every plan's moves, 8-30
+        ms a commit while a fluid plan of 200 bins was in flight)."""
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                "stream": self.stream.to_dict()}
 
     def worker_tokens(self) -> dict[int, str]:
         """``tokens`` by worker number."""

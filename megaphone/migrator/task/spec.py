@@ -91,6 +91,10 @@ class EpochSpec:
     #: When the driver started the epoch (``time.time()``; 0 unknown): store services learn
     #: the epochs' rhythm from it and write no bins ahead when the next is due.
     started_at: float = 0.0
+    #: Whether each receiver reads the bins it installs from their senders' stores in its own
+    #: task (docs/transfer.md, "Receivers that pull"), instead of export tasks before the
+    #: shuffle: on one host, without a checkpoint location.
+    pull_exports: bool = False
 
     @property
     def grouped(self) -> bool:

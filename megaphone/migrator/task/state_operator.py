@@ -10,6 +10,7 @@ are one atomic store write, and a replay re-emits the stored outputs (docs/worke
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Generator, Iterator
 
@@ -115,6 +116,16 @@ def export_worker(spec: EpochSpec, sender: int) -> Iterator[pa.RecordBatch]:
     yield from export_rows(spec, sender, open_store(spec, sender) if has_state else None)
 
 
+def pulled_exports(spec: EpochSpec, receiver: int) -> Iterator[pa.RecordBatch]:
+    """The shuffle rows :func:`export_worker` would send ``receiver``, read by its own task
+    from each sender's store (``spec.pull_exports``: docs/transfer.md, "Receivers that pull"),
+    each sender's report (of the bins it sends ``receiver``) last."""
+    for sender in sorted(spec.outgoing):
+        mine = tuple(move for move in spec.outgoing[sender] if move[1] == receiver)
+        if mine:
+            yield from export_worker(dataclasses.replace(spec, outgoing={sender: mine}), sender)
+
+
 def apply_worker(
     spec: EpochSpec, worker: int, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
@@ -148,6 +159,7 @@ def apply_worker(
                                 group_start=group_start, started=spec.started_at)
     metrics.begin_s = time.perf_counter() - t0
     marks["begun"] = time.time()
+    pulled = _pull(spec, worker, incoming, timed)  # a replay's too: its senders report alike
     metrics.restored = store.restored
     metrics.remote, metrics.address = store.remote or None, store.address
     metrics.service = store.host_service()
@@ -158,7 +170,7 @@ def apply_worker(
         t0, waited = time.perf_counter(), timed.waiting
         metrics.install_method = arrivals.install(store, timed, incoming)
         metrics.install_s = time.perf_counter() - t0 - (timed.waiting - waited)
-        marks["installed"], marks["install_wait"] = time.time(), timed.waiting - waited
+        marks["installed"], marks["install_wait"] = time.time(), timed.waiting - waited + pulled
         crash_point("install", spec.epoch, spec.local_dir)
         records = arrivals.records
     else:  # replayed: the state rows that came again are not installed, records and partials are
@@ -178,6 +190,17 @@ def apply_worker(
         own = WorkerReport(worker, metrics).to_json()
         extra = timed.export_reports if i == 0 else []
         yield _tagged(spec, report_rows(schema, [own, *extra], load), sub.epoch)
+
+
+def _pull(spec: EpochSpec, worker: int, incoming: tuple[int, ...], timed: TimedInput
+          ) -> float:
+    """Where receivers pull (:func:`pulled_exports`), read this worker's arriving bins now,
+    as waiting for input (before its install's stream, with which they share a connection);
+    the seconds it took."""
+    waited = timed.waiting
+    if spec.pull_exports and incoming:
+        timed.pull(pulled_exports(spec, worker))
+    return timed.waiting - waited
 
 
 def _epochs(spec: EpochSpec, table: pa.Table) -> Iterator[tuple[EpochSpec, pa.Table]]:
@@ -262,7 +285,9 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     health = store.commit(spec.epoch, keys, values, old, batch_to_ipc(outputs), incoming,
                           spec.run_id, group_start,
                           ahead=spec.ahead.get(worker, ()) if min_bytes is not None else None,
-                          ahead_min_bytes=max(1, min_bytes or 0))
+                          ahead_min_bytes=max(1, min_bytes or 0),
+                          leaving=[b for b, _ in spec.outgoing.get(worker, ())]
+                          if spec.pull_exports else ())
     metrics.ahead_bins = health.get("ahead") or None
     metrics.ahead_pending = health.get("ahead_pending")
     metrics.commit_s = time.perf_counter() - t0

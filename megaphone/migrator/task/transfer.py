@@ -6,9 +6,11 @@ rows or as parts of a whole-bin SST file, or with homes as a file's reference
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import msgpack
 import pyarrow as pa
@@ -97,6 +99,18 @@ def export_rows(spec: EpochSpec, sender: int, store: RemoteStore | None
         report = WorkerReport(sender, metrics, bytes_by_bin).to_json()
         yield rows(schema, 1, {WORKER: pa.array([min(dst for _, dst in moves)], pa.int32()),
                                EXPORT_REPORT: pa.array([report])}, RowKind.EXPORT_REPORT)
+
+
+def receivers_pull(local_slots: int | None, manifest: Mapping[str, Any], transfer: str
+                   ) -> bool:
+    """Whether an epoch's receivers read the bins they install from their senders' stores in
+    their own tasks, with no export tasks before the shuffle (docs/transfer.md, "Receivers that
+    pull"): when every task runs on the driver's host (a local master, ``local_slots``), every
+    store is in the state directory (no checkpoint location in ``manifest``) and bins go as
+    files where they can (a RocksDB store, ``transfer`` not ``"rows"``), so that what a
+    receiver reads at once is file references and bins under the file threshold."""
+    return local_slots is not None and not manifest.get("checkpoint") and \
+        manifest.get("backend") == "rocksdb" and transfer != "rows"
 
 
 def links_within(spec: EpochSpec) -> bool:
@@ -263,6 +277,15 @@ class TimedInput:
         self._it = iter(batches)
         self.waiting = 0.0
         self.export_reports: list[str] = []
+
+    def pull(self, batches: Iterable[pa.RecordBatch]) -> None:
+        """Read ``batches`` now, timed as waiting for input, and yield them first: the moving
+        state a receiver pulls (docs/transfer.md, "Receivers that pull"); bin files go as
+        references, so only bins under the file threshold come as rows."""
+        t0 = time.perf_counter()
+        pulled = list(batches)
+        self.waiting += time.perf_counter() - t0
+        self._it = itertools.chain(pulled, self._it)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         while True:
