@@ -21,8 +21,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from epoch_floor import epoch_frame
 
 import megaphone
 from megaphone.migrator.epoch import run as epoch_run
@@ -32,6 +36,7 @@ PULL = epoch_run.receivers_pull
 
 
 def main() -> None:
+    """Parse the options, run both pipelines epoch by epoch, print the medians."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bins", type=int, default=4096)
     p.add_argument("--keys", type=int, default=1_000_000)
@@ -40,14 +45,7 @@ def main() -> None:
     p.add_argument("--per-epoch", type=int, default=2)
     p.add_argument("--quiet", type=int, default=10)
     args = p.parse_args()
-    from pyspark.sql import functions as F
-
     spark = spark_session("local[2]", "pull-exports")
-
-    def frame(e: int, n: int):
-        return spark.range(e * n, (e + 1) * n, 1, 2).select(
-            F.pmod(F.xxhash64("id"), F.lit(args.keys)).alias("key"))
-
     tmp = tempfile.mkdtemp(prefix="pull-exports-")
     pipes = {name: megaphone.Pipeline(spark, f"{tmp}/{name}", key="key", update="count",
                                       workers=4, num_bins=args.bins, backend="rocksdb")
@@ -57,7 +55,7 @@ def main() -> None:
     def epoch(name: str, e: int, n: int, phase: str) -> None:
         epoch_run.receivers_pull = PULL if name == "pull" else (lambda *a: False)
         t0 = time.perf_counter()
-        pipes[name].process_arrow(frame(e, n))
+        pipes[name].process_arrow(epoch_frame(spark, e, n, args.keys))
         times.setdefault((name, phase), []).append(time.perf_counter() - t0)
 
     for e in range(4):  # load: every key once
@@ -74,7 +72,7 @@ def main() -> None:
     for pipe in pipes.values():
         pipe.migrate(megaphone.MigrationPlan.from_moves(pipe.routing, steps))
     e = 4 + args.quiet
-    for _ in steps:
+    for _ in tqdm(steps, desc="moving epochs", leave=False):
         for name in order if e % 2 else order[::-1]:
             epoch(name, e, args.records, "moving")
         e += 1
@@ -88,6 +86,7 @@ def main() -> None:
               f"({len(times[('pull', phase)])} epochs each)")
     for pipe in pipes.values():
         pipe.close()
+    epoch_run.receivers_pull = PULL
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ class EpochSpec:
     started_at: float = 0.0
     #: Whether each receiver reads the bins it installs from their senders' stores in its own
     #: task (docs/transfer.md, "Receivers that pull"), instead of export tasks before the
-    #: shuffle: on one host, without a checkpoint location.
+    #: shuffle (when: :func:`~megaphone.migrator.task.transfer.receivers_pull`).
     pull_exports: bool = False
 
     @property

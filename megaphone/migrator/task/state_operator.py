@@ -197,10 +197,7 @@ def _pull(spec: EpochSpec, worker: int, incoming: tuple[int, ...], timed: TimedI
     """Where receivers pull (:func:`pulled_exports`), read this worker's arriving bins now,
     as waiting for input (before its install's stream, with which they share a connection);
     the seconds it took."""
-    waited = timed.waiting
-    if spec.pull_exports and incoming:
-        timed.pull(pulled_exports(spec, worker))
-    return timed.waiting - waited
+    return timed.pull(pulled_exports(spec, worker)) if spec.pull_exports and incoming else 0.0
 
 
 def _epochs(spec: EpochSpec, table: pa.Table) -> Iterator[tuple[EpochSpec, pa.Table]]:

@@ -278,14 +278,16 @@ class TimedInput:
         self.waiting = 0.0
         self.export_reports: list[str] = []
 
-    def pull(self, batches: Iterable[pa.RecordBatch]) -> None:
+    def pull(self, batches: Iterable[pa.RecordBatch]) -> float:
         """Read ``batches`` now, timed as waiting for input, and yield them first: the moving
         state a receiver pulls (docs/transfer.md, "Receivers that pull"); bin files go as
-        references, so only bins under the file threshold come as rows."""
+        references, so only bins under the file threshold come as rows. The seconds it took."""
         t0 = time.perf_counter()
         pulled = list(batches)
-        self.waiting += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.waiting += seconds
         self._it = itertools.chain(pulled, self._it)
+        return seconds
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         while True:
