@@ -55,13 +55,13 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from megaphone.plans import cost_model
 from megaphone.plans.cost_model import APPLY, EXPORT, CostModel, Slots, Work
 from megaphone.plans.plan import PlanError
-from megaphone.plans.policy import EpochView, register_policy
+from megaphone.plans.policy import EpochView, StepDecision, register_policy
 from megaphone.plans.relief import relief_first
 from megaphone.routing.table import Move
 
@@ -81,31 +81,6 @@ _COUNT_MIN = {"patience": 1, "window": 1, "min_history": 1, "max_behind": 1,
 _OPTIONAL = {"max_behind", "max_compaction_debt", "max_l0_files"}
 PRIORITIES = ("auto", "largest", "smallest", "hottest", "relief")
 """Built-in orders in which the deadline policy tries bins (see :class:`DeadlinePolicy`)."""
-
-
-@dataclass(frozen=True)
-class StepDecision:
-    """What the deadline policy did before one epoch, and why (see ``DeadlinePolicy.decisions``).
-
-    ``action``: ``warm-up`` (too few epochs measured), ``behind`` (no slack: nothing moves),
-    ``probe`` (no transfer measured yet: the smallest bin alone), ``fit`` (moves that fit),
-    ``wait`` (slack, but no remaining bin fits yet), ``oversized`` (a bin over the whole
-    budget, moved after ``patience`` waits with the bins the slack holds) or ``stalled``
-    (behind for ``max_behind`` epochs in a row: the smallest bin alone), ``compaction``
-    (every remaining move goes to a worker whose store still owes more than
-    ``max_compaction_debt`` bytes of compaction: nothing moves until it catches up) or
-    ``prepare`` (before the probe, no bin written ahead yet where stores write them: up to
-    ``ahead_wait`` epochs to write one).
-    """
-
-    epoch: int
-    action: str
-    bins: int
-    bytes: int
-    predicted_s: float
-    budget_s: float
-    note: str = ""
-    calibration: float = 1.0
 
 
 Priority = Callable[[Move, EpochView], Any]
@@ -131,7 +106,8 @@ class DeadlinePolicy:
     ``max_l0_files``: likewise, a worker receives at most as many bins in an epoch as its store
     lacks level-0 files to this many (``None``: no limit). The cheapest single move, which the
     probe, a stall and an oversized wait make, is a bin written ahead where there is one
-    (docs/transfer.md), else the smallest; ``ahead_wait``: epochs the probe waits for one
+    (docs/transfer.md), else the smallest; until an export is measured, only bins written
+    ahead move, then the smallest other alone; ``ahead_wait``: epochs the probe waits for one
     where the stores write bins ahead (a plan's first epoch names the bins, its idle time
     writes them, the next commit reports them; after the first, only while some are still
     to write). An epoch moves at most twice the most bins an epoch of the ``window`` moved
@@ -182,6 +158,7 @@ class DeadlinePolicy:
         self._ahead: frozenset[int] = frozenset()  # bins written ahead at the last commit
         self._probed: int | None = None  # the first probe's epoch: not learned from
         self._prepared = 0  # epochs the probe waited for a bin written ahead
+        self._export_probed = False  # a bin not written ahead moved to measure its export
         self._idle_s = 0.0  # the model's epoch without moves, for this decision
 
     @classmethod
@@ -267,6 +244,18 @@ class DeadlinePolicy:
             work = self._with(model, base, smallest, size[smallest], view)
             return self._decide(view, "probe", [smallest], self._predict(model, work, par),
                                 budget, "no transfer measured yet: the smallest bin alone")
+        if not model.export_s_per_byte and not self._export_probed:
+            # Every bin moved so far was written ahead: a bin that is not costs an export never
+            # measured (0 s to the model), so only bins written ahead move, until one that is
+            # not has moved alone.
+            ahead = tuple(m for m in view.remaining if m.bin in self._ahead)
+            if not ahead:
+                self._export_probed = True
+                lone = min(view.remaining, key=lambda m: (size[m], m))
+                work = self._with(model, base, lone, size[lone], view)
+                return self._decide(view, "probe", [lone], self._predict(model, work, par),
+                                    budget, "no export measured yet: the smallest bin alone")
+            view = replace(view, remaining=ahead)
         chosen: list[Move] = []
         work = dict(base)
         room = cost_model.l0_room(view.history, self.max_l0_files)

@@ -62,6 +62,32 @@ class EpochView:
     host_slots: Mapping[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class StepDecision:
+    """What the deadline policy did before one epoch, and why (``DeadlinePolicy.decisions``).
+
+    ``action``: ``warm-up`` (too few epochs measured), ``behind`` (no slack: nothing moves),
+    ``probe`` (no transfer measured yet, or only of bins written ahead: the smallest bin
+    alone), ``fit`` (moves that fit),
+    ``wait`` (slack, but no remaining bin fits yet), ``oversized`` (a bin over the whole
+    budget, moved after ``patience`` waits with the bins the slack holds) or ``stalled``
+    (behind for ``max_behind`` epochs in a row: the smallest bin alone), ``compaction``
+    (every remaining move goes to a worker whose store still owes more than
+    ``max_compaction_debt`` bytes of compaction: nothing moves until it catches up) or
+    ``prepare`` (before the probe, no bin written ahead yet where stores write them: up to
+    ``ahead_wait`` epochs to write one).
+    """
+
+    epoch: int
+    action: str
+    bins: int
+    bytes: int
+    predicted_s: float
+    budget_s: float
+    note: str = ""
+    calibration: float = 1.0
+
+
 MigrationPolicy = Callable[[EpochView], Iterable[Move]]
 """A policy: given the view before an epoch, the moves (a subset of ``remaining``) to start."""
 
@@ -250,6 +276,7 @@ __all__ = [
     "Fluid",
     "MigrationPolicy",
     "PolicyFactory",
+    "StepDecision",
     "checked_choice",
     "drive",
     "plan_policy",
