@@ -68,9 +68,9 @@ class StepDecision:
 
     ``action``: ``warm-up`` (too few epochs measured), ``behind`` (no slack: nothing moves),
     ``probe`` (no transfer measured yet, or only of bins written ahead: the smallest bin
-    alone), ``fit`` (moves that fit),
-    ``wait`` (slack, but no remaining bin fits yet), ``oversized`` (a bin over the whole
-    budget, moved after ``patience`` waits with the bins the slack holds) or ``stalled``
+    alone), ``fit`` (moves that fit), ``wait`` (slack, but no remaining bin fits yet),
+    ``oversized`` (a bin over the whole budget, moved after ``patience`` waits with the bins
+    the slack holds) or ``stalled``
     (behind for ``max_behind`` epochs in a row: the smallest bin alone), ``compaction``
     (every remaining move goes to a worker whose store still owes more than
     ``max_compaction_debt`` bytes of compaction: nothing moves until it catches up) or
