@@ -227,8 +227,8 @@ class DeadlinePolicy:
             note = (f"behind for {self.max_behind} epochs in a row (the target is missed even "
                     f"without migrating); moving {why} bin {forced.bin} alone")
             log.warning("deadline policy, epoch %d: %s", view.epoch, note)
-            work = self._with(model, base, forced, size[forced], view)
-            return self._decide(view, "stalled", [forced], self._predict(model, work, par),
+            return self._decide(view, "stalled", [forced],
+                                self._alone_s(model, base, forced, size, view, par),
                                 budget, note)
         self._behind = 0
         if model.transfers_seen == 0:
@@ -241,19 +241,18 @@ class DeadlinePolicy:
                                     f"no bin written ahead yet: waiting {self._prepared}/"
                                     f"{self.ahead_wait} before the probe")
             self._probed = view.epoch if self._probed is None else self._probed
-            work = self._with(model, base, smallest, size[smallest], view)
-            return self._decide(view, "probe", [smallest], self._predict(model, work, par),
-                                budget, "no transfer measured yet: the smallest bin alone")
+            return self._decide(view, "probe", [smallest],
+                                self._alone_s(model, base, smallest, size, view, par), budget,
+                                "no transfer measured yet: the smallest bin alone")
         if not model.export_s_per_byte and not self._export_probed:
             # Every bin moved so far was written ahead: a bin that is not costs an export never
             # measured (0 s to the model), so only bins written ahead move, until one that is
             # not has moved alone.
             ahead = tuple(m for m in view.remaining if m.bin in self._ahead)
-            if not ahead:
+            if not ahead:  # so ``smallest`` is the smallest bin, none being written ahead
                 self._export_probed = True
-                lone = min(view.remaining, key=lambda m: (size[m], m))
-                work = self._with(model, base, lone, size[lone], view)
-                return self._decide(view, "probe", [lone], self._predict(model, work, par),
+                return self._decide(view, "probe", [smallest],
+                                    self._alone_s(model, base, smallest, size, view, par),
                                     budget, "no export measured yet: the smallest bin alone")
             view = replace(view, remaining=ahead)
         chosen: list[Move] = []
@@ -274,8 +273,7 @@ class DeadlinePolicy:
             return self._decide(view, "fit", chosen, self._predict(model, work, par), budget,
                                 note)
         self._starved += 1
-        alone = self._predict(model, self._with(model, base, smallest, size[smallest], view),
-                              par)
+        alone = self._alone_s(model, base, smallest, size, view, par)
         if self._starved < self.patience:
             return self._decide(view, "wait", [], idle, budget,
                                 f"smallest remaining bin {smallest.bin} needs {alone:.2f} s "
@@ -332,6 +330,11 @@ class DeadlinePolicy:
         return {m: round(1e6 * (model.export_s(m.src, 0 if m.bin in self._ahead else size[m])
                                 + model.install_s(m.dst, size[m])))
                 for m in view.remaining}
+
+    def _alone_s(self, model: CostModel, base: Work, move: Move, size: Mapping[Move, int],
+                 view: EpochView, par: Slots) -> float:
+        """The predicted epoch with ``move`` its only move."""
+        return self._predict(model, self._with(model, base, move, size[move], view), par)
 
     def _with(self, model: CostModel, work: Work, move: Move, nbytes: int,
               view: EpochView) -> dict[tuple[int, int], float]:

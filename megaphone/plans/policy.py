@@ -70,11 +70,10 @@ class StepDecision:
     ``probe`` (no transfer measured yet, or only of bins written ahead: the smallest bin
     alone), ``fit`` (moves that fit), ``wait`` (slack, but no remaining bin fits yet),
     ``oversized`` (a bin over the whole budget, moved after ``patience`` waits with the bins
-    the slack holds) or ``stalled``
-    (behind for ``max_behind`` epochs in a row: the smallest bin alone), ``compaction``
-    (every remaining move goes to a worker whose store still owes more than
-    ``max_compaction_debt`` bytes of compaction: nothing moves until it catches up) or
-    ``prepare`` (before the probe, no bin written ahead yet where stores write them: up to
+    the slack holds) or ``stalled`` (behind for ``max_behind`` epochs in a row: the smallest
+    bin alone), ``compaction`` (every remaining move goes to a worker whose store still owes
+    more than ``max_compaction_debt`` bytes of compaction: nothing moves until it catches up)
+    or ``prepare`` (before the probe, no bin written ahead yet where stores write them: up to
     ``ahead_wait`` epochs to write one).
     """
 
