@@ -37,6 +37,10 @@ MIN_PACE_STARTS = 3
 #: The writer stops this share of the epochs' spacing before the next is due (an epoch's job
 #: first routes its records, so its first request here comes later than its start).
 DUE_LEAD = 0.1
+#: Exporters a service runs at most (one per core up to this): each holds its stores open,
+#: about 100 MB for a store of 250 M keys, and a worker is to send at most ``AHEAD_BINS``
+#: bins ahead anyway.
+MAX_EXPORTERS = 4
 
 
 @dataclass
@@ -92,13 +96,14 @@ class AheadWriter:
     """Writes bins ahead for the stores ``entries()`` returns (objects with ``store``,
     ``lock`` and ``ahead``: :class:`AheadWishes`) while the service is not :meth:`busy`
     (``in_flight()``: requests being answered), ``exporters`` bins at a time (default: one per
-    core; a billion-key move's senders wrote 3.2 bins a second with one)."""
+    core, up to :data:`MAX_EXPORTERS`; a billion-key move's senders wrote 3.2 bins a second
+    with one)."""
 
     def __init__(self, entries: Callable[[], list[Any]], in_flight: Callable[[], int],
                  stopping: threading.Event, exporters: int | None = None) -> None:
         """A writer whose threads start on the first :meth:`wake`."""
         self._entries, self._in_flight, self._stopping = entries, in_flight, stopping
-        self._count = max(1, exporters or os.cpu_count() or 1)
+        self._count = max(1, exporters or min(MAX_EXPORTERS, os.cpu_count() or 1))
         self._wakes: list[threading.Event] = []
 
     def busy(self) -> bool:
@@ -161,5 +166,5 @@ class AheadWriter:
         return False
 
 
-__all__ = ["DUE_LEAD", "EPOCH_OPEN_S", "MIN_PACE_STARTS", "PACE_STARTS", "AheadWishes",
-           "AheadWriter"]
+__all__ = ["DUE_LEAD", "EPOCH_OPEN_S", "MAX_EXPORTERS", "MIN_PACE_STARTS", "PACE_STARTS",
+           "AheadWishes", "AheadWriter"]
