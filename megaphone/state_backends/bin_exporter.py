@@ -85,16 +85,20 @@ class BinExporter:
         proc, lines = self._started()
         self._send({"store": store, "token": token, "bin": int(b), "out": out})
         paused = False
-        while (reply := lines.next(POLL_S)) is None:
-            if lines.eof:
-                self.close()
-                raise ExporterError(f"the bin exporter exited (code {proc.wait()}) while "
-                                    f"writing bin {b} of {store}")
-            if pause() != paused:
-                paused = not paused
-                self._send(PAUSE if paused else RESUME)
-        if "error" in reply:
-            raise ExporterError(f"writing bin {b} of {store}: {reply['error']}")
+        try:
+            while (reply := lines.next(POLL_S)) is None:
+                if lines.eof:
+                    raise ExporterError(f"the bin exporter exited (code {proc.wait()}) while "
+                                        f"writing bin {b} of {store}")
+                if pause() != paused:
+                    paused = not paused
+                    self._send(PAUSE if paused else RESUME)
+        except BaseException:  # its reply would be taken for the next job's: it goes
+            self.close()
+            raise
+        if not isinstance(reply, dict) or "error" in reply:
+            why = reply.get("error") if isinstance(reply, dict) else f"the reply {reply!r}"
+            raise ExporterError(f"writing bin {b} of {store}: {why}")
         return int(reply["keys"])
 
     def close(self) -> None:
@@ -192,6 +196,8 @@ def main() -> None:
     if hasattr(os, "SCHED_IDLE") and hasattr(os, "sched_setscheduler"):
         with contextlib.suppress(OSError):
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    replies = os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # whatever else prints goes to the log
     commands = _Lines(sys.stdin.fileno())
     scratch = tempfile.mkdtemp(prefix="megaphone-exporter-")
     stores = _Stores(scratch)
@@ -213,7 +219,7 @@ def main() -> None:
                                                             job["out"], between)}
             except Exception as exc:  # the service logs it; the bin goes the usual way
                 reply = {"error": repr(exc)}
-            os.write(sys.stdout.fileno(), json.dumps(reply).encode() + b"\n")
+            os.write(replies, json.dumps(reply).encode() + b"\n")
     finally:
         stores.close()
         shutil.rmtree(scratch, ignore_errors=True)
