@@ -4,6 +4,7 @@ after it died."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -56,10 +57,11 @@ def test_the_exporter_sees_the_store_as_written_and_a_reopened_store_anew(tmp_pa
 
 
 def test_the_exporter_pauses_while_asked_and_then_finishes(tmp_path):
-    """While ``pause()`` is true the exporter stops between two chunks of keys: a bin of many
-    chunks is not done a second later; once it is false the file is written in full."""
+    """While ``pause()`` is true an exporter not in ``SCHED_IDLE`` stops between two chunks of
+    keys: a bin of many chunks is not done a second later; once it is false the file is
+    written in full."""
     store = filled(tmp_path / "s", {(3, k): k for k in range(40_000)})
-    exporter = BinExporter()
+    exporter = BinExporter(idle=False)
     hold = threading.Event()
     hold.set()
     result: list[str] = []
@@ -95,6 +97,20 @@ def test_a_failed_or_dead_exporter_raises_and_the_next_job_starts_it_again(tmp_p
             store.write_ahead(job, exporter)
         written(store, exporter, 2)
         assert store.ahead_bins() == [0, 2]
+    finally:
+        exporter.close()
+        store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE class")
+def test_an_idle_exporter_runs_in_sched_idle_and_is_never_paused(tmp_path):
+    """By default the exporter runs in ``SCHED_IDLE``, where any other process takes its core
+    at once: it writes its bin even while ``pause()`` says an epoch runs."""
+    store = filled(tmp_path / "s", {(3, k): k for k in range(20_000)})
+    exporter = BinExporter()
+    try:
+        written(store, exporter, 3, pause=lambda: True)
+        assert exporter.yields and os.sched_getscheduler(exporter._proc.pid) == os.SCHED_IDLE
     finally:
         exporter.close()
         store.close()

@@ -1,9 +1,10 @@
-"""The store service's writer of bins ahead (docs/transfer.md, "Bins written ahead"): while no
-epoch runs at the service, it writes the files of the bins its stores are to send next, one bin
-per core at a time, each in an exporter process
-(:class:`~megaphone.state_backends.bin_exporter.BinExporter`) that pauses between two chunks of
-a few thousand keys as soon as an epoch begins or the next is due (its stores' epochs came at a
-steady pace: it is their time again).
+"""The store service's writer of bins ahead (docs/transfer.md, "Bins written ahead"): it writes
+the files of the bins its stores are to send next, one bin per core at a time, each in an
+exporter process (:class:`~megaphone.state_backends.bin_exporter.BinExporter`). An exporter in
+Linux's ``SCHED_IDLE`` class works whenever there is work, since any other process takes its
+core at once; any other writes only while no epoch runs at the service, pausing between two
+chunks of a few thousand keys as soon as an epoch begins or the next is due (its stores' epochs
+came at a steady pace: it is their time again).
 The bins come with each commit (:class:`AheadWishes`); the files live in the stores
 (:meth:`~megaphone.state_backends.rocksdb.RocksDBBackend.start_ahead`).
 """
@@ -94,8 +95,9 @@ class AheadWishes:
 
 class AheadWriter:
     """Writes bins ahead for the stores ``entries()`` returns (objects with ``store``,
-    ``lock`` and ``ahead``: :class:`AheadWishes`) while the service is not :meth:`busy`
-    (``in_flight()``: requests being answered), ``exporters`` bins at a time (default: one per
+    ``lock`` and ``ahead``: :class:`AheadWishes`), with exporters that yield by themselves or
+    while the service is not :meth:`busy` (``in_flight()``: requests being answered),
+    ``exporters`` bins at a time (default: one per
     core, up to :data:`MAX_EXPORTERS`; a billion-key move's senders wrote 3.2 bins a second
     with one)."""
 
@@ -130,7 +132,7 @@ class AheadWriter:
             while not self._stopping.is_set():
                 wake.wait(IDLE_POLL_S)
                 wake.clear()
-                while not self._stopping.is_set() and not self.busy():
+                while not self._stopping.is_set() and (exporter.yields or not self.busy()):
                     if not self.write_one(exporter):
                         break
         finally:
