@@ -9,13 +9,11 @@ import time
 
 import msgpack
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megaphone.routing.bins import bin_of
 from megaphone.state_backends import open_backend
-from megaphone.state_backends.bin_exporter import BinExporter
 from megaphone.state_backends.bin_files import transfer_dir
 from megaphone.state_backends.encoding import encode_keys
 from megaphone.state_backends.handoff import LinkRef
@@ -28,14 +26,6 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("put"), keys, st.integers(-10**6, 10**6)),
     st.tuples(st.just("delete"), keys, st.none()),
     st.tuples(st.just("drop"), st.integers(0, BINS - 1), st.none())), max_size=40)
-
-
-@pytest.fixture(scope="module")
-def exporter():
-    """One exporter process for the module's tests (each store is new to it)."""
-    exporter = BinExporter()
-    yield exporter
-    exporter.close()
 
 
 def apply(store, changes) -> None:
@@ -55,21 +45,20 @@ def contents(store, b: int) -> list[tuple[bytes, bytes]]:
 @settings(max_examples=40, deadline=None)
 @given(start=st.dictionaries(keys, st.integers(-10**9, 10**9), max_size=200),
        ahead=st.sets(st.integers(0, BINS - 1), min_size=1, max_size=4),
-       during=ops, after=ops)
+       during=ops, after=ops, chunk=st.integers(1, 64))
 def test_a_bin_written_ahead_and_patched_installs_its_state_at_the_move(
-        tmp_path_factory, exporter, start, ahead, during, after):
-    """Writes between the bin's start and its file's view of the store (``during``) and after
-    (``after``), deletions and drops among them: the file plus its patch install the bin as a
-    fresh export would."""
+        tmp_path_factory, start, ahead, during, after, chunk):
+    """Writes while the file is written (``during``) and after (``after``), deletions and
+    drops among them: the file plus its patch install the bin as a fresh export would."""
     tmp = tmp_path_factory.mktemp("ahead")
     sender = filled(tmp / "sender", start)
     jobs = [job for b in sorted(ahead) if (job := sender.start_ahead(b, 1)) is not None]
     apply(sender, during)
-    kept = [job.bin for job in jobs
-            if sender.finish_ahead(job, sender.write_ahead(job, exporter))]
+    kept = [b for job in jobs
+            if sender.finish_ahead(job, sender.write_ahead(job, chunk=chunk))
+            for b in [job.entry.bin]]
     dropped = {target for op, target, _ in during if op == "drop"}
-    emptied = {b for b in ahead if not sender.bin_stats().get(b)}  # no file to write
-    assert set(kept) == {job.bin for job in jobs} - dropped - emptied == set(sender.ahead_bins())
+    assert set(kept) == {job.entry.bin for job in jobs} - dropped == set(sender.ahead_bins())
     apply(sender, after)
     for b in sorted(ahead):
         receiver = open_backend("rocksdb", tmp / f"receiver-{b}", "int64", BINS)
@@ -89,7 +78,7 @@ def test_a_bin_written_ahead_and_patched_installs_its_state_at_the_move(
     sender.close()
 
 
-def test_files_written_ahead_go_when_forgotten_changed_or_closed(tmp_path, exporter):
+def test_files_written_ahead_go_when_forgotten_changed_or_closed(tmp_path):
     """A drop, an ingestion or no longer being wanted deletes a bin's file written ahead; so
     does closing the store; a bin too small or already written is not started."""
     store = filled(tmp_path / "s", {(b, k): k for b in range(4) for k in range(50)})
@@ -97,7 +86,7 @@ def test_files_written_ahead_go_when_forgotten_changed_or_closed(tmp_path, expor
 
     def written(b: int) -> None:
         job = store.start_ahead(b, 1)
-        assert job is not None and store.finish_ahead(job, store.write_ahead(job, exporter))
+        assert job is not None and store.finish_ahead(job, store.write_ahead(job))
 
     for b in range(4):
         written(b)

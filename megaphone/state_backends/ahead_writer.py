@@ -1,10 +1,7 @@
-"""The store service's writer of bins ahead (docs/transfer.md, "Bins written ahead"): it writes
-the files of the bins its stores are to send next, one bin per core at a time, each in an
-exporter process (:class:`~megaphone.state_backends.bin_exporter.BinExporter`). An exporter in
-Linux's ``SCHED_IDLE`` class works whenever there is work, since any other process takes its
-core at once; any other writes only while no epoch runs at the service, pausing between two
-chunks of a few thousand keys as soon as an epoch begins or the next is due (its stores' epochs
-came at a steady pace: it is their time again).
+"""The store service's writer of bins ahead (docs/transfer.md, "Bins written ahead"): while no
+epoch runs at the service, it writes the files of the bins its stores are to send next, one bin
+at a time, a few thousand keys at a time, and stops between two chunks as soon as an epoch
+begins or the next is due (its stores' epochs came at a steady pace: it is their time again).
 The bins come with each commit (:class:`AheadWishes`); the files live in the stores
 (:meth:`~megaphone.state_backends.rocksdb.RocksDBBackend.start_ahead`).
 """
@@ -13,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import statistics
 import threading
 import time
@@ -22,7 +18,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from megaphone.state_backends.bin_exporter import BinExporter
 from megaphone.state_backends.prepared_bins import StoreClosed
 
 log = logging.getLogger("megaphone.store_service")
@@ -38,10 +33,6 @@ MIN_PACE_STARTS = 3
 #: The writer stops this share of the epochs' spacing before the next is due (an epoch's job
 #: first routes its records, so its first request here comes later than its start).
 DUE_LEAD = 0.1
-#: Exporters a service runs at most (one per core up to this): each holds its stores open,
-#: about 100 MB for a store of 250 M keys, and a worker is to send at most ``AHEAD_BINS``
-#: bins ahead anyway.
-MAX_EXPORTERS = 4
 
 
 @dataclass
@@ -95,18 +86,15 @@ class AheadWishes:
 
 class AheadWriter:
     """Writes bins ahead for the stores ``entries()`` returns (objects with ``store``,
-    ``lock`` and ``ahead``: :class:`AheadWishes`), with exporters that yield by themselves or
-    while the service is not :meth:`busy` (``in_flight()``: requests being answered),
-    ``exporters`` bins at a time (default: one per
-    core, up to :data:`MAX_EXPORTERS`; a billion-key move's senders wrote 3.2 bins a second
-    with one)."""
+    ``lock`` and ``ahead``: :class:`AheadWishes`) while the service is not :meth:`busy`
+    (``in_flight()``: requests being answered)."""
 
     def __init__(self, entries: Callable[[], list[Any]], in_flight: Callable[[], int],
-                 stopping: threading.Event, exporters: int | None = None) -> None:
-        """A writer whose threads start on the first :meth:`wake`."""
+                 stopping: threading.Event) -> None:
+        """A writer whose thread starts on the first :meth:`wake`."""
         self._entries, self._in_flight, self._stopping = entries, in_flight, stopping
-        self._count = max(1, exporters or min(MAX_EXPORTERS, os.cpu_count() or 1))
-        self._wakes: list[threading.Event] = []
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def busy(self) -> bool:
         """Whether a request is being answered, or an epoch runs at one of the stores (from
@@ -117,30 +105,22 @@ class AheadWriter:
                                             for e in self._entries())
 
     def wake(self) -> None:
-        """Look for work now (a commit named new bins), starting the threads on first use."""
-        if not self._wakes:
-            for i in range(self._count):
-                self._wakes.append(wake := threading.Event())
-                threading.Thread(target=self._run, args=(wake,), name=f"ahead-writer-{i}",
-                                 daemon=True).start()
-        for wake in self._wakes:
-            wake.set()
+        """Look for work now (a commit named new bins), starting the thread on first use."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ahead-writer", daemon=True)
+            self._thread.start()
+        self._wake.set()
 
-    def _run(self, wake: threading.Event) -> None:
-        exporter = BinExporter()
-        try:
-            while not self._stopping.is_set():
-                wake.wait(IDLE_POLL_S)
-                wake.clear()
-                while not self._stopping.is_set() and (exporter.yields or not self.busy()):
-                    if not self.write_one(exporter):
-                        break
-        finally:
-            exporter.close()
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(IDLE_POLL_S)
+            self._wake.clear()
+            while not self._stopping.is_set() and not self.busy():
+                if not self.write_one():
+                    break
 
-    def write_one(self, exporter: BinExporter) -> bool:
-        """Write the next bin any store wants ahead, if any, with ``exporter``; whether there
-        was one."""
+    def write_one(self) -> bool:
+        """Write the next bin any store wants ahead, if any; whether there was one."""
         for entry in self._entries():
             with entry.lock:
                 backend = entry.store.backend
@@ -153,13 +133,14 @@ class AheadWriter:
             if job is None:
                 continue
             try:
-                path = backend.write_ahead(job, exporter, pause=self.busy)
+                path = backend.write_ahead(job, pause=self.busy, lock=entry.lock)
             except StoreClosed:
                 return True  # the store closed meanwhile: its files went with it
             except Exception as exc:  # a full disk, say: the bin goes the usual way
-                log.warning("writing bin %d of %s ahead failed: %r", job.bin, backend.path, exc)
+                log.warning("writing bin %d of %s ahead failed: %r", job.entry.bin,
+                            backend.path, exc)
                 with entry.lock:
-                    wishes.bins = [b for b in wishes.bins if b != job.bin]
+                    wishes.bins = [b for b in wishes.bins if b != job.entry.bin]
                     backend.forget_ahead(wishes.kept())
                 return False
             with entry.lock:
@@ -168,5 +149,5 @@ class AheadWriter:
         return False
 
 
-__all__ = ["DUE_LEAD", "EPOCH_OPEN_S", "MAX_EXPORTERS", "MIN_PACE_STARTS", "PACE_STARTS",
-           "AheadWishes", "AheadWriter"]
+__all__ = ["DUE_LEAD", "EPOCH_OPEN_S", "MIN_PACE_STARTS", "PACE_STARTS", "AheadWishes",
+           "AheadWriter"]

@@ -15,7 +15,6 @@ import itertools
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -33,7 +32,6 @@ from rocksdict import (
 
 from megaphone.state_backends.backend_base import BackendBase
 from megaphone.state_backends.base import ImportStats
-from megaphone.state_backends.bin_exporter import BinExporter
 from megaphone.state_backends.bin_files import BinFile, new_file_name, transfer_dir
 from megaphone.state_backends.descriptor import INFO_META, check_info, info_bytes
 from megaphone.state_backends.encoding import (
@@ -46,14 +44,20 @@ from megaphone.state_backends.fresh_keys import FreshTracker
 from megaphone.state_backends.kv_batches import kv_columns, sorted_unique
 from megaphone.state_backends.memory import STATE_FILE
 from megaphone.state_backends.page_cache import PageCacheWarmer
-from megaphone.state_backends.prepared_bins import PreparedBin, PreparedBins, StoreClosed
+from megaphone.state_backends.prepared_bins import AheadWrite, PreparedBins, StoreClosed
 from megaphone.state_backends.rocksdb_tuning import (
     compaction_threads_idle,
     db_options,
     flush_in_background,
     memtable_bytes,
 )
-from megaphone.state_backends.sst_files import SstGroup, new_sst, write_patch
+from megaphone.state_backends.sst_files import (
+    AHEAD_CHUNK_KEYS,
+    SstGroup,
+    new_sst,
+    write_in_chunks,
+    write_patch,
+)
 from megaphone.state_backends.stats import STATS_META, BinCounters
 from megaphone.state_backends.timer_keys import collect_due
 
@@ -107,7 +111,6 @@ class RocksDBBackend(BackendBase):
         if not read_only:
             compaction_threads_idle()  # the threads RocksDB started for it
         self._ahead = PreparedBins()  # bins written ahead (docs/transfer.md)
-        self._open_id = uuid.uuid4().hex  # which opening of the store an exporter follows
 
     def warm_page_cache(self) -> None:
         """Warm and map the table files written since the last call (an ingestion's, a
@@ -285,40 +288,46 @@ class RocksDBBackend(BackendBase):
                               maxlen=0)
         return BinFile(b, keys, nbytes, os.path.getsize(path), path, name)
 
-    def start_ahead(self, b: int, min_bytes: int) -> PreparedBin | None:
-        """Begin writing bin ``b``'s file ahead of its move (docs/transfer.md): from now on
-        the keys written in it are noted. ``None`` if it holds fewer than ``min_bytes`` bytes
-        or is already written ahead. Call it with the store's lock held; then
-        :meth:`write_ahead` (without it) and :meth:`finish_ahead` (with it)."""
+    def start_ahead(self, b: int, min_bytes: int) -> AheadWrite | None:
+        """Begin writing bin ``b``'s file ahead of its move (docs/transfer.md): its state as
+        of now (a RocksDB iterator's implicit snapshot), and from now on the keys written in it
+        are noted. ``None`` if it holds fewer than ``min_bytes`` bytes or is already written
+        ahead. Call it with the store's lock held; then :meth:`write_ahead` (without it) and
+        :meth:`finish_ahead` (with it)."""
         b = int(self._check_bin_ids([b])[0])
         self._check_writable()
         if not self._wants_ahead(b, min_bytes):
             return None
-        return self._ahead.start(b)
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(bin_prefix(b + 1))
+        ro.fill_cache(False)  # bulk scans must not evict the operator's working set
+        # The iterator is created now, and sees the DB as of now however long it runs.
+        return AheadWrite(self._ahead.start(b), self._db.items(from_key=bin_prefix(b),
+                                                               read_opt=ro), ro)
 
-    def write_ahead(self, entry: PreparedBin, exporter: BinExporter,
-                    pause: Callable[[], bool] = lambda: False) -> str | None:
-        """Write ``entry``'s bin into a file in the outgoing transfer directory, in
-        ``exporter``'s process (paused while ``pause()``), from the store as it is then: later
-        than :meth:`start_ahead`, whose noted keys the move patches. Its path; ``None`` if the
-        bin is empty by then. :class:`StoreClosed` if the store closes first."""
+    def write_ahead(self, job: AheadWrite, pause: Callable[[], bool] = lambda: False,
+                    lock: contextlib.AbstractContextManager | None = None,
+                    chunk: int = AHEAD_CHUNK_KEYS) -> str:
+        """Write ``job``'s bin as :meth:`start_ahead` saw it into a file in the outgoing
+        transfer directory (:func:`~megaphone.state_backends.sst_files.write_in_chunks`: each
+        ``chunk`` of keys under ``lock``, waiting between them while ``pause()``); its path.
+        :class:`StoreClosed` if the store closes first."""
         directory = transfer_dir(self.path, "out")
-        path = os.path.join(directory, f"out-{new_file_name(entry.bin)}.sst")
-        if self._db is None:
-            raise StoreClosed(f"{self.path} closed before bin {entry.bin} was written ahead")
         os.makedirs(directory, exist_ok=True)
-        keys = exporter.export(self.path, self._open_id, entry.bin, path, pause)
-        if self._db is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            raise StoreClosed(f"{self.path} closed while bin {entry.bin} was written ahead")
-        return path if keys else None
+        path = os.path.join(directory, f"out-{new_file_name(job.entry.bin)}.sst")
 
-    def finish_ahead(self, entry: PreparedBin, path: str | None) -> bool:
-        """Keep ``entry``'s written file (the store's lock held); False if its bin changed
-        otherwise than by key writes meanwhile (the file is deleted), or was empty (``path``
-        ``None``: it is no longer written ahead)."""
-        return self._ahead.finished(entry, path)
+        def check_open() -> None:
+            if self._db is None:
+                raise StoreClosed(f"{self.path} closed while bin {job.entry.bin} was written "
+                                  "ahead")
+
+        write_in_chunks(path, self._options, job.items, check_open, pause, lock, chunk)
+        return path
+
+    def finish_ahead(self, job: AheadWrite, path: str) -> bool:
+        """Keep ``job``'s written file (the store's lock held); False if its bin changed
+        otherwise than by key writes meanwhile (the file is deleted)."""
+        return self._ahead.finished(job.entry, path)
 
     def ahead_bins(self) -> list[int]:
         """The bins whose file is written ahead."""

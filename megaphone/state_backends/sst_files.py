@@ -8,6 +8,7 @@ import collections
 import contextlib
 import itertools
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 from rocksdict import Options, SstFileWriter
@@ -18,8 +19,11 @@ SST_FILE_BYTES = 64 << 20
 """Target size of one SST file written by :meth:`RocksDBBackend.import_sst`."""
 
 AHEAD_CHUNK_KEYS = 4096
-"""Keys a bin's file written ahead takes at a time: between two chunks its exporter can pause
-(an epoch has begun), so an epoch waits a few milliseconds for it at most."""
+"""Keys a bin's file written ahead takes at a time: the writer checks between chunks whether an
+epoch has begun, so it holds the store's lock a few milliseconds at most."""
+
+AHEAD_PAUSE_S = 0.01
+"""How long a write ahead waits before checking again whether the epoch it paused for ended."""
 
 
 @contextlib.contextmanager
@@ -38,21 +42,22 @@ def new_sst(path: str, options: Options) -> Iterator[SstFileWriter]:
 
 
 def write_in_chunks(path: str, options: Options, items: Iterator[tuple[bytes, bytes]],
-                    between: Callable[[], None], chunk: int = AHEAD_CHUNK_KEYS) -> int:
+                    check_open: Callable[[], None], pause: Callable[[], bool],
+                    lock: contextlib.AbstractContextManager | None,
+                    chunk: int = AHEAD_CHUNK_KEYS) -> None:
     """Write the sorted ``items`` into a new SST file at ``path``, ``chunk`` of them at a time,
-    calling ``between()`` after each (it may wait, or raise to give up); how many were written.
-    No file is made if there are none, and the file is deleted if anything fails."""
-    part = list(itertools.islice(items, chunk))
-    if not part:
-        return 0
-    written = 0
+    each under ``lock`` after ``check_open()`` (which raises if their store closed), waiting
+    between chunks while ``pause()`` is true; the file is deleted if anything fails."""
     with new_sst(path, options) as writer:
-        while part:
-            collections.deque(itertools.starmap(writer.__setitem__, part), maxlen=0)
-            written += len(part)
-            between()
-            part = list(itertools.islice(items, chunk))
-    return written
+        while True:
+            with lock if lock is not None else contextlib.nullcontext():
+                check_open()
+                part = list(itertools.islice(items, chunk))
+                collections.deque(itertools.starmap(writer.__setitem__, part), maxlen=0)
+            if not part:
+                break
+            while pause():
+                time.sleep(AHEAD_PAUSE_S)
 
 
 def write_patch(path: str, options: Options, changes: Iterable[tuple[bytes, bytes | None]]
