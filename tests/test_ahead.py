@@ -152,11 +152,11 @@ def test_the_service_writes_bins_ahead_while_idle_and_a_move_sends_them_patched(
 
 def test_the_writer_stops_when_the_next_epoch_is_due():
     """Epochs that start at a steady pace tell the service when the next is due: the writer
-    waits from a tenth of the spacing before it until the epoch's first request (or half a
+    waits from DUE_LEAD of the spacing before it until the epoch's first request (or half a
     spacing after, if none comes); a repeated or unknown start changes nothing."""
     import threading
 
-    from megaphone.state_backends.ahead_writer import AheadWishes, AheadWriter
+    from megaphone.state_backends.ahead_writer import DUE_LEAD, AheadWishes, AheadWriter
 
     wishes = AheadWishes()
     for t in (100.0, 102.0, 104.0):
@@ -166,8 +166,9 @@ def test_the_writer_stops_when_the_next_epoch_is_due():
     wishes.opened(None)
     wishes.opened("soon")
     assert list(wishes.starts) == [100.0, 102.0, 104.0]
-    assert not wishes.due(105.7)
-    assert wishes.due(105.85) and wishes.due(106.9)
+    lead = DUE_LEAD * 2.0  # of the 2 s spacing: the next is due at 106
+    assert not wishes.due(106.0 - lead - 0.01)
+    assert wishes.due(106.0 - lead + 0.01) and wishes.due(106.9)
     assert not wishes.due(107.1)  # the epoch did not come: the writer may work again
 
     class Entry:
@@ -176,7 +177,7 @@ def test_the_writer_stops_when_the_next_epoch_is_due():
     writer = AheadWriter(lambda: [Entry()], lambda: 0, threading.Event())
     wishes.committed(None, 1)
     now = time.time()
-    for t in (now - 5.9, now - 3.9, now - 1.9):  # the next is due in 0.1 s
+    for t in (now - 6, now - 4, now - 2):  # the next is due now
         wishes.opened(t)
     wishes.committed(None, 1)
     assert writer.busy()
