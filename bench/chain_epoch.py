@@ -169,7 +169,7 @@ def run_epoch(args: argparse.Namespace, spark, query, feeder, config: NexmarkCon
             stage_times(times, i, stage, warm, empty)
             data = data if link is None else link(data)
     c0 = time.perf_counter()
-    query.rows(data).collect()
+    query.rows(data.toArrow())
     times["collect"] = time.perf_counter() - c0
     times["epoch"] = sum(times[k] for k in ("generate", "input frames", "stages", "collect"))
     return times

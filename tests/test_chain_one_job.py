@@ -10,6 +10,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
+import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
@@ -47,8 +49,9 @@ def test_one_job_equals_the_reference_with_any_plans(spark, batches, plans):
             for stage, (at, moves) in zip(chain.stages, plans, strict=True):
                 if at == epoch and moves:
                     stage.migrate(plan_for(stage, moves))
-            out = chain.process(spark.createDataFrame([(k,) for k in keys], "k long"))
-            assert as_dict(out.toArrow()) == seconds[epoch]
+            batch = spark.createDataFrame([(k,) for k in keys], "k long")
+            out = chain.process_arrow(batch) if epoch % 2 else chain.process(batch).toArrow()
+            assert as_dict(out) == seconds[epoch]
             assert as_dict(counts.state_dir.read_outputs(epoch)) == firsts[epoch]
             assert as_dict(sums.state_dir.read_outputs(epoch)) == seconds[epoch]
         assert {r[0]: r[1] for r in sums.state().collect()} == final
@@ -60,16 +63,22 @@ def test_one_job_equals_the_reference_with_any_plans(spark, batches, plans):
         chain.close()
 
 
-def test_the_first_stage_outputs_skip_the_driver_unless_one_job_is_off(spark, tmp_path,
-                                                                        monkeypatch):
-    frames: list[str] = []
+@pytest.fixture
+def frames(monkeypatch) -> list[str]:
+    """The stages (their state directories' names) whose outputs are made a DataFrame on the
+    driver, in order."""
+    made_by: list[str] = []
     made = EpochDriver.outputs_frame
 
     def outputs_frame(self, outputs):
-        frames.append(self.holder.state_dir.path.name)
+        made_by.append(self.holder.state_dir.path.name)
         return made(self, outputs)
 
     monkeypatch.setattr(EpochDriver, "outputs_frame", outputs_frame)
+    return made_by
+
+
+def test_the_first_stage_outputs_skip_the_driver_unless_one_job_is_off(spark, tmp_path, frames):
     batches = [[1, 2, 2], [2, 3]]
     _, seconds, _ = reference(batches)
     for one_job in (True, False):
@@ -79,6 +88,30 @@ def test_the_first_stage_outputs_skip_the_driver_unless_one_job_is_off(spark, tm
             out = chain.process(spark.createDataFrame([(k,) for k in keys], "k long"))
             assert as_dict(out.toArrow()) == seconds[epoch]
         assert frames == (["sums", "sums"] if one_job else ["counts", "sums"] * 2)
+        chain.close()
+
+
+def test_process_arrow_gives_the_outputs_and_no_frame_of_the_last_stage(spark, tmp_path,
+                                                                         frames):
+    """``Chain.process_arrow``: the outputs ``process`` gives, as a table, and the last stage's
+    never a DataFrame, in one job or a job per stage, and when the first stage committed the
+    epoch before (a crash between the stages) and hands on its kept outputs."""
+    batches = [[1, 2, 2], [2, 3], [3, 3, 4]]
+    _, seconds, final = reference(batches)
+    for one_job in (True, False):
+        chain = chain_of(spark, tmp_path / str(one_job), one_job)
+        counts, sums = chain.stages
+        frames.clear()
+        for epoch, keys in enumerate(batches[:2]):
+            out = chain.process_arrow(spark.createDataFrame([(k,) for k in keys], "k long"))
+            assert isinstance(out, pa.Table) and as_dict(out) == seconds[epoch]
+        assert frames == ([] if one_job else ["counts", "counts"])
+        last = spark.createDataFrame([(k,) for k in batches[2]], "k long")
+        counts.process(last)  # the first stage alone commits epoch 2
+        frames.clear()
+        assert as_dict(chain.process_arrow(last)) == seconds[2]
+        assert frames == ["counts"]  # its kept outputs, for the second stage
+        assert {r[0]: r[1] for r in sums.state().collect()} == final
         chain.close()
 
 

@@ -5,7 +5,8 @@ Each query is an object that creates its pipelines under a state directory (a
 :class:`~megaphone.Chain` of them: stage ``i`` in ``state_dir/<i>-<name>``) and runs one epoch
 per :meth:`NexmarkQuery.run`: it generates a range of events
 (:func:`~megaphone.nexmark.generator.generate`), feeds the ones the query reads and returns
-the epoch's outputs as rows of :mod:`~megaphone.nexmark.definitions`. Migrate a stage with
+the epoch's outputs as rows of :mod:`~megaphone.nexmark.definitions` (from the last stage's
+outputs as Arrow on the driver: :meth:`~megaphone.Chain.process_arrow`). Migrate a stage with
 ``query.stages[i].migrate(plan)``. Beam's nexmark queries are the reference; where these
 differ, the query's docstring says so. :mod:`~megaphone.nexmark.sql` computes the same rows in
 batch.
@@ -22,9 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from megaphone.migrator.pipeline.chain import Chain, Link
@@ -99,12 +101,18 @@ class NexmarkQuery(ABC):
         files written ahead: ``bench/nexmark.py``); ``high_us`` is their largest event time
         (:func:`max_time_us` of the tables; ``None`` if empty). Its output rows, as
         :meth:`run`'s."""
-        out = self.rows(self.chain.process(self.batch(**frames), input_end=input_end))
-        out = out.collect()
+        out = self.rows(self.chain.process_arrow(self.batch(**frames), input_end=input_end))
         self.watermark_us = self._high  # lateness 0: the largest event time committed before
         if high_us is not None and (self._high is None or high_us > self._high):
             self._high = high_us
-        return [self.row_type._make(r) for r in out]
+        return out
+
+    def rows(self, outputs: pa.Table) -> list[Any]:
+        """The last stage's outputs of an epoch (a table of its outputs schema: from
+        :meth:`~megaphone.Chain.process_arrow`, or ``toArrow()`` of a stream's) as rows of
+        :attr:`row_type`."""
+        columns = [c.to_pylist() for c in self.row_columns(outputs)]
+        return [self.row_type._make(r) for r in zip(*columns, strict=True)]
 
     def close(self) -> None:
         """Close every stage (their state directories stay, and reopen where they were)."""
@@ -129,8 +137,9 @@ class NexmarkQuery(ABC):
         """The first stage's input from the :meth:`inputs` as DataFrames."""
 
     @abstractmethod
-    def rows(self, outputs: DataFrame) -> DataFrame:
-        """The last stage's outputs as columns of :attr:`row_type`, times in microseconds."""
+    def row_columns(self, outputs: pa.Table) -> list[pa.ChunkedArray]:
+        """The last stage's outputs as the columns of :attr:`row_type`, times in
+        microseconds."""
 
 
 class Q3(NexmarkQuery):
@@ -159,10 +168,11 @@ class Q3(NexmarkQuery):
         """Persons (left) and auctions (right) keyed by person id and seller."""
         return join_input(frames["persons"], frames["auctions"], "id", "seller", "date_time")
 
-    def rows(self, outputs: DataFrame) -> DataFrame:
+    def row_columns(self, outputs: pa.Table) -> list[pa.ChunkedArray]:
         """``(name, city, state, auction id)`` of each joined pair."""
-        person, auction = outputs.output.left, outputs.output.right
-        return outputs.select(person["name"], person["city"], person["state"], auction["id"])
+        out = outputs.column("output")
+        return [_field(out, "left", "name"), _field(out, "left", "city"),
+                _field(out, "left", "state"), _field(out, "right", "id")]
 
 
 class Q4(NexmarkQuery):
@@ -199,9 +209,10 @@ class Q4(NexmarkQuery):
         """Auctions (left) and bids (right) keyed by auction id."""
         return join_input(frames["auctions"], frames["bids"], "id", "auction", "date_time")
 
-    def rows(self, outputs: DataFrame) -> DataFrame:
+    def row_columns(self, outputs: pa.Table) -> list[pa.ChunkedArray]:
         """``(category, average, auctions)`` of each category whose average changed."""
-        return outputs.select("category", outputs.output.average, outputs.output.auctions)
+        out = outputs.column("output")
+        return [outputs.column("category"), _field(out, "average"), _field(out, "auctions")]
 
 
 class _WindowTop(NexmarkQuery):
@@ -237,10 +248,11 @@ class _WindowTop(NexmarkQuery):
         """The bids as they are (keyed by auction)."""
         return frames["bids"]
 
-    def rows(self, outputs: DataFrame) -> DataFrame:
+    def row_columns(self, outputs: pa.Table) -> list[pa.ChunkedArray]:
         """``(window start, end, auction, aggregate)`` of each top auction."""
-        return outputs.select((F.col("end") - self.size_us).alias("start"), "end",
-                              outputs.output.auction, outputs.output.value)
+        end, out = outputs.column("end"), outputs.column("output")
+        return [pc.subtract(end, self.size_us), end, _field(out, "auction"),
+                _field(out, "value")]
 
 
 def _by_window_end(out: DataFrame) -> DataFrame:
@@ -315,12 +327,19 @@ class Q8(NexmarkQuery):
         """Persons (left) and auctions (right) keyed by person id and seller."""
         return join_input(frames["persons"], frames["auctions"], "id", "seller", "date_time")
 
-    def rows(self, outputs: DataFrame) -> DataFrame:
+    def row_columns(self, outputs: pa.Table) -> list[pa.ChunkedArray]:
         """``(person id, name, reserve, window start)`` of each joined pair."""
-        person, auction = outputs.output.left, outputs.output.right
-        joined: Column = F.unix_micros(person["date_time"])
-        return outputs.select(person["id"], person["name"], auction["reserve"],
-                              joined - F.pmod(joined, F.lit(self.window_us)))
+        out = outputs.column("output")
+        joined = pc.cast(_field(out, "left", "date_time"), pa.int64()).to_numpy()
+        # the window's start: the multiple of its size at or before (floored, as Spark's pmod)
+        start = pa.chunked_array([joined - np.mod(joined, self.window_us)], pa.int64())
+        return [_field(out, "left", "id"), _field(out, "left", "name"),
+                _field(out, "right", "reserve"), start]
+
+
+def _field(column: pa.ChunkedArray, *path: str) -> pa.ChunkedArray:
+    """The field at ``path`` (names, outermost first) of a struct column."""
+    return pc.struct_field(column, list(path))
 
 
 #: The queries by name.

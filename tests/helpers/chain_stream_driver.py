@@ -32,7 +32,7 @@ def main(state_dir: str, source: str, checkpoint: str, sink_path: str, out: str)
     opened = [s.epoch for s in stages]
 
     def sink(outputs, epoch: int) -> None:
-        rows = sorted(list(r) for r in query.rows(outputs).collect())
+        rows = sorted(list(r) for r in query.rows(outputs.toArrow()))
         with open(sink_path, "a") as fh:
             fh.write(json.dumps({"epoch": epoch, "rows": rows}) + "\n")
             fh.flush()

@@ -32,20 +32,22 @@ Link = Callable[[DataFrame], DataFrame]
 
 def run_chain_epoch(drivers: Sequence[EpochDriver], links: Sequence[Link | None],
                     batch: DataFrame, input_end: float | None,
-                    streams: Sequence[StreamPosition | None]) -> tuple[pa.Table, DataFrame]:
+                    streams: Sequence[StreamPosition | None], want_frame: bool = True
+                    ) -> tuple[pa.Table, DataFrame | None]:
     """Run the next epoch of every stage (``drivers``, all at the same epoch) over ``batch``
-    as one Spark job: the last stage's outputs, as a table and a DataFrame (made before any
-    commit point). ``links[k]`` turns stage ``k``'s outputs into stage ``k + 1``'s input;
-    ``streams[k]``: stage ``k``'s micro-batch position, for a stream's batch. The holders are
-    locked in the stages' order for the whole epoch; a failure before a stage's commit leaves
-    its holder to roll its workers back, as a failed run of its own would."""
+    as one Spark job: the last stage's outputs, as a table and, when ``want_frame``, a
+    DataFrame (made before any commit point). ``links[k]`` turns stage ``k``'s outputs into
+    stage ``k + 1``'s input; ``streams[k]``: stage ``k``'s micro-batch position, for a
+    stream's batch. The holders are locked in the stages' order for the whole epoch; a failure
+    before a stage's commit leaves its holder to roll its workers back, as a failed run of its
+    own would."""
     check_python_workers(drivers[0].spark)
     runs: list[EpochRun] = []
     with contextlib.ExitStack() as locks:
         for driver in drivers:
             locks.enter_context(driver.holder.lock)
         try:
-            return _run(drivers, links, batch, input_end, streams, runs)
+            return _run(drivers, links, batch, input_end, streams, runs, want_frame)
         except BaseException:
             for run in runs:
                 run.holder.failed(run.last)
@@ -54,7 +56,7 @@ def run_chain_epoch(drivers: Sequence[EpochDriver], links: Sequence[Link | None]
 
 def _run(drivers: Sequence[EpochDriver], links: Sequence[Link | None], batch: DataFrame,
          input_end: float | None, streams: Sequence[StreamPosition | None],
-         runs: list[EpochRun]) -> tuple[pa.Table, DataFrame]:
+         runs: list[EpochRun], want_frame: bool) -> tuple[pa.Table, DataFrame | None]:
     passed: list[PassedOn] = []
 
     last = len(drivers) - 1
@@ -92,7 +94,8 @@ def _run(drivers: Sequence[EpochDriver], links: Sequence[Link | None], batch: Da
         tables = [hand_over.table(run.spec) for hand_over, run in zip(passed, runs, strict=False)]
         reports = [run.reports(table) for run, table in zip(runs, [*tables, results], strict=True)]
         outputs = reports[-1][0].outputs
-        frame = drivers[-1].outputs_frame(outputs)  # before any commit point
+        # before any commit point
+        frame = drivers[-1].outputs_frame(outputs) if want_frame else None
     for run, report in zip(runs, reports, strict=True):
         run.attempts = attempts
         run.finish(report)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from megaphone.migrator.epoch.chain_job import Link, run_chain_epoch
@@ -82,20 +83,45 @@ class Chain:
         A stage that committed this epoch already (before a crash) is not run again: its kept
         outputs go on to the next stage.
         """
+        frame = self._process(batch, input_end, want_frame=True)[1]
+        assert frame is not None
+        return frame
+
+    def process_arrow(self, batch: DataFrame, *, input_end: float | None = None) -> pa.Table:
+        """Like :meth:`process`, but return the last stage's outputs as a ``pyarrow.Table`` on
+        the driver, as :meth:`Pipeline.process_arrow <megaphone.Pipeline.process_arrow>` does:
+        they reach the driver in the epoch's job results either way, and a sink in Python then
+        needs no DataFrame of them, nor a Spark job to collect it (about 120 ms of a NEXMark Q3
+        or Q8 epoch on two cores: bench/RESULTS.md, "NEXMark's outputs as Arrow").
+
+        >>> chain.process_arrow(bids).to_pylist()  # doctest: +SKIP
+        [{'end': 1700000010000000, 'output': {'auction': 7, 'value': 12}}]
+        """
+        return self._process(batch, input_end, want_frame=False)[0]
+
+    def _process(self, batch: DataFrame, input_end: float | None, *, want_frame: bool
+                 ) -> tuple[pa.Table, DataFrame | None]:
+        """The next epoch through every stage: the last stage's outputs, and as a DataFrame
+        when ``want_frame``."""
         epoch = self.epoch + 1
         if self._in_one_job(epoch):
             if any(s.streaming for s in self.stages):
                 raise RuntimeError("a stage of the chain is running a stream; process() is not "
                                    "allowed")
-            return self._one_epoch(batch, input_end, [None] * len(self.stages))
-        data = batch
-        for stage, link in zip(self.stages, [*self.links, None], strict=True):
+            return self._one_epoch(batch, input_end, [None] * len(self.stages), want_frame)
+        data, last = batch, len(self.stages) - 1
+        for k, (stage, link) in enumerate(zip(self.stages, [*self.links, None], strict=True)):
+            frame_wanted = want_frame or k < last
             if stage.epoch >= epoch:
-                data = stage._driver.read_outputs(epoch)
+                table = stage.state_dir.read_outputs(epoch)
+                frame = stage._driver.outputs_frame(table) if frame_wanted else None
             else:
-                data = stage.process(data, input_end=input_end)
-            data = data if link is None else link(data)
-        return data
+                table, frame = stage._process(data, input_end, None, want_frame=frame_wanted)
+            if k == last:
+                return table, frame
+            assert frame is not None
+            data = frame if link is None else link(frame)
+        raise AssertionError("unreachable: a chain has a last stage")
 
     def _in_one_job(self, epoch: int) -> bool:
         """Whether ``epoch`` runs as one Spark job: ``one_job``, two stages or more, none of
@@ -135,10 +161,12 @@ class Chain:
         return self._links_keep
 
     def _one_epoch(self, batch: DataFrame, input_end: float | None,
-                   streams: list[StreamPosition | None]) -> DataFrame:
-        """The next epoch of every stage as one Spark job: the last stage's outputs."""
+                   streams: list[StreamPosition | None], want_frame: bool = True
+                   ) -> tuple[pa.Table, DataFrame | None]:
+        """The next epoch of every stage as one Spark job: the last stage's outputs, and as a
+        DataFrame when ``want_frame``."""
         return run_chain_epoch([s._driver for s in self.stages], self.links, batch, input_end,
-                               streams)[1]
+                               streams, want_frame)
 
     @property
     def streaming(self) -> bool:
@@ -177,8 +205,9 @@ class Chain:
         if self._in_one_job(epoch + 1) and all(
                 s._holder.commit.stream.ran(location) < batch_id for s in self.stages):
             position = StreamPosition(location, batch_id)
-            data = self._one_epoch(batch, None, [position] * len(self.stages))
-            return data, self.stages[-1].epoch
+            frame = self._one_epoch(batch, None, [position] * len(self.stages))[1]
+            assert frame is not None
+            return frame, self.stages[-1].epoch
         for stage, link in zip(self.stages, [*self.links, None], strict=True):
             data, epoch = stage._runner.run_batch(data, batch_id, location)
             data = data if link is None else link(data)
