@@ -117,11 +117,10 @@ class Chain:
                 frame = stage._driver.outputs_frame(table) if frame_wanted else None
             else:
                 table, frame = stage._process(data, input_end, None, want_frame=frame_wanted)
-            if k == last:
-                return table, frame
-            assert frame is not None
-            data = frame if link is None else link(frame)
-        raise AssertionError("unreachable: a chain has a last stage")
+            if k < last:
+                assert frame is not None
+                data = frame if link is None else link(frame)
+        return table, frame
 
     def _in_one_job(self, epoch: int) -> bool:
         """Whether ``epoch`` runs as one Spark job: ``one_job``, two stages or more, none of
