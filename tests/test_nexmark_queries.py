@@ -11,6 +11,8 @@ import random
 import tempfile
 from collections import Counter
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +23,8 @@ from megaphone.nexmark.definitions import SMALL_RUN
 from megaphone.nexmark.functions import TopOfWindow, WinningBids, running_average
 from megaphone.nexmark.generator import NexmarkConfig, generate, max_auction_duration_ms
 from megaphone.nexmark.queries import QUERIES
+from megaphone.operators import Context
+from megaphone.operators.process import EpochBatch, run_keys
 from tests.test_equivalence import SPARK_PHASES
 from tests.test_operators import run_epochs
 
@@ -194,3 +198,28 @@ def test_running_average_and_top_of_window() -> None:
             (0, {"auction": 3, "value": 7})]
     state, out = TopOfWindow().process(20, rows, None, None)
     assert state is None and [r["auction"] for r in out] == [2, 3]
+
+
+@given(st.lists(st.tuples(st.sampled_from([10, 20, 30]), st.integers(0, 9),
+                          st.integers(0, 99), st.one_of(st.none(), st.integers(-3, 3))),
+                max_size=30))
+def test_top_of_window_in_columns_equals_key_by_key(records: list) -> None:
+    """``TopOfWindow.process_epoch`` gives the rows ``process`` gives key by key, in the same
+    order (ties of value and time in arrival order); it declines a null value."""
+    order = list(dict.fromkeys(k for k, _, _, _ in records))
+    slot = {k: i for i, k in enumerate(order)}
+    none = np.zeros(0, np.int64)
+    batch = EpochBatch(order, none, none, np.array([slot[k] for k, *_ in records], np.int64),
+                       np.array([t for _, t, _, _ in records], np.int64),
+                       pa.array([{"auction": a, "value": v} for _, _, a, v in records],
+                                pa.struct([("auction", pa.int64()), ("value", pa.int64())])))
+    fn = TopOfWindow()
+    got = fn.process_epoch(batch, [None] * len(order), Context(0, None))
+    if any(v is None for *_, v in records):
+        assert got is None
+        return
+    want = run_keys(fn, order, batch.timers(), batch.rows(), [None] * len(order),
+                    Context(0, None))
+    assert got is not None
+    assert (got.states, got.fired, got.set) == (want.states, want.fired, want.set)
+    assert (got.out_keys, got.out_values) == (want.out_keys, want.out_values)

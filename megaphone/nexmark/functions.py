@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from megaphone.operators.process import Context, Row
+from megaphone.operators.process import ColumnResults, Context, EpochBatch, Row
 
 #: Indices into a stored auction ``[category, reserve, date_time, expires]`` and a stored bid
 #: ``[price, date_time, bidder]`` (times in microseconds).
@@ -161,6 +163,30 @@ class TopOfWindow:
         """The rows of the highest ``value`` among the epoch's rows of this window."""
         top = max(row["value"] for _, row in rows)
         return None, [row for _, row in rows if row["value"] == top]
+
+    def process_epoch(self, batch: EpochBatch, states: list[Any], ctx: Context
+                      ) -> ColumnResults | None:
+        """The whole epoch in columns (the rows of each key's highest value, each key's in
+        event-time order, as :meth:`process` gives them): one sort, no Python per row.
+        Declines (``None``: key by key instead) for values that are not integers or are
+        null, and for due timers (none is ever set)."""
+        values = batch.values
+        if values is None or not pa.types.is_struct(values.type) or values.null_count or \
+                values.type.get_field_index("value") < 0 or len(batch.timer_slots):
+            return None
+        top = pc.struct_field(values, "value")
+        if not pa.types.is_integer(top.type) or top.null_count:
+            return None
+        order = np.lexsort((batch.times, batch.slots))  # by key, then time; stable
+        slots, numbers = batch.slots[order], top.to_numpy()[order]
+        starts = np.flatnonzero(np.r_[True, slots[1:] != slots[:-1]]) if len(slots) else \
+            np.zeros(0, np.int64)
+        highest = np.repeat(np.maximum.reduceat(numbers, starts) if len(starts) else numbers,
+                            np.diff(np.r_[starts, len(slots)]))
+        picked = order[numbers == highest]
+        none = np.zeros(0, np.int64)
+        return ColumnResults(batch.keys, [None] * len(batch.keys), (none, none), (none, none),
+                             batch.slots[picked], values.take(pa.array(picked)), late=ctx.late)
 
     def on_timer(self, key: Any, time_us: int, state: Any, ctx: Context
                  ) -> tuple[Any, list[Any]]:

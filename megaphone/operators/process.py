@@ -20,6 +20,7 @@ before the epoch runs, so every worker, and every re-run of the epoch, sees the 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -128,6 +129,71 @@ class KeyResults:
 
 
 @dataclass
+class ColumnResults:
+    """What a ``process_epoch`` may return instead of :class:`KeyResults`: the same results
+    with the timers and outputs in columns, so that neither it nor the runtime builds a
+    Python object per timer or output. The per-key lists :class:`KeyResults` has are
+    properties here, made on demand (to compare the two)."""
+
+    #: The key of each slot (the batch's ``keys``).
+    keys: list[Any]
+    #: Per slot (key), its new state.
+    states: list[Any]
+    #: ``(slots, times)`` of the timers fired, and of those set (int64 arrays).
+    fired_at: tuple[np.ndarray, np.ndarray]
+    set_at: tuple[np.ndarray, np.ndarray]
+    #: Each output's slot, and the outputs: an Arrow array of the function's output type, or
+    #: of its plain form (temporal types as their integers, :func:`plain_type`).
+    out_slots: np.ndarray
+    out_array: pa.Array
+    late: int = 0
+
+    @property
+    def fired(self) -> list[list[int]]:
+        """The timers each slot fired (as :attr:`KeyResults.fired`)."""
+        return _per_slot(len(self.keys), *self.fired_at)
+
+    @property
+    def set(self) -> list[set[int]]:
+        """The timers each slot set (as :attr:`KeyResults.set`)."""
+        return [set(times) for times in _per_slot(len(self.keys), *self.set_at)]
+
+    @property
+    def out_keys(self) -> list[Any]:
+        """Each output's key (as :attr:`KeyResults.out_keys`)."""
+        return [self.keys[s] for s in self.out_slots.tolist()]
+
+    @property
+    def out_values(self) -> list[Any]:
+        """The outputs as Python values (as :attr:`KeyResults.out_values`)."""
+        return self.out_array.to_pylist()
+
+
+def timer_columns(result: KeyResults | ColumnResults
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(slots, times)`` of the timers ``result`` fired, then of those it set, as int64
+    arrays (a slot's times in their collection's order), whichever form it has them in."""
+    if isinstance(result, ColumnResults):
+        return (*result.fired_at, *result.set_at)
+    return (*_flat(result.fired), *_flat(result.set))
+
+
+def _flat(per_slot: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``(slot, time)`` pairs of per-slot collections of times, as two int64 arrays."""
+    sizes = np.fromiter(map(len, per_slot), np.int64, len(per_slot))
+    times = np.fromiter(itertools.chain.from_iterable(per_slot), np.int64, int(sizes.sum()))
+    return np.repeat(np.arange(len(per_slot), dtype=np.int64), sizes), times
+
+
+def _per_slot(slots: int, at: np.ndarray, times: np.ndarray) -> list[list[int]]:
+    """The times of each of ``slots`` slots from ``(at, times)`` pairs, in their order."""
+    out: list[list[int]] = [[] for _ in range(slots)]
+    for slot, t in zip(at.tolist(), times.tolist(), strict=True):
+        out[slot].append(t)
+    return out
+
+
+@dataclass
 class EpochBatch:
     """One epoch of an operator at one worker, as columns.
 
@@ -172,11 +238,12 @@ def pairs_in(slots: np.ndarray, times: np.ndarray, other_slots: np.ndarray,
 
 def run_epoch(fn: ProcessFunction, batch: EpochBatch, states: Sequence[Any], ctx: Context,
               on_error: Callable[[str, Any, BaseException], BaseException] | None = None
-              ) -> KeyResults:
+              ) -> KeyResults | ColumnResults:
     """Run ``fn`` over one epoch's ``batch`` (``states``: the decoded state of each slot):
     through its ``process_epoch(batch, states, ctx)`` if it has one and that does not decline
     (returns ``None``), else key by key through :func:`run_keys`. Either way the result is
-    the same: ``process_epoch`` is only a faster way to compute it."""
+    the same: ``process_epoch`` is only a faster way to compute it (and may give it as
+    :class:`ColumnResults`)."""
     process_epoch = getattr(fn, "process_epoch", None)
     if process_epoch is not None:
         result = process_epoch(batch, states, ctx)

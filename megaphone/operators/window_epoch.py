@@ -20,8 +20,8 @@ numpy and one Arrow ``group_by`` (docs/operators.md, "Windows at native speed").
    (:func:`~megaphone.operators.window_state.encode_all`): the same bytes the record-by-record
    path writes.
 
-What stays in Python per window: the timers of the windows the epoch opened (a set per key,
-as the runtime takes them) and the outputs (a dict per window, as every operator's).
+Nothing stays in Python per window: the timers fired and set and the outputs go to the
+runtime in columns (:class:`~megaphone.operators.process.ColumnResults`).
 
 :func:`fold_epoch` declines (returns ``None``, and the runtime runs the epoch record by
 record) what it cannot compute exactly in int64 or float64: values of another type (strings,
@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from megaphone.operators.process import Context, EpochBatch, KeyResults, pairs_in
+from megaphone.operators.process import ColumnResults, Context, EpochBatch, pairs_in
 from megaphone.operators.window_state import (
     COUNTS,
     FLOATS,
@@ -47,7 +47,6 @@ from megaphone.operators.window_state import (
     WindowRows,
     decode_all,
     encode_all,
-    result,
 )
 
 
@@ -68,10 +67,11 @@ _INT64 = np.iinfo(np.int64)
 
 
 def fold_epoch(fn: WindowShape, batch: EpochBatch, states: list[Any], ctx: Context
-               ) -> KeyResults | None:
-    """The epoch's :class:`~megaphone.operators.process.KeyResults` for window ``fn``, equal
-    to running it key by key; ``None`` when it declines (the module docstring says when).
-    Neither ``states`` nor ``ctx`` is changed before it knows it does not decline."""
+               ) -> ColumnResults | None:
+    """The epoch's results for window ``fn``, equal to running it key by key (as
+    :class:`~megaphone.operators.process.ColumnResults`); ``None`` when it declines (the
+    module docstring says when). Neither ``states`` nor ``ctx`` is changed before it knows it
+    does not decline."""
     n = len(batch.times)
     values = None
     if fn.agg != "count":
@@ -86,42 +86,49 @@ def fold_epoch(fn: WindowShape, batch: EpochBatch, states: list[Any], ctx: Conte
     open_rows = decode_all(states, layout)
     if open_rows is None:
         return None
-    fired, due = _due(batch, open_rows)
+    due = pairs_in(open_rows.slot, open_rows.end, batch.timer_slots, batch.timer_times)
     slots, ends, late, folded = _contributions(fn, batch, values, ctx.watermark)
     kept = open_rows.take(np.flatnonzero(~due))
     folded_rows = _fold(kept, slots, ends, folded)
     if folded_rows is None:
         return None
     rows, seeded, contributed = folded_rows
-    new_timers: list[set[int]] = [set() for _ in batch.keys]
     opened = contributed & ~seeded
-    for slot, end in zip(rows.slot[opened].tolist(), rows.end[opened].tolist(), strict=True):
-        new_timers[slot].add(end)
     ctx.drop_late(late)
-    out = KeyResults(encode_all(rows, len(batch.keys)), fired, new_timers, late=ctx.late)
     emitted = open_rows.take(np.flatnonzero(due)) if fn.emit == "append" else \
         rows.take(np.flatnonzero(contributed))  # closed windows, or the touched ones
-    _outputs(fn, batch.keys, emitted, out)
-    return out
+    return ColumnResults(batch.keys, encode_all(rows, len(batch.keys)),
+                         (batch.timer_slots, batch.timer_times),
+                         (rows.slot[opened], rows.end[opened]),
+                         emitted.slot, _outputs(fn, emitted), late=ctx.late)
 
 
-def _due(batch: EpochBatch, rows: WindowRows) -> tuple[list[list[int]], np.ndarray]:
-    """Each slot's due timers in time order, and which of the open ``rows`` they close."""
-    fired: list[list[int]] = [[] for _ in batch.keys]
-    t_slots, t_times = batch.timer_slots, batch.timer_times
-    for slot, t in sorted(zip(t_slots.tolist(), t_times.tolist(), strict=True)):
-        fired[slot].append(t)
-    return fired, pairs_in(rows.slot, rows.end, t_slots, t_times)
-
-
-def _outputs(fn: WindowShape, keys: list[Any], rows: WindowRows, out: KeyResults) -> None:
-    """The windows ``rows`` (sorted by slot and end) as outputs of their keys, into ``out``:
+def _outputs(fn: WindowShape, rows: WindowRows) -> pa.StructArray:
+    """The windows ``rows`` as outputs, ``{start, end, value}`` (times as their integers):
     the closed windows in append mode, the touched ones in update mode."""
-    results = [result(fn.agg, acc) for acc in rows.accumulators()]
-    size = fn.size_us
-    out.out_keys += [keys[s] for s in rows.slot.tolist()]
-    out.out_values += [{"start": end - size, "end": end, "value": v}
-                       for end, v in zip(rows.end.tolist(), results, strict=True)]
+    return pa.StructArray.from_arrays(
+        [pa.array(rows.end - fn.size_us), pa.array(rows.end), _results(fn.agg, rows)],
+        names=["start", "end", "value"])
+
+
+def _results(agg: str, rows: WindowRows) -> pa.Array:
+    """Each window's aggregate, as :func:`~megaphone.operators.window_state.result` gives it:
+    null where a window has no value; an integer average divided in Python where its sum is
+    past 2**53 (numpy's division would round it twice)."""
+    if agg == "count":
+        return pa.array(rows.count)
+    assert rows.total is not None and rows.low is not None and rows.high is not None
+    empty = rows.count == 0
+    if agg != "avg":
+        column = {"sum": rows.total, "min": rows.low, "max": rows.high}[agg]
+        return pa.array(column, mask=empty)
+    counts = np.where(empty, 1, rows.count)
+    means = rows.total / counts
+    if rows.layout == INTS:
+        exact = np.flatnonzero(np.abs(rows.total) > 2**53)
+        means[exact] = [t / c for t, c in zip(rows.total[exact].tolist(),
+                                              counts[exact].tolist(), strict=True)]
+    return pa.array(means.astype(np.float64), mask=empty)
 
 
 def _numeric(values: pa.Array) -> pa.Array | None:

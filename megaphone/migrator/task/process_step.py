@@ -7,7 +7,6 @@ move with it).
 from __future__ import annotations
 
 import functools
-import itertools
 from typing import Any
 
 import msgpack
@@ -19,12 +18,14 @@ from megaphone.migrator.task.columns import BIN, EVENT_TIME, KEY, VALUE
 from megaphone.migrator.task.spec import EpochSpec
 from megaphone.migrator.task.updates import custom_outputs, pack_state, update_failed
 from megaphone.operators.process import (
+    ColumnResults,
     Context,
     EpochBatch,
     ProcessFunction,
     pairs_in,
     plain_type,
     run_epoch,
+    timer_columns,
 )
 from megaphone.records import WorkerMetrics
 from megaphone.state_backends.encoding import encode_keys
@@ -62,11 +63,27 @@ def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: 
     packb = msgpack.Packer().pack
     new = [None if state is None else pack_state(packb, state, key, spec.epoch, worker)
            for key, state in zip(batch.keys, result.states, strict=True)]
-    t_keys, t_values, t_old = _timer_writes(spec, store, bins, batch.keys, result.fired,
-                                            result.set)
+    t_keys, t_values, t_old = _timer_writes(spec, store, bins, batch.keys,
+                                            *timer_columns(result))
     metrics.late_records = result.late
-    outputs = custom_outputs(result.out_keys, result.out_values, schema, spec.epoch, worker)
+    outputs = _column_outputs(result, keys, schema, spec.epoch, worker) \
+        if isinstance(result, ColumnResults) else \
+        custom_outputs(result.out_keys, result.out_values, schema, spec.epoch, worker)
     return outputs, list(state_keys) + t_keys, new + t_values, list(old) + t_old
+
+
+def _column_outputs(result: ColumnResults, keys: pa.Array, schema: pa.Schema,
+                    epoch: int, worker: int) -> pa.Table:
+    """The outputs a ``process_epoch`` gave in columns as a table of ``schema`` (key, output):
+    their slots' keys, and their values cast to the output type (from its plain form); when
+    they do not cast, as :func:`custom_outputs` converts them one by one (which names the
+    first key whose output does not convert)."""
+    try:
+        values = result.out_array.cast(schema.field(1).type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return custom_outputs(result.out_keys, result.out_values, schema, epoch, worker)
+    slot_keys = keys.take(pa.array(result.out_slots, pa.int64()))
+    return pa.Table.from_arrays([slot_keys.cast(schema.field(0).type), values], schema=schema)
 
 
 def _epoch_batch(spec: EpochSpec, due: list[bytes], table: pa.Table
@@ -103,13 +120,13 @@ def _epoch_batch(spec: EpochSpec, due: list[bytes], table: pa.Table
 
 
 def _timer_writes(spec: EpochSpec, store: RemoteStore, bins: np.ndarray, keys: list[Any],
-                  fired: list[list[int]], added: list[set[int]]
+                  done_slots: np.ndarray, done_times: np.ndarray, new_slots: np.ndarray,
+                  new_times: np.ndarray
                   ) -> tuple[list[bytes], list[bytes | None], list[bytes | None]]:
-    """The timer keys to write: fired timers deleted (unless set again), new ones set; with
-    their old values (a new timer may exist already from an earlier epoch). In columns
-    (:func:`~megaphone.operators.process.pairs_in` each way), no Python set per key."""
-    done_slots, done_times = _flat(fired)
-    new_slots, new_times = _flat(added)
+    """The timer keys to write: the fired ``(done_slots, done_times)`` deleted (unless set
+    again), the ``(new_slots, new_times)`` set; with their old values (a new timer may exist
+    already from an earlier epoch). In columns (:func:`~megaphone.operators.process.pairs_in`
+    each way), no Python set per key."""
     dels = ~pairs_in(done_slots, done_times, new_slots, new_times)
     adds = ~pairs_in(new_slots, new_times, done_slots, done_times)
     idx = np.concatenate([done_slots[dels], new_slots[adds]])
@@ -121,11 +138,3 @@ def _timer_writes(spec: EpochSpec, store: RemoteStore, bins: np.ndarray, keys: l
     old_added = store.read(raw[n_dels:]) if len(idx) > n_dels else []
     return (list(raw), [None] * n_dels + [TIMER_VALUE] * (len(idx) - n_dels),
             [TIMER_VALUE] * n_dels + list(old_added))
-
-
-def _flat(per_slot: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """``(slot, time)`` pairs of per-slot collections of times, as two int64 arrays (a slot's
-    times in their collection's order)."""
-    sizes = np.fromiter(map(len, per_slot), np.int64, len(per_slot))
-    times = np.fromiter(itertools.chain.from_iterable(per_slot), np.int64, int(sizes.sum()))
-    return np.repeat(np.arange(len(per_slot), dtype=np.int64), sizes), times
