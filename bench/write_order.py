@@ -9,7 +9,8 @@ batch is written synced as a commit is:
 
 * **unsorted** -- in the order they came;
 * **pairs** -- ``sorted(zip(keys, values))``, the store's way until issue #35's last change;
-* **indexes** -- indexes sorted by key, deletes first (``RocksDBBackend._commit`` now).
+* **indexes** -- indexes sorted by key, deletes first: the store's own
+  ``write_in_key_order``, which ``RocksDBBackend._commit`` calls now.
 
 Prints the median milliseconds of each way's Python (building the batch) and of the write.
 
@@ -19,7 +20,6 @@ Prints the median milliseconds of each way's Python (building the batch) and of 
 from __future__ import annotations
 
 import argparse
-import collections
 import random
 import statistics
 import sys
@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from megaphone.state_backends.rocksdb import _SYNCED, RocksDBBackend
+from megaphone.state_backends.rocksdb import _SYNCED, RocksDBBackend, write_in_key_order
 
 WAYS = ("unsorted", "pairs", "indexes")
 
@@ -53,16 +53,6 @@ def pairs(wb: WriteBatch, keys: list[bytes], values: list[bytes | None]) -> None
             wb.delete(k)
         else:
             wb.put(k, v)
-
-
-def indexes(wb: WriteBatch, keys: list[bytes], values: list[bytes | None]) -> None:
-    """Indexes sorted by key; the deletes, then the puts, each in key order."""
-    order = sorted(range(len(keys)), key=keys.__getitem__)
-    gone = [i for i in order if values[i] is None]
-    collections.deque(map(wb.delete, map(keys.__getitem__, gone)), maxlen=0)
-    order = [i for i in order if values[i] is not None]
-    collections.deque(map(wb.put, map(keys.__getitem__, order), map(values.__getitem__, order)),
-                      maxlen=0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in keys:
             wb.put(k, rng.randbytes(60))
         db.write(wb)
-        ways = {"unsorted": unsorted, "pairs": pairs, "indexes": indexes}
+        ways = {"unsorted": unsorted, "pairs": pairs, "indexes": write_in_key_order}
         times: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
         for epoch in tqdm(range(args.epochs), desc="epochs", leave=False):
             old = rng.sample(keys, args.writes * 3 // 4)

@@ -179,10 +179,9 @@ class TopOfWindow:
             return None
         order = np.lexsort((batch.times, batch.slots))  # by key, then time; stable
         slots, numbers = batch.slots[order], top.to_numpy()[order]
-        starts = np.flatnonzero(np.r_[True, slots[1:] != slots[:-1]]) if len(slots) else \
-            np.zeros(0, np.int64)
-        highest = np.repeat(np.maximum.reduceat(numbers, starts) if len(starts) else numbers,
-                            np.diff(np.r_[starts, len(slots)]))
+        starts = np.flatnonzero(np.diff(slots, prepend=-1))  # each key's first row (slots >= 0)
+        highest = np.repeat(np.maximum.reduceat(numbers, starts),
+                            np.diff(np.append(starts, len(slots))))
         picked = order[numbers == highest]
         none = np.zeros(0, np.int64)
         return ColumnResults(batch.keys, [None] * len(batch.keys), (none, none), (none, none),

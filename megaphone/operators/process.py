@@ -212,10 +212,7 @@ class EpochBatch:
 
     def timers(self) -> list[list[int]]:
         """The due timers of each slot."""
-        out: list[list[int]] = [[] for _ in self.keys]
-        for slot, t in zip(self.timer_slots.tolist(), self.timer_times.tolist(), strict=True):
-            out[slot].append(t)
-        return out
+        return _per_slot(len(self.keys), self.timer_slots, self.timer_times)
 
     def rows(self) -> list[list[Row]]:
         """The records of each slot, ``(time, value)`` in arrival order."""

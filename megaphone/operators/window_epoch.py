@@ -128,7 +128,7 @@ def _results(agg: str, rows: WindowRows) -> pa.Array:
         exact = np.flatnonzero(np.abs(rows.total) > 2**53)
         means[exact] = [t / c for t, c in zip(rows.total[exact].tolist(),
                                               counts[exact].tolist(), strict=True)]
-    return pa.array(means.astype(np.float64), mask=empty)
+    return pa.array(means, mask=empty)
 
 
 def _numeric(values: pa.Array) -> pa.Array | None:
