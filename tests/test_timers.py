@@ -317,3 +317,100 @@ def test_due_timers_through_the_store_service(tmp_path, local):
     assert store.due_timers([4], MAX_TIME) == [t[0]]
     bins, times, keys = decode_timer_keys(store.due_timers([4, 5], MAX_TIME), "str")
     assert (bins.tolist(), times.tolist(), keys) == ([4, 5], [3, 0], ["k", "k"])
+
+
+# ----------------------------------------------------------------------------- timer groups
+
+class _Store:
+    """What ``process_step`` asks of a store, over a memory backend."""
+
+    def __init__(self, backend: StateBackend) -> None:
+        self.backend = backend
+        self.read = backend.get_raw
+        self.due_timers = backend.due_timers
+
+
+def _due_and_write(store: _Store, key_type: str, epoch: int, upto: int,
+                   setting: list[tuple[object, int]]) -> set[tuple[int, int, object]]:
+    """One epoch's timers as ``process_step`` runs them: the due rows read and expanded, then
+    every due timer fired and ``setting`` ``(key, time)`` set, written as groups; the fired
+    ``(bin, time, key)``."""
+    from megaphone.migrator.task.process_step import _timer_writes
+    from megaphone.state_backends.timer_keys import expand_due, is_timer_group
+
+    rows = store.due_timers(range(BINS), upto)
+    due = expand_due(rows, store.read([k for k in rows if is_timer_group(k)]))
+    assert len(set(due)) == len(due)  # each timer once
+    assert due == sorted(due)  # the bins given in order: key order throughout
+    bins_, times, keys = decode_timer_keys(due, key_type)
+    fired = set(zip(bins_.tolist(), times.tolist(), keys, strict=True))
+    slot_keys = list(dict.fromkeys([k for _, _, k in fired] + [k for k, _ in setting]))
+    slot_bins = np.array([hash(k) % BINS for k in slot_keys], np.int64)  # any fixed bin
+    state_keys = encode_keys(slot_bins, slot_keys, key_type)
+    slot = {k: i for i, k in enumerate(slot_keys)}
+    new_slots = np.array([slot[k] for k, _ in setting], np.int64)
+    new_times = np.array([t for _, t in setting], np.int64)
+    keys_, values, olds = _timer_writes(store, epoch, slot_bins, state_keys, rows,
+                                        new_slots, new_times)
+    assert olds == store.read(keys_)  # the undo record's old values are the stored ones
+    store.backend.write_raw(keys_, values)
+    return fired
+
+
+@settings(max_examples=100, deadline=None)
+@given(legacy=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 30)), max_size=12),
+       epochs=st.lists(st.tuples(st.integers(0, 8), st.lists(
+           st.tuples(st.integers(0, 5) | st.none(), st.integers(0, 40)), max_size=10)),
+           max_size=8),
+       key_type=st.sampled_from(["int64", "str"]))
+def test_timer_groups_fire_each_timer_once_as_the_model(tmp_path, legacy, epochs, key_type):
+    """Timers written as groups (a row per bin, time and epoch), over a store that also holds
+    per-key timers of an older version, fire exactly as a set of pending timers: each once,
+    at the first watermark at or past its time, however many epochs set it; none lost, none
+    doubled."""
+    as_key = (lambda k: k) if key_type == "int64" else (lambda k: None if k is None else f"k{k}")
+    with open_new("memory", tmp_path, key_type) as be:
+        store = _Store(be)
+        bin_of = {}
+        pending: set[tuple[object, int]] = set()
+        for k, t in legacy:  # per-key timer rows of an older store
+            key = as_key(k)
+            bin_of[key] = hash(key) % BINS
+            be.write_raw(encode_timer_keys([bin_of[key]], [t], [key], key_type), [b""])
+            pending.add((key, t))
+        watermark = 0
+        for epoch, (step, setting) in enumerate(epochs):
+            watermark += step
+            setting = [(as_key(k), t) for k, t in setting]
+            for key, _ in setting:
+                bin_of[key] = hash(key) % BINS
+            fired = _due_and_write(store, key_type, epoch, watermark, setting)
+            due = {(key, t) for key, t in pending if t <= watermark}
+            assert fired == {(bin_of[k], t, k) for k, t in due}
+            pending = (pending - due) | set(setting)
+        left = _due_and_write(store, key_type, len(epochs), MAX_TIME, [])
+        assert left == {(bin_of[k], t, k) for k, t in pending}
+        assert be.due_timers(range(BINS), MAX_TIME) == []  # every row gone once fired
+
+
+def test_timer_group_rows_are_timers_of_their_bin_and_refuse_bad_values():
+    from megaphone.state_backends.timer_keys import (
+        group_members,
+        group_writes,
+        is_timer_group,
+        pack_group,
+    )
+
+    keys, values = group_writes(np.array([3, 1, 3, 3]), np.array([7, 7, 5, 5]),
+                                [b"a", b"b", b"c", b"a"], 9)
+    assert [group_members(v) for v in values] == [[b"b"], [b"a", b"c"], [b"a"]]  # bin, time
+    assert keys == sorted(keys) and all(map(is_timer_group, keys))
+    assert all(map(is_timer_key, keys)) and bins_of_raw(keys).tolist() == [1, 3, 3]
+    assert timer_range(1, 7)[0] < keys[0] < timer_range(1, 7)[1] <= timer_range(1, 8)[1]
+    per_key = encode_timer_keys([1, 1, 1], [7] * 3, ["", "\u00fe" * 4, None], "str") + \
+        encode_timer_keys([1], [7], [-2], "int64")  # 0xFE-leading int64 bytes
+    assert not any(map(is_timer_group, per_key))
+    assert group_members(pack_group([b"z", b"a", b"z"])) == [b"a", b"z"]
+    assert pack_group([]) is None and group_members(None) == []
+    with pytest.raises(ValueError, match="timer group"):
+        group_members(pack_value({"not": "a list"}))

@@ -14,10 +14,12 @@ can be scanned, exported or deleted as a single range.  Encoded keys:
 *Timer keys* (event-time callbacks, :mod:`megaphone.state_backends.timer_keys`) live in their
 bin's range too, so they migrate, persist and commit with its state: ``bin prefix +``
 :data:`TIMER_MARK` ``(0xFE) + 8 bytes big-endian of time XOR 2**63 + encoded key`` (empty
-value). Within a bin they sort by time, then key. No str key starts with ``0xFE`` (not valid
-UTF-8), but an int64 key can (e.g. ``0x7E00_0000_0000_0001``), so a plain int64 key (12 raw
-bytes) may fall inside the timer range: a raw key is a timer iff ``raw[4] == 0xFE`` and it is
-at least 13 bytes long, and every scan (for timers or for plain keys) must apply that test.
+value), or, as an epoch writes them, one *group* row per bin, time and epoch (``0xFE`` and
+the epoch instead of a key; its value lists the keys). Within a bin they sort by time. No str
+key starts with ``0xFE`` (not valid UTF-8), but an int64 key can (e.g.
+``0x7E00_0000_0000_0001``), so a plain int64 key (12 raw bytes) may fall inside the timer
+range: a raw key is a timer iff ``raw[4] == 0xFE`` and it is at least 13 bytes long, and every
+scan (for timers or for plain keys) must apply that test.
 
 Values are msgpack (``use_bin_type=True``; tuples come back as lists, numpy scalars and arrays
 are stored as plain numbers and lists).  Metadata entries live under :data:`META_PREFIX`, which

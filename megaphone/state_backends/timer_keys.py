@@ -7,15 +7,30 @@ bin's range, timers migrate with the bin, reach the durable copy and commit atom
 state, with no machinery of their own. Within a bin they sort by time, then key, so the timers
 due at a watermark are one key range per bin (:func:`timer_range`) that a backend reads with one
 seek. A plain int64 key may start with ``0xFE`` too, so every scan tests :func:`is_timer_key`.
+
+An epoch writes its timers as **timer groups**: one row per ``(bin, time)`` and epoch, the
+raw key ``bin prefix + 0xFE + 8 bytes of time + 0xFE + 8 bytes of the epoch``
+(:func:`timer_group_keys`; no timer of one key has ``0xFE`` after its time and is 22 bytes
+long: a str key never starts with ``0xFE``, an int64 key is 8 bytes) whose value is the msgpack
+list of the encoded keys the epoch set a timer for then, sorted. A window aggregate sets one
+timer per key and window end, all at a few times per bin: as groups, an epoch writes a few
+rows per bin instead of a key per timer, and reads no old value per timer; a group of its own
+per epoch means an epoch never rewrites an earlier one's (docs/operators.md, "Timers in
+groups").
+A group is a timer key too (it passes :func:`is_timer_key`), so it moves, commits and is
+skipped by ``items()`` as one; :func:`expand_due` turns the due rows, groups and per-key timers
+of older stores alike, into per-key timer keys.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import msgpack
 import numpy as np
 import pyarrow as pa
 
@@ -44,6 +59,7 @@ _SIGN = np.uint64(1 << 63)
 _HEAD = np.dtype([("b", ">u4"), ("m", "u1"), ("t", ">u8")])
 _INT_TIMER = np.dtype([("b", ">u4"), ("m", "u1"), ("t", ">u8"), ("k", ">u8")])
 _INT_KEY = np.dtype([("b", ">u4"), ("k", ">u8")])
+_GROUP = np.dtype([("b", ">u4"), ("m", "u1"), ("t", ">u8"), ("g", "u1"), ("e", ">u8")])
 _MAX_BIN = 0xFFFFFFFF  # the metadata prefix: no bin
 
 
@@ -54,6 +70,12 @@ def is_timer_key(raw: bytes) -> bool:
     """Whether the raw key ``raw`` is a timer: ``0xFE`` after the prefix and at least
     :data:`TIMER_HEAD_LEN` bytes (a plain int64 key starting with ``0xFE`` is 12 bytes)."""
     return len(raw) >= TIMER_HEAD_LEN and raw[BIN_PREFIX_LEN] == _MARK
+
+
+def is_timer_group(raw: bytes) -> bool:
+    """Whether the raw key ``raw`` is a timer group: a timer head, ``0xFE`` and an epoch."""
+    return (len(raw) == _GROUP.itemsize and raw[TIMER_HEAD_LEN] == _MARK
+            and raw[BIN_PREFIX_LEN] == _MARK)
 
 
 def _mark_mask(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -148,6 +170,71 @@ def decode_timer_keys(raw: Sequence[bytes], key_type: str
     _, decoded = decode_keys([r[:BIN_PREFIX_LEN] + r[TIMER_HEAD_LEN:] for r in raw], key_type)
     keys = decoded.tolist() if isinstance(decoded, np.ndarray) else list(decoded)
     return head["b"].astype(np.int64), _times(head["t"]), keys
+
+
+def timer_group_keys(bins: np.ndarray, times: np.ndarray, epoch: int) -> list[bytes]:
+    """The raw keys of epoch ``epoch``'s timer groups ``(bins[i], times[i])`` (int64 arrays),
+    built in one structured numpy array."""
+    rec = np.empty(len(bins), _GROUP)
+    rec["b"], rec["m"], rec["g"], rec["e"] = bins, _MARK, _MARK, epoch
+    rec["t"] = times.astype(np.int64, copy=False).view(np.uint64) ^ _SIGN
+    return rec.view(f"V{_GROUP.itemsize}").tolist()
+
+
+def pack_group(members: Iterable[bytes]) -> bytes | None:
+    """A timer group's value: its keys' encoded bytes (after the bin prefix), sorted, as a
+    msgpack list; ``None`` (delete the row) when it has none."""
+    unique = sorted(set(members))
+    return msgpack.packb(unique) if unique else None
+
+
+def group_members(value: bytes | None) -> list[bytes]:
+    """The encoded keys of a timer group's ``value`` (none for ``None``)."""
+    if value is None:
+        return []
+    members = msgpack.unpackb(value)
+    if not isinstance(members, list) or not all(isinstance(m, bytes) for m in members):
+        raise ValueError("a timer group's value is not a msgpack list of bytes")
+    return members
+
+
+def expand_due(due: Sequence[bytes], group_values: Sequence[bytes | None]) -> list[bytes]:
+    """Due timer rows (``due``, as a backend's ``due_timers`` gives them) as per-key timer
+    keys: each group (in ``due`` order; ``group_values`` are their values) becomes its
+    members' keys. Order as ``due_timers``: bins as in ``due``, a bin's in key order; a timer
+    in several groups (set by several epochs) or also in a per-key row of an older store is
+    there once."""
+    values = iter(group_values)
+    out: list[bytes] = []
+    heads: list[bytes] = []
+    for raw in due:
+        if is_timer_group(raw):
+            head = raw[:TIMER_HEAD_LEN]
+            heads.append(head)
+            out += [head + m for m in group_members(next(values))]
+        else:
+            out.append(raw)
+    if heads and (len(heads) < len(due) or len(set(heads)) < len(heads)):
+        # a time with more than one row: sort each bin's again, drop repeats
+        rank = {p: i for i, p in enumerate(dict.fromkeys(r[:BIN_PREFIX_LEN] for r in due))}
+        out = sorted(set(out), key=lambda r: (rank[r[:BIN_PREFIX_LEN]], r))
+    return out
+
+
+def group_writes(bins: np.ndarray, times: np.ndarray, members: Sequence[bytes], epoch: int
+                 ) -> tuple[list[bytes], list[bytes]]:
+    """The timers ``(bins[i], times[i], members[i])`` (a key's encoded bytes) that epoch
+    ``epoch`` set, grouped: each group's raw key and value (:func:`pack_group`), in key
+    order."""
+    if not len(bins):
+        return [], []
+    order = np.lexsort((times, bins))
+    b, t = bins[order], times[order]
+    starts = np.flatnonzero(np.r_[True, (b[1:] != b[:-1]) | (t[1:] != t[:-1])])
+    keys = timer_group_keys(b[starts], t[starts], epoch)
+    ordered = [members[i] for i in order.tolist()]
+    bounds = np.r_[starts, len(order)].tolist()
+    return keys, [pack_group(ordered[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
 
 
 def _times(encoded: np.ndarray) -> np.ndarray:

@@ -1,13 +1,12 @@
 """One worker's epoch of an event-time operator: fire the timers the watermark passed, apply the
 records, and commit state and timers in the epoch's one atomic write (docs/operators.md, "An
 epoch of an event-time operator, at one worker"; timers are keys of their key's bin, so they
-move with it).
+move with it, written as one group row per bin and time: "Timers in groups").
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import msgpack
 import numpy as np
@@ -22,18 +21,19 @@ from megaphone.operators.process import (
     Context,
     EpochBatch,
     ProcessFunction,
-    pairs_in,
     plain_type,
     run_epoch,
     timer_columns,
 )
 from megaphone.records import WorkerMetrics
-from megaphone.state_backends.encoding import encode_keys
+from megaphone.state_backends.encoding import BIN_PREFIX_LEN, encode_keys
 from megaphone.state_backends.remote import RemoteStore
-from megaphone.state_backends.timer_keys import decode_timer_keys, encode_timer_keys
-
-#: The stored value of a timer (the key says it all).
-TIMER_VALUE = b""
+from megaphone.state_backends.timer_keys import (
+    decode_timer_keys,
+    expand_due,
+    group_writes,
+    is_timer_group,
+)
 
 
 def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: int,
@@ -45,8 +45,9 @@ def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: 
     with their old values, and counts the late records and fired timers in ``metrics``."""
     fn = spec.update.fn
     assert isinstance(fn, ProcessFunction)
-    due = store.due_timers(spec.owned.get(worker, ()), spec.watermark) \
+    due_rows = store.due_timers(spec.owned.get(worker, ()), spec.watermark) \
         if spec.watermark is not None else []
+    due = expand_due(due_rows, store.read([k for k in due_rows if is_timer_group(k)]))
     schema = spec.output_schema
     batch, bins, keys = _epoch_batch(spec, due, table)
     metrics.timers_fired = len(due)
@@ -63,8 +64,8 @@ def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: 
     packb = msgpack.Packer().pack
     new = [None if state is None else pack_state(packb, state, key, spec.epoch, worker)
            for key, state in zip(batch.keys, result.states, strict=True)]
-    t_keys, t_values, t_old = _timer_writes(spec, store, bins, batch.keys,
-                                            *timer_columns(result))
+    t_keys, t_values, t_old = _timer_writes(store, spec.epoch, bins, state_keys, due_rows,
+                                            *timer_columns(result)[2:])
     metrics.late_records = result.late
     outputs = _column_outputs(result, keys, schema, spec.epoch, worker) \
         if isinstance(result, ColumnResults) else \
@@ -119,22 +120,16 @@ def _epoch_batch(spec: EpochSpec, due: list[bytes], table: pa.Table
     return batch, bins[first], slot_keys
 
 
-def _timer_writes(spec: EpochSpec, store: RemoteStore, bins: np.ndarray, keys: list[Any],
-                  done_slots: np.ndarray, done_times: np.ndarray, new_slots: np.ndarray,
-                  new_times: np.ndarray
+def _timer_writes(store: RemoteStore, epoch: int, bins: np.ndarray, state_keys: list[bytes],
+                  due_rows: list[bytes], new_slots: np.ndarray, new_times: np.ndarray
                   ) -> tuple[list[bytes], list[bytes | None], list[bytes | None]]:
-    """The timer keys to write: the fired ``(done_slots, done_times)`` deleted (unless set
-    again), the ``(new_slots, new_times)`` set; with their old values (a new timer may exist
-    already from an earlier epoch). In columns (:func:`~megaphone.operators.process.pairs_in`
-    each way), no Python set per key."""
-    dels = ~pairs_in(done_slots, done_times, new_slots, new_times)
-    adds = ~pairs_in(new_slots, new_times, done_slots, done_times)
-    idx = np.concatenate([done_slots[dels], new_slots[adds]])
-    at = np.concatenate([done_times[dels], new_times[adds]])
-    if not len(idx):
-        return [], [], []
-    n_dels = int(dels.sum())
-    raw = encode_timer_keys(bins[idx], at, [keys[i] for i in idx.tolist()], spec.key_type)
-    old_added = store.read(raw[n_dels:]) if len(idx) > n_dels else []
-    return (list(raw), [None] * n_dels + [TIMER_VALUE] * (len(idx) - n_dels),
-            [TIMER_VALUE] * n_dels + list(old_added))
+    """The timer rows to write, with their old values: every due row deleted (each of its
+    timers fired; ``due_rows`` are groups and per-key timers of an older store alike), and the
+    timers set (``(new_slots, new_times)``, a timer fired and set again included) as the
+    epoch's own group per bin and time. A row per bin and time, not a key per timer."""
+    members = [state_keys[s][BIN_PREFIX_LEN:] for s in new_slots.tolist()]
+    group_keys, group_values = group_writes(bins[new_slots], new_times, members, epoch)
+    writes: dict[bytes, bytes | None] = dict.fromkeys(due_rows)
+    writes.update(zip(group_keys, group_values, strict=True))
+    keys = list(writes)
+    return keys, list(writes.values()), store.read(keys)
