@@ -341,8 +341,9 @@ def _due_and_write(store: _Store, key_type: str, epoch: int, upto: int,
     rows = store.due_timers(range(BINS), upto)
     due = expand_due(rows, store.read([k for k in rows if is_timer_group(k)]))
     assert len(set(due)) == len(due)  # each timer once
-    assert due == sorted(due)  # the bins given in order: key order throughout
     bins_, times, keys = decode_timer_keys(due, key_type)
+    pairs = list(zip(bins_.tolist(), times.tolist(), strict=True))
+    assert pairs == sorted(pairs)  # the bins given in order, a bin's by time
     fired = set(zip(bins_.tolist(), times.tolist(), keys, strict=True))
     slot_keys = list(dict.fromkeys([k for _, _, k in fired] + [k for k, _ in setting]))
     slot_bins = np.array([hash(k) % BINS for k in slot_keys], np.int64)  # any fixed bin

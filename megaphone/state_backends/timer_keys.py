@@ -201,9 +201,9 @@ def group_members(value: bytes | None) -> list[bytes]:
 def expand_due(due: Sequence[bytes], group_values: Sequence[bytes | None]) -> list[bytes]:
     """Due timer rows (``due``, as a backend's ``due_timers`` gives them) as per-key timer
     keys: each group (in ``due`` order; ``group_values`` are their values) becomes its
-    members' keys. Order as ``due_timers``: bins as in ``due``, a bin's in key order; a timer
-    in several groups (set by several epochs) or also in a per-key row of an older store is
-    there once."""
+    members' keys. Bins as in ``due``, a bin's in time order (within a time, its rows' order
+    and each group's keys in key order); a timer in several groups (set by several epochs) or
+    also in a per-key row of an older store is there once, where it first is."""
     values = iter(group_values)
     out: list[bytes] = []
     heads: list[bytes] = []
@@ -215,9 +215,7 @@ def expand_due(due: Sequence[bytes], group_values: Sequence[bytes | None]) -> li
         else:
             out.append(raw)
     if heads and (len(heads) < len(due) or len(set(heads)) < len(heads)):
-        # a time with more than one row: sort each bin's again, drop repeats
-        rank = {p: i for i, p in enumerate(dict.fromkeys(r[:BIN_PREFIX_LEN] for r in due))}
-        out = sorted(set(out), key=lambda r: (rank[r[:BIN_PREFIX_LEN]], r))
+        out = list(dict.fromkeys(out))  # a time with more than one row: drop repeats
     return out
 
 
