@@ -336,10 +336,11 @@ def _due_and_write(store: _Store, key_type: str, epoch: int, upto: int,
     every due timer fired and ``setting`` ``(key, time)`` set, written as groups; the fired
     ``(bin, time, key)``."""
     from megaphone.migrator.task.process_step import _timer_writes
-    from megaphone.state_backends.timer_keys import expand_due, is_timer_group
+    from megaphone.state_backends.timer_keys import expand_due
 
     rows = store.due_timers(range(BINS), upto)
-    due = expand_due(rows, store.read([k for k in rows if is_timer_group(k)]))
+    row_values = store.read(rows)
+    due = expand_due(rows, row_values)
     assert len(set(due)) == len(due)  # each timer once
     bins_, times, keys = decode_timer_keys(due, key_type)
     pairs = list(zip(bins_.tolist(), times.tolist(), strict=True))
@@ -351,7 +352,7 @@ def _due_and_write(store: _Store, key_type: str, epoch: int, upto: int,
     slot = {k: i for i, k in enumerate(slot_keys)}
     new_slots = np.array([slot[k] for k, _ in setting], np.int64)
     new_times = np.array([t for _, t in setting], np.int64)
-    keys_, values, olds = _timer_writes(store, epoch, slot_bins, state_keys, rows,
+    keys_, values, olds = _timer_writes(store, epoch, slot_bins, state_keys, rows, row_values,
                                         new_slots, new_times)
     assert olds == store.read(keys_)  # the undo record's old values are the stored ones
     store.backend.write_raw(keys_, values)

@@ -169,13 +169,13 @@ class ColumnResults:
         return self.out_array.to_pylist()
 
 
-def timer_columns(result: KeyResults | ColumnResults
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(slots, times)`` of the timers ``result`` fired, then of those it set, as int64
-    arrays (a slot's times in their collection's order), whichever form it has them in."""
+def timers_set(result: KeyResults | ColumnResults) -> tuple[np.ndarray, np.ndarray]:
+    """``(slots, times)`` of the timers ``result`` set, as int64 arrays (a slot's times in
+    their collection's order), whichever form it has them in. (The runtime needs no list of
+    those fired: every due timer fires.)"""
     if isinstance(result, ColumnResults):
-        return (*result.fired_at, *result.set_at)
-    return (*_flat(result.fired), *_flat(result.set))
+        return result.set_at
+    return _flat(result.set)
 
 
 def _flat(per_slot: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:

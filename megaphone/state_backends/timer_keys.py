@@ -198,20 +198,19 @@ def group_members(value: bytes | None) -> list[bytes]:
     return members
 
 
-def expand_due(due: Sequence[bytes], group_values: Sequence[bytes | None]) -> list[bytes]:
-    """Due timer rows (``due``, as a backend's ``due_timers`` gives them) as per-key timer
-    keys: each group (in ``due`` order; ``group_values`` are their values) becomes its
-    members' keys. Bins as in ``due``, a bin's in time order (within a time, its rows' order
-    and each group's keys in key order); a timer in several groups (set by several epochs) or
-    also in a per-key row of an older store is there once, where it first is."""
-    values = iter(group_values)
+def expand_due(due: Sequence[bytes], values: Sequence[bytes | None]) -> list[bytes]:
+    """Due timer rows (``due``, as a backend's ``due_timers`` gives them, with their stored
+    ``values``) as per-key timer keys: each group becomes its members' keys. Bins as in
+    ``due``, a bin's in time order (within a time, its rows' order and each group's keys in
+    key order); a timer in several groups (set by several epochs) or also in a per-key row of
+    an older store is there once, where it first is."""
     out: list[bytes] = []
     heads: list[bytes] = []
-    for raw in due:
+    for raw, value in zip(due, values, strict=True):
         if is_timer_group(raw):
             head = raw[:TIMER_HEAD_LEN]
             heads.append(head)
-            out += [head + m for m in group_members(next(values))]
+            out += [head + m for m in group_members(value)]
         else:
             out.append(raw)
     if heads and (len(heads) < len(due) or len(set(heads)) < len(heads)):

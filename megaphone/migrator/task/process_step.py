@@ -1,7 +1,7 @@
 """One worker's epoch of an event-time operator: fire the timers the watermark passed, apply the
 records, and commit state and timers in the epoch's one atomic write (docs/operators.md, "An
 epoch of an event-time operator, at one worker"; timers are keys of their key's bin, so they
-move with it, written as one group row per bin and time: "Timers in groups").
+move with it, written as one group row per bin, time and epoch: "Timers in groups").
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from megaphone.operators.process import (
     ProcessFunction,
     plain_type,
     run_epoch,
-    timer_columns,
+    timers_set,
 )
 from megaphone.records import WorkerMetrics
 from megaphone.state_backends.encoding import BIN_PREFIX_LEN, encode_keys
@@ -32,7 +32,6 @@ from megaphone.state_backends.timer_keys import (
     decode_timer_keys,
     expand_due,
     group_writes,
-    is_timer_group,
 )
 
 
@@ -47,7 +46,8 @@ def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: 
     assert isinstance(fn, ProcessFunction)
     due_rows = store.due_timers(spec.owned.get(worker, ()), spec.watermark) \
         if spec.watermark is not None else []
-    due = expand_due(due_rows, store.read([k for k in due_rows if is_timer_group(k)]))
+    due_values = store.read(due_rows)  # the groups' keys; every row's old value to undo
+    due = expand_due(due_rows, due_values)
     schema = spec.output_schema
     batch, bins, keys = _epoch_batch(spec, due, table)
     metrics.timers_fired = len(due)
@@ -65,7 +65,7 @@ def apply_process(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: 
     new = [None if state is None else pack_state(packb, state, key, spec.epoch, worker)
            for key, state in zip(batch.keys, result.states, strict=True)]
     t_keys, t_values, t_old = _timer_writes(store, spec.epoch, bins, state_keys, due_rows,
-                                            *timer_columns(result)[2:])
+                                            due_values, *timers_set(result))
     metrics.late_records = result.late
     outputs = _column_outputs(result, keys, schema, spec.epoch, worker) \
         if isinstance(result, ColumnResults) else \
@@ -121,15 +121,19 @@ def _epoch_batch(spec: EpochSpec, due: list[bytes], table: pa.Table
 
 
 def _timer_writes(store: RemoteStore, epoch: int, bins: np.ndarray, state_keys: list[bytes],
-                  due_rows: list[bytes], new_slots: np.ndarray, new_times: np.ndarray
+                  due_rows: list[bytes], due_values: list[bytes | None],
+                  new_slots: np.ndarray, new_times: np.ndarray
                   ) -> tuple[list[bytes], list[bytes | None], list[bytes | None]]:
     """The timer rows to write, with their old values: every due row deleted (each of its
-    timers fired; ``due_rows`` are groups and per-key timers of an older store alike), and the
-    timers set (``(new_slots, new_times)``, a timer fired and set again included) as the
-    epoch's own group per bin and time. A row per bin and time, not a key per timer."""
+    timers fired; ``due_rows`` are groups and per-key timers of an older store alike, with
+    their stored ``due_values``), and the timers set (``(new_slots, new_times)``, a timer
+    fired and set again included) as the epoch's own group per bin and time, whose old values
+    are read. A row per bin and time, not a key per timer."""
     members = [state_keys[s][BIN_PREFIX_LEN:] for s in new_slots.tolist()]
     group_keys, group_values = group_writes(bins[new_slots], new_times, members, epoch)
+    old = dict(zip(due_rows, due_values, strict=True))
+    fresh = [k for k in group_keys if k not in old]
+    old.update(zip(fresh, store.read(fresh), strict=True))
     writes: dict[bytes, bytes | None] = dict.fromkeys(due_rows)
     writes.update(zip(group_keys, group_values, strict=True))
-    keys = list(writes)
-    return keys, list(writes.values()), store.read(keys)
+    return list(writes), list(writes.values()), [old[k] for k in writes]
