@@ -95,6 +95,61 @@ def adaptive_off(spark: SparkSession) -> Iterator[None]:
                 spark.conf.set(ADAPTIVE, saved)
 
 
+#: Spark's cap on the bytes of one Arrow batch it sends to Python. Unless it is ``Int.MaxValue``,
+#: Spark checks it after every row by sizing every column of the batch: in Spark 4.1 more than
+#: half of the JVM's CPU in a NEXMark Q7 window task (docs/operators.md, "Arrow batches cut by
+#: rows"). :func:`byte_cap_unchecked` skips the check where it cannot bind.
+ARROW_MAX_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+#: Spark's cap on the rows of one Arrow batch it sends to Python (``<= 0``: none).
+ARROW_MAX_RECORDS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+#: :data:`ARROW_MAX_BYTES`'s default (64 MiB) and the value at which Spark skips its check.
+ARROW_DEFAULT_BYTES, ARROW_UNCHECKED_BYTES = 64 << 20, 2**31 - 1
+_cap_lock = threading.Lock()
+#: id(session): [jobs inside that skip the check, jobs inside that keep it, value to restore].
+_cap_jobs: dict[int, list[Any]] = {}
+
+
+@contextlib.contextmanager
+def byte_cap_unchecked(spark: SparkSession, row_bytes: int | None) -> Iterator[None]:
+    """Run the Spark jobs inside without Spark's row-by-row check of :data:`ARROW_MAX_BYTES`
+    where the cap cannot bind: the session leaves it at its default and a batch of the most
+    rows Spark puts in one (:data:`ARROW_MAX_RECORDS`) of at most ``row_bytes`` each fits under
+    it. ``row_bytes`` is ``None`` when a row has no such bound (a string, state, a partial
+    aggregate): the check stays. Batches then hold exactly the rows they would have held.
+
+    The setting is the session's, restored once the last job inside on any thread is done;
+    while any job inside keeps the check, the session has it (a job reads it when it starts)."""
+    key = id(spark)
+    with _cap_lock:
+        jobs = _cap_jobs.setdefault(key, [0, 0, None])
+        if jobs[0] == jobs[1] == 0:
+            jobs[2] = spark.conf.get(ARROW_MAX_BYTES, None)
+        records = int(spark.conf.get(ARROW_MAX_RECORDS, "10000"))
+        skip = row_bytes is not None and jobs[2] is None and \
+            records > 0 and records * row_bytes <= ARROW_DEFAULT_BYTES
+        jobs[0 if skip else 1] += 1
+        _set_byte_cap(spark, jobs)
+    try:
+        yield
+    finally:
+        with _cap_lock:
+            jobs[0 if skip else 1] -= 1
+            _set_byte_cap(spark, jobs)
+            if jobs[0] == jobs[1] == 0:
+                del _cap_jobs[key]
+
+
+def _set_byte_cap(spark: SparkSession, jobs: list[Any]) -> None:
+    """The session's :data:`ARROW_MAX_BYTES` for the jobs inside :func:`byte_cap_unchecked`
+    (``jobs`` as kept there): unchecked while only jobs that skip it are, else as it was."""
+    if jobs[0] and not jobs[1]:
+        spark.conf.set(ARROW_MAX_BYTES, str(ARROW_UNCHECKED_BYTES))
+    elif jobs[2] is None:
+        spark.conf.unset(ARROW_MAX_BYTES)
+    else:
+        spark.conf.set(ARROW_MAX_BYTES, jobs[2])
+
+
 def spark_session(
     master: str = "local[*]", app_name: str = "megaphone", conf: dict[str, str] | None = None
 ) -> SparkSession:

@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame
 
 from megaphone.migrator.epoch.run import EpochRun, EpochSource
 from megaphone.migrator.epoch.spark_job import PassedOn, run_job
+from megaphone.migrator.task.spec import row_bytes_bound
 from megaphone.spark import check_python_workers
 
 if TYPE_CHECKING:
@@ -90,7 +91,9 @@ def _run(drivers: Sequence[EpochDriver], links: Sequence[Link | None], batch: Da
     with contextlib.ExitStack() as phases:
         for run in runs:
             phases.enter_context(run.phase("collect"))
-        results, attempts = run_job(rows, rebuild, runs[0].epoch)
+        bounds = [row_bytes_bound(run.spec) for run in runs]  # one job: its widest rows
+        row_bytes = None if None in bounds else max(bounds)  # type: ignore[type-var]
+        results, attempts = run_job(rows, rebuild, runs[0].epoch, row_bytes)
         tables = [hand_over.table(run.spec) for hand_over, run in zip(passed, runs, strict=False)]
         reports = [run.reports(table) for run, table in zip(runs, [*tables, results], strict=True)]
         outputs = reports[-1][0].outputs

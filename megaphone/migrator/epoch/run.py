@@ -42,7 +42,7 @@ from megaphone.migrator.statedir.commit import StreamPosition
 from megaphone.migrator.statedir.faults import crash_point
 from megaphone.migrator.statedir.inbox import PlanInbox
 from megaphone.migrator.task.columns import LABEL
-from megaphone.migrator.task.spec import EpochSpec, with_labels
+from megaphone.migrator.task.spec import EpochSpec, row_bytes_bound, with_labels
 from megaphone.migrator.task.transfer import receivers_pull
 from megaphone.migrator.task.updates import Update
 from megaphone.migrator.trace import epoch_trace, take_marks, trace_enabled
@@ -185,7 +185,8 @@ class EpochRun:
             with self.phase("submit"):
                 first = self.job()
             with self.phase("collect"):
-                table, self.attempts = run_job(first, self.job, self.epoch)
+                table, self.attempts = run_job(first, self.job, self.epoch,
+                                                row_bytes_bound(self.spec))
                 reports = self.reports(table)
                 if before_commit is not None:
                     before_commit(reports[0].outputs)

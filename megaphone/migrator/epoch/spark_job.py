@@ -48,7 +48,7 @@ from megaphone.migrator.task.updates import UpdateError
 from megaphone.plans.hot_keys import epoch_summary
 from megaphone.records import EpochMetrics, WorkerMetrics, WorkerReport
 from megaphone.routing.bins import bin_column, owner_column
-from megaphone.spark import adaptive_off, no_rows
+from megaphone.spark import adaptive_off, byte_cap_unchecked, no_rows
 from megaphone.state_backends.wire import batch_to_ipc, ipc_to_batches
 
 log = logging.getLogger("megaphone.epoch")
@@ -239,10 +239,13 @@ class PassedOn:
         return pa.Table.from_batches(batches, schema=schema)
 
 
-def run_job(job: DataFrame, rebuild: Callable[[], DataFrame], epoch: int
-            ) -> tuple[pa.Table, int]:
+def run_job(job: DataFrame, rebuild: Callable[[], DataFrame], epoch: int,
+            row_bytes: int | None) -> tuple[pa.Table, int]:
     """Run an epoch's ``job`` (the first of ``epoch``'s group) without adaptive execution
-    (:func:`~megaphone.spark.adaptive_off`): its results and how many runs it took; run again
+    (:func:`~megaphone.spark.adaptive_off`) and, where its shuffle rows have at most
+    ``row_bytes`` bytes (:func:`~megaphone.migrator.task.spec.row_bytes_bound`), without Spark's
+    row-by-row check of the Arrow batches' bytes (:func:`~megaphone.spark.byte_cap_unchecked`):
+    its results and how many runs it took; run again
     (``rebuild()``: a rerun is a new DataFrame, whose plan holds nothing of the failed run)
     if it failed for a :data:`RETRYABLE` reason (the epoch is idempotent: workers that
     committed replay their outputs, the others apply).
@@ -254,7 +257,8 @@ def run_job(job: DataFrame, rebuild: Callable[[], DataFrame], epoch: int
         if attempts > 1:
             job = rebuild()
         try:
-            with adaptive_off(job.sparkSession):
+            spark = job.sparkSession
+            with adaptive_off(spark), byte_cap_unchecked(spark, row_bytes):
                 return job.toArrow(), attempts
         except Exception as exc:
             text = str(exc)

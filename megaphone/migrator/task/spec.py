@@ -142,3 +142,37 @@ def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_
 def with_labels(schema: pa.Schema) -> pa.Schema:
     """The shuffle ``schema`` of a group's job: its records also carry their epoch's label."""
     return schema.append(pa.field(LABEL, pa.int64()))
+
+
+#: The shuffle's columns a record leaves null: state, partial aggregates, exporters' reports.
+RECORDS_NULL = frozenset({STATE_KEY, STATE_VALUE, STATE_FILE, PARTIAL, EXPORT_REPORT})
+
+
+def row_bytes_bound(spec: EpochSpec) -> int | None:
+    """At most how many bytes one shuffle row of the epoch takes in an Arrow batch bound for a
+    worker's task, twice over (for Spark's ``maxBytesPerBatch``, :func:`~megaphone.spark.
+    byte_cap_unchecked`); ``None`` when there is no such bound: state or partial aggregates
+    cross the shuffle (exports not pulled by their receivers, split hot keys), or a record
+    column has a variable width (a string, a list)."""
+    if (spec.outgoing and not spec.pull_exports) or spec.split_keys:
+        return None
+    total = 0
+    for f in spec.shuffle_schema:
+        # a null of a variable-width column: its offset and validity bit
+        width = 5 if f.name in RECORDS_NULL else _fixed_bytes(f.type)
+        if width is None:
+            return None
+        total += width
+    return 2 * total
+
+
+def _fixed_bytes(arrow_type: pa.DataType) -> int | None:
+    """Bytes of one value of ``arrow_type`` with its validity bit rounded up to a byte (a struct
+    of fixed-width fields: theirs and its own), ``None`` for a variable width."""
+    if pa.types.is_struct(arrow_type):
+        widths = [_fixed_bytes(f.type) for f in arrow_type]
+        return None if None in widths else sum(widths) + 1  # type: ignore[arg-type]
+    try:
+        return arrow_type.bit_width // 8 + 1
+    except ValueError:  # not fixed width
+        return None
