@@ -92,7 +92,7 @@ def _run(drivers: Sequence[EpochDriver], links: Sequence[Link | None], batch: Da
         for run in runs:
             phases.enter_context(run.phase("collect"))
         bounds = [row_bytes_bound(run.spec) for run in runs]  # one job: its widest rows
-        row_bytes = None if None in bounds else max(bounds)  # type: ignore[type-var]
+        row_bytes = None if None in bounds else max(b for b in bounds if b is not None)
         results, attempts = run_job(rows, rebuild, runs[0].epoch, row_bytes)
         tables = [hand_over.table(run.spec) for hand_over, run in zip(passed, runs, strict=False)]
         reports = [run.reports(table) for run, table in zip(runs, [*tables, results], strict=True)]

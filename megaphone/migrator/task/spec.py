@@ -171,7 +171,7 @@ def _fixed_bytes(arrow_type: pa.DataType) -> int | None:
     of fixed-width fields: theirs and its own), ``None`` for a variable width."""
     if pa.types.is_struct(arrow_type):
         widths = [_fixed_bytes(f.type) for f in arrow_type]
-        return None if None in widths else sum(widths) + 1  # type: ignore[arg-type]
+        return None if None in widths else sum(w for w in widths if w is not None) + 1
     try:
         return arrow_type.bit_width // 8 + 1
     except ValueError:  # not fixed width
