@@ -10,7 +10,7 @@ import re
 import sys
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pyspark import SparkContext
@@ -64,37 +64,6 @@ def apply_pipeline_settings(spark: SparkSession) -> None:
 #: Spark's switch for adaptive query execution, off while an epoch's job runs
 #: (:func:`adaptive_off`).
 ADAPTIVE = "spark.sql.adaptive.enabled"
-_adaptive_lock = threading.Lock()
-_adaptive_off: dict[int, tuple[int, str]] = {}  # id(session): (jobs inside, value to restore)
-
-
-@contextlib.contextmanager
-def adaptive_off(spark: SparkSession) -> Iterator[None]:
-    """Plan and run the Spark jobs inside without adaptive query execution, then restore the
-    session's setting (once the last of the jobs inside, on any thread, is done). An epoch's job
-    gains nothing from it (its partitions are its workers, never merged; it joins nothing) and
-    pays for it: adaptive execution runs a job a shuffle stage at a time, re-planning between
-    them, about 80 ms of a NEXMark Q7 epoch of 0.8 s (docs/operators.md, "A chain's epoch in
-    one job"). Other queries of the session planned meanwhile plan without it too: the same
-    results, planned as Spark did before 3.2."""
-    key = id(spark)
-    with _adaptive_lock:
-        inside, saved = _adaptive_off.get(key, (0, ""))
-        if not inside:
-            saved = spark.conf.get(ADAPTIVE)
-            spark.conf.set(ADAPTIVE, "false")
-        _adaptive_off[key] = (inside + 1, saved)
-    try:
-        yield
-    finally:
-        with _adaptive_lock:
-            inside, saved = _adaptive_off.pop(key)
-            if inside > 1:
-                _adaptive_off[key] = (inside - 1, saved)
-            else:
-                spark.conf.set(ADAPTIVE, saved)
-
-
 #: Spark's cap on the bytes of one Arrow batch it sends to Python. Unless it is ``Int.MaxValue``,
 #: Spark checks it after every row by sizing every column of the batch: in Spark 4.1 more than
 #: half of the JVM's CPU in a NEXMark Q7 window task (docs/operators.md, "Arrow batches cut by
@@ -104,13 +73,61 @@ ARROW_MAX_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
 ARROW_MAX_RECORDS = "spark.sql.execution.arrow.maxRecordsPerBatch"
 #: :data:`ARROW_MAX_BYTES`'s default (64 MiB) and the value at which Spark skips its check.
 ARROW_DEFAULT_BYTES, ARROW_UNCHECKED_BYTES = 64 << 20, 2**31 - 1
-_cap_lock = threading.Lock()
-#: id(session): [jobs inside that skip the check, jobs inside that keep it, value to restore].
-_cap_jobs: dict[int, list[Any]] = {}
+_jobs_lock = threading.Lock()
+#: (id(session), setting): [the session's own value, each value a job inside wants (``None``:
+#: the session's own)].
+_jobs_inside: dict[tuple[int, str], list[Any]] = {}
 
 
 @contextlib.contextmanager
-def byte_cap_unchecked(spark: SparkSession, row_bytes: int | None) -> Iterator[None]:
+def _while_jobs_run(spark: SparkSession, name: str,
+                    wants: Callable[[str | None], str | None]) -> Iterator[None]:
+    """Run the Spark jobs inside with setting ``name`` at ``wants(own)`` (``own``: the
+    session's value before the first job inside, ``None`` if unset; ``wants`` returns ``None``
+    for ``own``), restored once the last job inside, on any thread, is done. While jobs inside
+    want different values, the session has its own (a job reads its settings when it starts)."""
+    key = (id(spark), name)
+    with _jobs_lock:
+        entry = _jobs_inside.get(key)
+        if entry is None:
+            entry = _jobs_inside[key] = [spark.conf.get(name, None), []]
+        want = wants(entry[0])
+        entry[1].append(want)
+        _apply_setting(spark, name, entry)
+    try:
+        yield
+    finally:
+        with _jobs_lock:
+            entry[1].remove(want)
+            _apply_setting(spark, name, entry)
+            if not entry[1]:
+                del _jobs_inside[key]
+
+
+def _apply_setting(spark: SparkSession, name: str, entry: list[Any]) -> None:
+    """Setting ``name`` for the jobs inside :func:`_while_jobs_run` (``entry`` as kept there):
+    the one value they all want, else the session's own."""
+    own, wanted = entry
+    value = wanted[0] if wanted and len(set(wanted)) == 1 and wanted[0] is not None else own
+    if value is None:
+        spark.conf.unset(name)
+    else:
+        spark.conf.set(name, value)
+
+
+def adaptive_off(spark: SparkSession) -> contextlib.AbstractContextManager[None]:
+    """Plan and run the Spark jobs inside without adaptive query execution, then restore the
+    session's setting (once the last of the jobs inside, on any thread, is done). An epoch's job
+    gains nothing from it (its partitions are its workers, never merged; it joins nothing) and
+    pays for it: adaptive execution runs a job a shuffle stage at a time, re-planning between
+    them, about 80 ms of a NEXMark Q7 epoch of 0.8 s (docs/operators.md, "A chain's epoch in
+    one job"). Other queries of the session planned meanwhile plan without it too: the same
+    results, planned as Spark did before 3.2."""
+    return _while_jobs_run(spark, ADAPTIVE, lambda own: "false")
+
+
+def byte_cap_unchecked(spark: SparkSession, row_bytes: int | None
+                       ) -> contextlib.AbstractContextManager[None]:
     """Run the Spark jobs inside without Spark's row-by-row check of :data:`ARROW_MAX_BYTES`
     where the cap cannot bind: the session leaves it at its default and a batch of the most
     rows Spark puts in one (:data:`ARROW_MAX_RECORDS`) of at most ``row_bytes`` each fits under
@@ -119,35 +136,14 @@ def byte_cap_unchecked(spark: SparkSession, row_bytes: int | None) -> Iterator[N
 
     The setting is the session's, restored once the last job inside on any thread is done;
     while any job inside keeps the check, the session has it (a job reads it when it starts)."""
-    key = id(spark)
-    with _cap_lock:
-        jobs = _cap_jobs.setdefault(key, [0, 0, None])
-        if jobs[0] == jobs[1] == 0:
-            jobs[2] = spark.conf.get(ARROW_MAX_BYTES, None)
-        records = int(spark.conf.get(ARROW_MAX_RECORDS, "10000"))
-        skip = row_bytes is not None and jobs[2] is None and \
-            records > 0 and records * row_bytes <= ARROW_DEFAULT_BYTES
-        jobs[0 if skip else 1] += 1
-        _set_byte_cap(spark, jobs)
-    try:
-        yield
-    finally:
-        with _cap_lock:
-            jobs[0 if skip else 1] -= 1
-            _set_byte_cap(spark, jobs)
-            if jobs[0] == jobs[1] == 0:
-                del _cap_jobs[key]
+    records = int(spark.conf.get(ARROW_MAX_RECORDS, "10000"))
 
+    def wants(own: str | None) -> str | None:
+        bounded = row_bytes is not None and records > 0 and \
+            records * row_bytes <= ARROW_DEFAULT_BYTES
+        return str(ARROW_UNCHECKED_BYTES) if own is None and bounded else None
 
-def _set_byte_cap(spark: SparkSession, jobs: list[Any]) -> None:
-    """The session's :data:`ARROW_MAX_BYTES` for the jobs inside :func:`byte_cap_unchecked`
-    (``jobs`` as kept there): unchecked while only jobs that skip it are, else as it was."""
-    if jobs[0] and not jobs[1]:
-        spark.conf.set(ARROW_MAX_BYTES, str(ARROW_UNCHECKED_BYTES))
-    elif jobs[2] is None:
-        spark.conf.unset(ARROW_MAX_BYTES)
-    else:
-        spark.conf.set(ARROW_MAX_BYTES, jobs[2])
+    return _while_jobs_run(spark, ARROW_MAX_BYTES, wants)
 
 
 def spark_session(

@@ -123,6 +123,13 @@ class EpochSpec:
         return StateDirPaths(self.state_dir).worker(worker)
 
 
+#: The shuffle's columns of what is not a record (a record leaves them null): state, partial
+#: aggregates, exporters' reports.
+NOT_RECORDS = (pa.field(STATE_KEY, pa.binary()), pa.field(STATE_VALUE, pa.binary()),
+               pa.field(STATE_FILE, pa.binary()), pa.field(PARTIAL, pa.binary()),
+               pa.field(EXPORT_REPORT, pa.string()))
+
+
 def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_time: bool
                    ) -> pa.Schema:
     """The rows of an epoch's one shuffle (:mod:`~megaphone.migrator.task.columns`): records, state
@@ -133,19 +140,12 @@ def shuffle_schema(key_type: pa.DataType, value_type: pa.DataType | None, event_
         fields.append(pa.field(VALUE, value_type))
     if event_time:
         fields.append(pa.field(EVENT_TIME, pa.int64()))
-    fields += [pa.field(STATE_KEY, pa.binary()), pa.field(STATE_VALUE, pa.binary()),
-               pa.field(STATE_FILE, pa.binary()), pa.field(PARTIAL, pa.binary()),
-               pa.field(EXPORT_REPORT, pa.string())]
-    return pa.schema(fields)
+    return pa.schema([*fields, *NOT_RECORDS])
 
 
 def with_labels(schema: pa.Schema) -> pa.Schema:
     """The shuffle ``schema`` of a group's job: its records also carry their epoch's label."""
     return schema.append(pa.field(LABEL, pa.int64()))
-
-
-#: The shuffle's columns a record leaves null: state, partial aggregates, exporters' reports.
-RECORDS_NULL = frozenset({STATE_KEY, STATE_VALUE, STATE_FILE, PARTIAL, EXPORT_REPORT})
 
 
 def row_bytes_bound(spec: EpochSpec) -> int | None:
@@ -156,10 +156,11 @@ def row_bytes_bound(spec: EpochSpec) -> int | None:
     column has a variable width (a string, a list)."""
     if (spec.outgoing and not spec.pull_exports) or spec.split_keys:
         return None
+    nulls = {f.name for f in NOT_RECORDS}
     total = 0
     for f in spec.shuffle_schema:
         # a null of a variable-width column: its offset and validity bit
-        width = 5 if f.name in RECORDS_NULL else _fixed_bytes(f.type)
+        width = 5 if f.name in nulls else _fixed_bytes(f.type)
         if width is None:
             return None
         total += width
