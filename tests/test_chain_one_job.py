@@ -11,11 +11,12 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from megaphone import MigrationPlan, Move, Pipeline
+from megaphone import Chain, MigrationPlan, Move, Pipeline
 from megaphone.migrator.epoch.driver import EpochDriver
 from tests.test_chain_stream import CHAIN_BINS, chain_of, reference
 
@@ -145,3 +146,48 @@ def test_a_link_that_renumbers_partitions_runs_a_job_per_stage(spark, tmp_path):
             assert as_dict(out.toArrow()) == {k: sums[k] for k in set(keys)}
         assert chain._links_keep_partitions() is not doubled
         chain.close()
+
+
+@pytest.mark.parametrize("one_job", [True, False])
+def test_a_combine_cuts_a_stage_outputs_at_its_workers(spark, tmp_path, one_job):
+    """``combines[0]`` runs on the first stage's outputs at each worker, before they are kept
+    (its kept outputs are the combined ones) and before the next stage reads them, in one job
+    or a job per stage alike."""
+    def odd_counts(outputs: pa.Table) -> pa.Table:  # nested: the workers get it by value
+        """Drops the keys whose count is even (the sums stage then never sees them): not a
+        combine that leaves the chain's outputs as they are, so that its effect shows."""
+        return outputs.filter(pc.equal(pc.bit_wise_and(outputs.column(1), 1), 1))
+
+    chain = Chain(chain_of(spark, tmp_path, one_job=one_job).stages, combines=[odd_counts],
+                  one_job=one_job)
+    counts = chain.stages[0]
+    batches = [[1, 2, 2, 3], [2, 3, 3, 4]]
+    firsts, _, _ = reference(batches)
+    total: Counter = Counter()
+    kept = []
+    for epoch, keys in enumerate(batches):
+        out = chain.process_arrow(spark.createDataFrame([(k,) for k in keys], "k long"))
+        odd = {k: n for k, n in firsts[epoch].items() if n % 2}
+        assert as_dict(counts.state_dir.read_outputs(epoch)) == odd
+        total.update(odd)
+        kept.append(len(odd))
+        assert as_dict(out) == {k: total[k] for k in odd}
+    assert [r.records_out for r in counts.metric_records()] == kept == [2, 3]
+    chain.close()
+
+
+def test_a_combine_that_changes_the_schema_fails_the_epoch(spark, tmp_path):
+    """A combine must give back a table of its input's schema: anything else fails the epoch
+    loudly, naming the combine, and no stage commits it."""
+    def renamed(outputs: pa.Table) -> pa.Table:
+        return outputs.rename_columns(["key", "n"])
+
+    chain = Chain(chain_of(spark, tmp_path).stages, combines=[renamed])
+    with pytest.raises(Exception, match="combine 'renamed' must return a pyarrow Table"):
+        chain.process_arrow(spark.createDataFrame([(1,)], "k long"))
+    assert [s.epoch for s in chain.stages] == [-1, -1]
+    with pytest.raises(ValueError, match="2 combines for 2 stages"):
+        Chain(chain.stages, combines=[renamed, renamed])
+    with pytest.raises(TypeError, match="functions of a pyarrow Table"):
+        Chain(chain.stages, combines=["top"])
+    chain.close()

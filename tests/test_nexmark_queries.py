@@ -22,7 +22,7 @@ from megaphone.nexmark import sql
 from megaphone.nexmark.definitions import SMALL_RUN
 from megaphone.nexmark.functions import TopOfWindow, WinningBids, running_average
 from megaphone.nexmark.generator import NexmarkConfig, generate, max_auction_duration_ms
-from megaphone.nexmark.queries import QUERIES
+from megaphone.nexmark.queries import QUERIES, top_of_each_window
 from megaphone.operators import Context
 from megaphone.operators.process import EpochBatch, run_keys
 from tests.test_equivalence import SPARK_PHASES
@@ -223,3 +223,42 @@ def test_top_of_window_in_columns_equals_key_by_key(records: list) -> None:
     assert got is not None
     assert (got.states, got.fired, got.set) == (want.states, want.fired, want.set)
     assert (got.out_keys, got.out_values) == (want.out_keys, want.out_values)
+
+
+def _tops(rows: list[tuple[int, int, int | None]]) -> Counter:
+    """Plain Python: each window end's rows ``(auction, end, value)`` of the highest value."""
+    ends: dict[int, list] = {}
+    for row in rows:
+        ends.setdefault(row[1], []).append(row)
+    return Counter(r for group in ends.values()
+                   for r in group if r[2] == max(v for _, _, v in group))
+
+
+@given(st.lists(st.tuples(st.integers(0, 20), st.sampled_from([10, 20, 30]),
+                          st.one_of(st.none(), st.integers(-3, 3)), st.integers(0, 3)),
+                max_size=40))
+def test_windows_cut_to_their_tops_where_made_leave_the_top_as_it_is(rows: list) -> None:
+    """Q5's and Q7's combine of the window stage's outputs at each worker: the top of every
+    window over all workers' combined rows is the top over all their rows; a row with a null
+    value is kept (the top stage judges it), and the rows keep their order."""
+    output = pa.struct([("start", pa.int64()), ("end", pa.int64()), ("value", pa.int64())])
+
+    def outputs(part: list) -> pa.Table:
+        return pa.table({"auction": pa.array([a for a, *_ in part], pa.int64()),
+                         "output": pa.array([{"start": e - 10, "end": e, "value": v}
+                                             for _, e, v, _ in part], output)})
+
+    kept = []
+    for worker in range(4):
+        mine = [r for r in rows if r[3] == worker]
+        cut = top_of_each_window(outputs(mine))
+        assert cut.schema == outputs(mine).schema
+        got = [(r["auction"], r["output"]["end"], r["output"]["value"]) for r in cut.to_pylist()]
+        assert got == [r[:3] for r in mine if r[:3] in got]  # a subset, in order
+        assert {r[:3] for r in mine if r[2] is None} <= set(got)
+        kept += got
+    if not any(v is None for _, _, v, _ in rows):
+        assert _tops(kept) == _tops([r[:3] for r in rows])
+    floats = pa.table({"auction": [1, 2], "output": pa.array(
+        [{"end": 10, "value": 1.5}, {"end": 10, "value": 2.5}])})
+    assert top_of_each_window(floats) is floats  # compared in Python by the top stage

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from megaphone.migrator.pipeline.chain import Chain, Link
+from megaphone.migrator.pipeline.chain import Chain, Combine, Link
 from megaphone.migrator.pipeline.facade import Pipeline
 from megaphone.nexmark import definitions as D
 from megaphone.nexmark.functions import (
@@ -67,7 +67,7 @@ class NexmarkQuery(ABC):
         self.state_dir = Path(state_dir)
         self._options = options
         stages, links = self._stages()
-        self.chain = Chain(stages, links)
+        self.chain = Chain(stages, links, combines=self._combines())
         #: The watermark the last epoch ran with (its first stage's, in microseconds; ``None``
         #: before any event time): what that epoch finalized (windows, auctions) ends there.
         #: Tracked over the epochs this object ran (a reopened query starts from ``None``).
@@ -127,6 +127,10 @@ class NexmarkQuery(ABC):
     @abstractmethod
     def _stages(self) -> tuple[Sequence[Pipeline], Sequence[Link | None]]:
         """The query's pipelines and the links between them."""
+
+    def _combines(self) -> Sequence[Combine | None]:
+        """The chain's combines of its stages' outputs (:class:`~megaphone.Chain`): none."""
+        return ()
 
     @abstractmethod
     def inputs(self, events: Events) -> dict[str, pa.Table]:
@@ -240,6 +244,10 @@ class _WindowTop(NexmarkQuery):
                                update=TopOfWindow())
         return [first, second], [_by_window_end]
 
+    def _combines(self) -> Sequence[Combine | None]:
+        """Stage 1's outputs cut to each window's top rows where they are made."""
+        return [top_of_each_window]
+
     def inputs(self, events: Events) -> dict[str, pa.Table]:
         """The bids' auction, price and time."""
         return {"bids": events.bids.select(["auction", "price", "date_time"])}
@@ -261,6 +269,27 @@ def _by_window_end(out: DataFrame) -> DataFrame:
     return out.select(F.unix_micros(out.output.end).alias("end"), out.output.end.alias("time"),
                       F.struct(out.auction.alias("auction"), out.output.value.alias("value"))
                       .alias("row"))
+
+
+def top_of_each_window(outputs: pa.Table) -> pa.Table:
+    """Stage 1's outputs at one worker ``(auction, struct<start, end, value>)`` cut to the rows
+    of each window end's highest integer value (ties: all of them) and any with a null value:
+    every row :class:`~megaphone.nexmark.functions.TopOfWindow` can pick after
+    :func:`_by_window_end` (the top of all workers' rows is the top of their tops), so the
+    windows' rows need not all leave the worker (:class:`~megaphone.Chain`'s ``combines``).
+    Values of another type are left as they are (the top stage compares them in Python)."""
+    out = outputs.column("output")
+    value = pc.struct_field(out, "value")
+    if not pa.types.is_integer(value.type):
+        return outputs
+    rows = pa.table({"end": pc.struct_field(out, "end"), "value": value,
+                     "row": np.arange(outputs.num_rows)})
+    tops = rows.group_by("end", use_threads=False).aggregate([("value", "max")])
+    joined = rows.join(tops, "end", use_threads=False)
+    kept = pc.or_kleene(pc.equal(joined.column("value"), joined.column("value_max")),
+                        pc.is_null(joined.column("value")))
+    picked = joined.column("row").filter(kept.fill_null(True)).to_numpy()
+    return outputs.take(np.sort(picked))  # in their order
 
 
 class Q5(_WindowTop):

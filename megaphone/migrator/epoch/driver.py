@@ -50,6 +50,8 @@ class EpochDriver:
         self.task_slots: int | None = None
         #: Where a chain's stage run as one job hands its results over (made at first use).
         self.task_results: Accumulator | None = None
+        #: The chain's combine of this stage's outputs (:class:`~megaphone.Chain`), if any.
+        self.combine_outputs: Callable[[pa.Table], pa.Table] | None = None
         self.slots_per_host = config.slots_per_host
         self._slots_unknown_said = False
         self._empty_frames: dict[str, DataFrame] = {}  # by the schema's JSON

@@ -358,6 +358,7 @@ class EpochRun:
             started_at=started,
             pull_exports=receivers_pull(self.driver.local_slots, holder.state_dir.manifest,
                                         config.transfer),
+            combine_outputs=self.driver.combine_outputs,
             **fields,
             **self.driver.hot.spec_fields(update, layout, self.driver.task_slots or 1),
         )

@@ -6,6 +6,7 @@ them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -95,6 +96,9 @@ class EpochSpec:
     #: task (docs/transfer.md, "Receivers that pull"), instead of export tasks before the
     #: shuffle (when: :func:`~megaphone.migrator.task.transfer.receivers_pull`).
     pull_exports: bool = False
+    #: A chain's combine for this stage (:class:`~megaphone.Chain`'s ``combines``): each
+    #: worker's outputs of an epoch pass through it before they are kept or leave the worker.
+    combine_outputs: Callable[[pa.Table], pa.Table] | None = None
 
     @property
     def grouped(self) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -274,6 +274,8 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
         outputs, keys, values, old = apply_process(spec, store, table, worker, metrics)
     else:
         outputs, keys, values, old = _apply_records(spec, store, table, worker, partials)
+    if spec.combine_outputs is not None and outputs.num_rows:
+        outputs = combined(spec.combine_outputs, outputs)
     metrics.apply_s = time.perf_counter() - t0
     marks["applied"] = time.time()
     crash_point("apply", spec.epoch, spec.local_dir)
@@ -293,6 +295,18 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     for name in ("stall_s", "pending_compaction_bytes", "l0_files", "compacting"):
         setattr(metrics, name, health[name])
     return outputs, load
+
+
+def combined(combine: Callable[[pa.Table], pa.Table], outputs: pa.Table) -> pa.Table:
+    """``outputs`` through a chain's ``combine`` (:class:`~megaphone.Chain`), which must give a
+    table of their schema: anything else fails the epoch, naming the combine."""
+    result = combine(outputs)
+    if not isinstance(result, pa.Table) or not result.schema.equals(outputs.schema):
+        got = result.schema if isinstance(result, pa.Table) else type(result).__name__
+        raise TypeError(f"the chain's combine {getattr(combine, '__name__', combine)!r} must "
+                        f"return a pyarrow Table of its input's schema ({outputs.schema}), "
+                        f"got {got}")
+    return result
 
 
 def report_rows(schema: pa.Schema, reports: list[str],
