@@ -15,6 +15,7 @@ import uuid
 from collections import Counter
 
 import msgpack
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,6 +24,7 @@ from megaphone import MigrationPlan, Move, Pipeline, PlanStep, WindowAggregate
 from megaphone.inspect_cmd import describe, render
 from megaphone.migrator.epoch.config import check_group_size
 from megaphone.migrator.epoch.groups import drizzle_group_size
+from megaphone.migrator.task.state_operator import _records_table
 from tests.test_equivalence import SPARK_PHASES, custom_update, reference
 
 NUM_BINS = 16
@@ -270,3 +272,16 @@ def test_a_group_failing_after_some_commit_records_rolls_back_the_rest(spark, tm
     assert reopened.epoch == 3 and reopened.recovery.clean
     assert {r[0]: r[1] for r in reopened.state().collect()} == dict(counts)
     reopened.close()
+
+
+def test_record_batches_that_differ_only_in_nullability_make_one_table() -> None:
+    """A task's records can come in batches the JVM made (nullable columns) and batches made
+    by megaphone (some not nullable): one table of all their rows, as a crash-recovery run
+    met (tests/test_groups_recovery.py)."""
+    strict = pa.schema([pa.field("_k", pa.int8(), nullable=False), ("key", pa.int64())])
+    loose = pa.schema([("_k", pa.int8()), ("key", pa.int64())])
+    batches = [pa.record_batch([[1], [10]], schema=strict),
+               pa.record_batch([[2], [20]], schema=loose)]
+    table = _records_table(batches, loose)
+    assert table.column("key").to_pylist() == [10, 20] and table.num_rows == 2
+    assert _records_table([], loose).schema == loose

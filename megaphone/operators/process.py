@@ -74,6 +74,13 @@ class ProcessFunction(Protocol):
     ``lateness_us``: how far the watermark trails the largest event time seen.
     ``output_type(value_type)``: the Arrow type of its outputs, given its input values'.
     State is any msgpack-serializable value, ``None`` for none (the key's state is deleted).
+
+    Two optional declarations let a chain leave the stage after this one out of an epoch that
+    this one provably emits nothing in (docs/operators.md, "Idle later stages"): an
+    ``emits_on_records`` attribute, ``False`` when only timers bring outputs, and
+    ``timers_between(after_us, upto_us)``: whether one of its timers can be due in an epoch
+    whose watermark moves from the last epoch's ``after_us`` to ``upto_us``. Without them a
+    function is taken to emit on records and to fire any time.
     """
 
     lateness_us: int

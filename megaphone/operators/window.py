@@ -82,6 +82,23 @@ class WindowAggregate:
         """The slide in microseconds (the size for tumbling windows)."""
         return self.size_us if self.slide_us is None else self.slide_us
 
+    @property
+    def emits_on_records(self) -> bool:
+        """Whether records bring outputs themselves (update mode); in append mode only a
+        window that closes does (a timer)."""
+        return self.emit == "update"
+
+    def timers_between(self, after_us: int | None, upto_us: int | None) -> bool:
+        """Whether one of its timers can be due in an epoch whose watermark moves from
+        ``after_us`` (the last epoch's) to ``upto_us``: a window end (``size`` modulo
+        ``slide``) in ``(after_us, upto_us]``; ``True`` when the last watermark is unknown."""
+        if upto_us is None:
+            return False
+        if after_us is None:
+            return True
+        first = after_us + 1 + (self.size_us - after_us - 1) % self.slide  # first end after
+        return first <= upto_us
+
     def output_type(self, value_type: pa.DataType | None) -> pa.DataType:
         """``struct<start, end, value>``: value int64 for counts and integer sums, min and max
         of the value's type, float64 for averages and float sums."""

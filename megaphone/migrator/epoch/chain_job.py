@@ -16,11 +16,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from megaphone.migrator.epoch.run import EpochRun, EpochSource
 from megaphone.migrator.epoch.spark_job import PassedOn, run_job
+from megaphone.migrator.task.columns import REPORT
 from megaphone.migrator.task.spec import row_bytes_bound
+from megaphone.migrator.task.state_operator import apply_worker, result_schema
 from megaphone.spark import check_python_workers
 
 if TYPE_CHECKING:
@@ -61,11 +64,12 @@ def _run(drivers: Sequence[EpochDriver], links: Sequence[Link | None], batch: Da
     passed: list[PassedOn] = []
 
     last = len(drivers) - 1
+    in_job = last  # the job's last stage: the one before an idle last stage, if there is one
 
     def submit(k: int, run: EpochRun) -> DataFrame:
-        """Stage ``k``'s job; for all but the last, what the next stage reads of it: its
-        outputs through the link."""
-        if k == last:
+        """Stage ``k``'s job; for all but the job's last, what the next stage reads of it:
+        its outputs through the link."""
+        if k == in_job:
             return run.job()
         passed.append(run.passed_on())
         job = run.job(passed[-1])
@@ -76,14 +80,23 @@ def _run(drivers: Sequence[EpochDriver], links: Sequence[Link | None], batch: Da
         run = EpochRun(driver, EpochSource(rows, stream=stream), 1, input_end)
         runs.append(run)
         run.prepare()
+        if k == last - 1 and emits_nothing(run):
+            in_job = k
         with run.phase("submit"):
             rows = submit(k, run)
+        if in_job == k < last:
+            idle = EpochRun(drivers[last], EpochSource(_no_outputs(run, links[k]),
+                                                       stream=streams[last]), 1, input_end)
+            runs.append(idle)
+            idle.prepare()
+            break
+    job_runs = runs[:in_job + 1]
 
     def rebuild() -> DataFrame:
         """The whole job again (a rerun after a retryable failure), with new hand-overs."""
         passed.clear()
         again = batch
-        for k, run in enumerate(runs):
+        for k, run in enumerate(job_runs):
             run.source = dataclasses.replace(run.source, batch=again)
             again = submit(k, run)
         return again
@@ -91,11 +104,15 @@ def _run(drivers: Sequence[EpochDriver], links: Sequence[Link | None], batch: Da
     with contextlib.ExitStack() as phases:
         for run in runs:
             phases.enter_context(run.phase("collect"))
-        bounds = [row_bytes_bound(run.spec) for run in runs]  # one job: its widest rows
+        bounds = [row_bytes_bound(run.spec) for run in job_runs]  # one job: its widest rows
         row_bytes = None if None in bounds else max(b for b in bounds if b is not None)
         results, attempts = run_job(rows, rebuild, runs[0].epoch, row_bytes)
         tables = [hand_over.table(run.spec) for hand_over, run in zip(passed, runs, strict=False)]
-        reports = [run.reports(table) for run, table in zip(runs, [*tables, results], strict=True)]
+        tables.append(results)
+        if in_job < last:
+            _check_silent(job_runs[-1], results)
+            tables.append(_idle_epoch(runs[-1]))
+        reports = [run.reports(table) for run, table in zip(runs, tables, strict=True)]
         outputs = reports[-1][0].outputs
         # before any commit point
         frame = drivers[-1].outputs_frame(outputs) if want_frame else None
@@ -103,3 +120,47 @@ def _run(drivers: Sequence[EpochDriver], links: Sequence[Link | None], batch: Da
         run.attempts = attempts
         run.finish(report)
     return outputs, frame
+
+
+def emits_nothing(run: EpochRun) -> bool:
+    """Whether stage ``run`` provably emits nothing in its epoch (docs/operators.md, "Idle
+    later stages"): its update declares that only its timers bring outputs, and that none of
+    them can be due between the watermark of its last epoch (committed by this driver: not
+    known after a restart) and this one's."""
+    fn = run.spec.update.fn if run.spec.update.is_process else None
+    last = run.driver.last_watermark
+    if fn is None or getattr(fn, "emits_on_records", True) or run.grouped or last is None \
+            or last[0] != run.epoch - 1 or not hasattr(fn, "timers_between"):
+        return False
+    return not fn.timers_between(last[1], run.spec.watermark)
+
+
+def _no_outputs(run: EpochRun, link: Link | None) -> DataFrame:
+    """The next stage's input when stage ``run`` emits nothing: its link over none of its
+    outputs (an empty local relation: no job)."""
+    empty = run.driver.outputs_frame(pa.Table.from_batches([], run.spec.output_schema))
+    return empty if link is None else link(empty)
+
+
+def _check_silent(run: EpochRun, results: pa.Table) -> None:
+    """Refuse (before any commit) the epoch of a stage that emitted rows where its update
+    declared it could not: the idle stage after it would have missed them."""
+    emitted = int(pc.sum(results.column(REPORT).is_null()).as_py() or 0)
+    if emitted:
+        fn = run.spec.update.fn
+        raise RuntimeError(
+            f"epoch {run.epoch}: {type(fn).__name__} emitted {emitted} rows although its "
+            "emits_on_records and timers_between said it would emit none; the chain's epoch "
+            "is not committed (fix the declarations)")
+
+
+def _idle_epoch(run: EpochRun) -> pa.Table:
+    """The results of an idle last stage's epoch (no input): its workers' tasks run in this
+    process, as offline migration runs them, where Spark is embedded here and no bin moves;
+    else as a Spark job of their own."""
+    spec, layout = run.spec, run.layout
+    local = run.driver.spark.sparkContext.master.startswith("local")
+    if local and not (layout.incoming or layout.outgoing or spec.homes or spec.split_keys):
+        batches = [b for w in range(layout.partitions) for b in apply_worker(spec, w, iter(()))]
+        return pa.Table.from_batches(batches, result_schema(spec.output_schema, spec.grouped))
+    return run_job(run.job(), run.job, run.epoch, row_bytes_bound(spec))[0]

@@ -52,6 +52,9 @@ class EpochDriver:
         self.task_results: Accumulator | None = None
         #: The chain's combine of this stage's outputs (:class:`~megaphone.Chain`), if any.
         self.combine_outputs: Callable[[pa.Table], pa.Table] | None = None
+        #: The last epoch this driver committed and the watermark it ran with (an event-time
+        #: operator's, not in a group): whether the next one can fire a timer.
+        self.last_watermark: tuple[int, int | None] | None = None
         self.slots_per_host = config.slots_per_host
         self._slots_unknown_said = False
         self._empty_frames: dict[str, DataFrame] = {}  # by the schema's JSON

@@ -77,6 +77,7 @@ class DriverState(Protocol):
     bin_load: np.ndarray
     task_slots: int | None
     task_results: Accumulator | None
+    last_watermark: tuple[int, int | None] | None
 
     def outputs_schema(self) -> T.StructType:
         """The Spark schema of the pipeline's outputs."""
@@ -84,6 +85,10 @@ class DriverState(Protocol):
 
     def host_slots(self, hosts: Sequence[str]) -> dict[str, int]:
         """Each host's task slots, for the commit record (empty when unknown)."""
+        ...
+
+    def outputs_frame(self, outputs: pa.Table) -> DataFrame:
+        """An epoch's outputs as a DataFrame."""
         ...
 
 #: The driver's phases of an epoch, in order.
@@ -254,6 +259,8 @@ class EpochRun:
         state, stream = holder.state_dir, self.source.stream
         with self.phase("commit"):
             self._commit_all(layout, reports)
+        self.driver.last_watermark = (self.last, self.spec.watermark) \
+            if self.spec.update.is_process and not self.grouped else None
         with self.phase("cleanup"):
             keep = self.last - holder.config.keep_outputs + 1
             if stream is not None:  # a stream's batch keeps its epochs' outputs (a replay reads)

@@ -175,7 +175,7 @@ def apply_worker(
         records = arrivals.records
     else:  # replayed: the state rows that came again are not installed, records and partials are
         records = [b.filter(pc.is_in(b.column(KIND), value_set=_APPLIED)) for b in timed]
-    table = pa.Table.from_batches(records) if records else spec.shuffle_schema.empty_table()
+    table = _records_table(records, spec.shuffle_schema)
     for i, (sub, part) in enumerate(_epochs(spec, table)):
         if i:  # a group's later epoch: its own metrics, its store's own begin
             (metrics, marks), started = _new_metrics(host), time.perf_counter()
@@ -295,6 +295,17 @@ def apply_epoch(spec: EpochSpec, store: RemoteStore, table: pa.Table, worker: in
     for name in ("stall_s", "pending_compaction_bytes", "l0_files", "compacting"):
         setattr(metrics, name, health[name])
     return outputs, load
+
+
+def _records_table(records: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    """The task's record batches as one table; batches whose columns differ only in being
+    nullable (the JVM's and rows made here) are unified, not refused."""
+    if not records:
+        return schema.empty_table()
+    if all(b.schema.equals(records[0].schema) for b in records[1:]):
+        return pa.Table.from_batches(records)
+    return pa.concat_tables([pa.Table.from_batches([b]) for b in records],
+                            promote_options="default")
 
 
 def combined(combine: Callable[[pa.Table], pa.Table], outputs: pa.Table) -> pa.Table:
