@@ -151,10 +151,6 @@ class TopOfWindow:
 
     lateness_us: int = 0
 
-    def timers_between(self, after_us: int | None, upto_us: int | None) -> bool:
-        """Never: it sets no timer."""
-        return False
-
     def output_type(self, value_type: pa.DataType | None) -> pa.DataType:
         """The input rows' own type (a struct with an integer ``value``)."""
         if value_type is None or not pa.types.is_struct(value_type):

@@ -16,12 +16,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from megaphone.migrator.epoch.run import EpochRun, EpochSource
 from megaphone.migrator.epoch.spark_job import PassedOn, run_job
-from megaphone.migrator.task.columns import REPORT
 from megaphone.migrator.task.spec import row_bytes_bound
 from megaphone.migrator.task.state_operator import apply_worker, result_schema
 from megaphone.spark import check_python_workers
@@ -109,10 +107,10 @@ def _run(drivers: Sequence[EpochDriver], links: Sequence[Link | None], batch: Da
         results, attempts = run_job(rows, rebuild, runs[0].epoch, row_bytes)
         tables = [hand_over.table(run.spec) for hand_over, run in zip(passed, runs, strict=False)]
         tables.append(results)
+        reports = [run.reports(table) for run, table in zip(job_runs, tables, strict=True)]
         if in_job < last:
-            _check_silent(job_runs[-1], results)
-            tables.append(_idle_epoch(runs[-1]))
-        reports = [run.reports(table) for run, table in zip(runs, tables, strict=True)]
+            _check_silent(job_runs[-1], reports[-1][0].outputs.num_rows)
+            reports.append(runs[-1].reports(_idle_epoch(runs[-1])))
         outputs = reports[-1][0].outputs
         # before any commit point
         frame = drivers[-1].outputs_frame(outputs) if want_frame else None
@@ -138,14 +136,13 @@ def emits_nothing(run: EpochRun) -> bool:
 def _no_outputs(run: EpochRun, link: Link | None) -> DataFrame:
     """The next stage's input when stage ``run`` emits nothing: its link over none of its
     outputs (an empty local relation: no job)."""
-    empty = run.driver.outputs_frame(pa.Table.from_batches([], run.spec.output_schema))
+    empty = run.driver.outputs_frame(run.spec.output_schema.empty_table())
     return empty if link is None else link(empty)
 
 
-def _check_silent(run: EpochRun, results: pa.Table) -> None:
+def _check_silent(run: EpochRun, emitted: int) -> None:
     """Refuse (before any commit) the epoch of a stage that emitted rows where its update
     declared it could not: the idle stage after it would have missed them."""
-    emitted = int(pc.sum(results.column(REPORT).is_null()).as_py() or 0)
     if emitted:
         fn = run.spec.update.fn
         raise RuntimeError(
